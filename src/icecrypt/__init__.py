@@ -1,0 +1,39 @@
+"""icecrypt: Apache Iceberg table encryption for Python, byte-compatible with Iceberg Java.
+
+Layers (each uses only the ones below it): ``icecrypt.ags1`` (the AES GCM Stream file
+format), ``icecrypt.keys`` (StandardKeyMetadata, the DEK/KEK/master-key hierarchy) and
+``icecrypt.kms`` (key management clients), over the native AES-GCM core ``icecrypt._gcm``.
+"""
+
+from icecrypt._gcm import get_default_threads, openssl_version, set_default_threads
+from icecrypt.errors import (
+    AuthenticationError,
+    DecryptionError,
+    FormatError,
+    IcecryptError,
+    KeyUsageLimitError,
+    KmsAccessDeniedError,
+    KmsError,
+    KmsInvalidWrappedKeyError,
+    KmsKeyNotFoundError,
+    KmsUnavailableError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationError",
+    "DecryptionError",
+    "FormatError",
+    "IcecryptError",
+    "KeyUsageLimitError",
+    "KmsAccessDeniedError",
+    "KmsError",
+    "KmsInvalidWrappedKeyError",
+    "KmsKeyNotFoundError",
+    "KmsUnavailableError",
+    "get_default_threads",
+    "openssl_version",
+    "set_default_threads",
+    "__version__",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from icecrypt.cli import main
+
+sys.exit(main())

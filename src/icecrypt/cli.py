@@ -1,0 +1,69 @@
+"""The ``icecrypt`` command line.
+
+Command groups live in their own modules and plug in through ``register(subparsers)``:
+each adds its sub-commands with ``set_defaults(func=handler)``, where
+``handler(args) -> int`` returns the exit status.  Errors leave as one line on stderr:
+
+  0 success   1 other error   2 authentication failure   3 format error   4 KMS error
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from icecrypt.errors import AuthenticationError, FormatError, IcecryptError, KmsError
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_AUTH = 2
+EXIT_FORMAT = 3
+EXIT_KMS = 4
+
+# Modules that define register(subparsers); imported lazily so `icecrypt --help` is quick.
+COMMAND_MODULES = ("icecrypt._cli_ags1", "icecrypt._cli_keys")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    from icecrypt import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="icecrypt",
+        description="Apache Iceberg table encryption (AGS1 streams, key metadata, keys), "
+        "byte-compatible with Iceberg Java.",
+    )
+    parser.add_argument("--version", action="version", version=f"icecrypt {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except AuthenticationError as exc:
+        return _fail(EXIT_AUTH, "authentication failed", exc)
+    except FormatError as exc:
+        return _fail(EXIT_FORMAT, "format error", exc)
+    except KmsError as exc:
+        return _fail(EXIT_KMS, "KMS error", exc)
+    except (IcecryptError, OSError, ValueError) as exc:
+        return _fail(EXIT_ERROR, "error", exc)
+    except KeyboardInterrupt:
+        return _fail(130, "interrupted", None)
+
+
+def _fail(status: int, what: str, exc: BaseException | None) -> int:
+    detail = f": {exc}" if exc is not None and str(exc) else ""
+    print(f"icecrypt: {what}{detail}".splitlines()[0], file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Exceptions raised by icecrypt.
+
+Every error that reports a damaged or foreign file is a :class:`DecryptionError` (a
+``ValueError``): :class:`AuthenticationError` when a GCM tag does not verify (wrong key,
+wrong AAD prefix, tampered bytes), :class:`FormatError` when the bytes cannot be an AGS1
+stream or a key-metadata blob at all (bad header, impossible length, truncation).
+Messages name the file and the block; they never contain key bytes.
+"""
+
+from __future__ import annotations
+
+
+class IcecryptError(Exception):
+    """Base class of all icecrypt errors."""
+
+
+class DecryptionError(IcecryptError, ValueError):
+    """Input could not be decrypted; nothing unauthenticated was released."""
+
+
+class AuthenticationError(DecryptionError):
+    """A GCM tag check failed: wrong key or AAD prefix, or corrupt/tampered data."""
+
+
+class FormatError(DecryptionError):
+    """The input is not a well-formed AGS1 stream or key-metadata blob."""
+
+
+class KeyUsageLimitError(IcecryptError):
+    """A key has sealed the maximum number of GCM blocks (2**32, NIST SP 800-38D 8.3)."""
+
+
+class KmsError(IcecryptError):
+    """A key management service failed to wrap or unwrap a key.
+
+    ``backend`` names the KMS type; the backend's own message is kept in the text and the
+    original exception is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, backend: str | None = None):
+        super().__init__(message)
+        self.backend = backend
+
+
+class KmsKeyNotFoundError(KmsError):
+    """The wrapping (master) key id is unknown to the KMS."""
+
+
+class KmsAccessDeniedError(KmsError):
+    """The KMS refused the operation (credentials, policy, disabled key)."""
+
+
+class KmsInvalidWrappedKeyError(KmsError):
+    """The wrapped key is malformed, tampered, or was wrapped by another key."""
+
+
+class KmsUnavailableError(KmsError):
+    """The KMS could not be reached or did not answer in time."""
+
+
+__all__ = [
+    "IcecryptError",
+    "DecryptionError",
+    "AuthenticationError",
+    "FormatError",
+    "KeyUsageLimitError",
+    "KmsError",
+    "KmsKeyNotFoundError",
+    "KmsAccessDeniedError",
+    "KmsInvalidWrappedKeyError",
+    "KmsUnavailableError",
+]
