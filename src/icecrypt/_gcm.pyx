@@ -229,15 +229,17 @@ cdef class GcmKey:
         cdef bytes out
         cdef uint8_t *out_ptr
         _get_read(plaintext, &pt, "plaintext")
-        ad.obj = None
-        nc.obj = None
+        cdef bint has_ad = False
+        cdef bint has_nc = False
         try:
             if aad is not None:
                 _get_read(aad, &ad, "aad")
+                has_ad = True
                 aad_ptr = <const uint8_t *> ad.buf
                 aad_len = ad.len
             if _nonce is not None:
                 _get_read(_nonce, &nc, "nonce")
+                has_nc = True
                 if nc.len != ICECRYPT_GCM_NONCE_LENGTH:
                     raise ValueError("nonce must be 12 bytes")
                 nonce_ptr = <const uint8_t *> nc.buf
@@ -248,9 +250,9 @@ cdef class GcmKey:
                                            <const uint8_t *> pt.buf, pt.len, out_ptr)
         finally:
             PyBuffer_Release(&pt)
-            if ad.obj is not None:
+            if has_ad:
                 PyBuffer_Release(&ad)
-            if nc.obj is not None:
+            if has_nc:
                 PyBuffer_Release(&nc)
         if status != ICECRYPT_OK:
             _raise(status, "")
@@ -264,7 +266,7 @@ cdef class GcmKey:
         cdef int status
         cdef bytes out
         cdef uint8_t *out_ptr
-        ad.obj = None
+        cdef bint has_ad = False
         _get_read(sealed, &ct, "sealed")
         try:
             if ct.len < ICECRYPT_GCM_OVERHEAD:
@@ -272,6 +274,7 @@ cdef class GcmKey:
                                   "shorter than nonce and tag (28 bytes)")
             if aad is not None:
                 _get_read(aad, &ad, "aad")
+                has_ad = True
                 aad_ptr = <const uint8_t *> ad.buf
                 aad_len = ad.len
             out = PyBytes_FromStringAndSize(NULL, ct.len - ICECRYPT_GCM_OVERHEAD)
@@ -281,7 +284,7 @@ cdef class GcmKey:
                                            ct.len, out_ptr)
         finally:
             PyBuffer_Release(&ct)
-            if ad.obj is not None:
+            if has_ad:
                 PyBuffer_Release(&ad)
         if status == ICECRYPT_ERR_AUTH:
             raise AuthenticationError(
@@ -303,8 +306,8 @@ cdef class GcmKey:
         cdef uint64_t needed
         cdef int status
         cdef int nthreads = _threads(threads)
-        ap.obj = None
-        nc.obj = None
+        cdef bint has_ap = False
+        cdef bint has_nc = False
         _get_read(plaintext, &pt, "plaintext")
         try:
             _get_write(out, &ob, "out")
@@ -316,10 +319,12 @@ cdef class GcmKey:
                     raise ValueError("plaintext and out must not overlap")
                 if aad_prefix is not None:
                     _get_read(aad_prefix, &ap, "aad_prefix")
+                    has_ap = True
                     aad_ptr = <const uint8_t *> ap.buf
                     aad_len = ap.len
                 if _nonces is not None:
                     _get_read(_nonces, &nc, "nonces")
+                    has_nc = True
                     if <uint64_t> nc.len != icecrypt_ags1_run_blocks(pt.len) * ICECRYPT_GCM_NONCE_LENGTH:
                         raise ValueError("need 12 nonce bytes per block")
                     nonce_ptr = <const uint8_t *> nc.buf
@@ -336,9 +341,9 @@ cdef class GcmKey:
                 PyBuffer_Release(&ob)
         finally:
             PyBuffer_Release(&pt)
-            if ap.obj is not None:
+            if has_ap:
                 PyBuffer_Release(&ap)
-            if nc.obj is not None:
+            if has_nc:
                 PyBuffer_Release(&nc)
         if status != ICECRYPT_OK:
             _raise(status, "")
@@ -357,7 +362,7 @@ cdef class GcmKey:
         cdef int64_t opened, failed = -1
         cdef int status
         cdef int nthreads = _threads(threads)
-        ap.obj = None
+        cdef bint has_ap = False
         _get_read(sealed, &ct, "sealed")
         try:
             _get_write(out, &ob, "out")
@@ -371,6 +376,7 @@ cdef class GcmKey:
                     raise ValueError("sealed and out must not overlap")
                 if aad_prefix is not None:
                     _get_read(aad_prefix, &ap, "aad_prefix")
+                    has_ap = True
                     aad_ptr = <const uint8_t *> ap.buf
                     aad_len = ap.len
                 if ct.len >= NOGIL_THRESHOLD:
@@ -386,7 +392,7 @@ cdef class GcmKey:
                 PyBuffer_Release(&ob)
         finally:
             PyBuffer_Release(&ct)
-            if ap.obj is not None:
+            if has_ap:
                 PyBuffer_Release(&ap)
         if status != ICECRYPT_OK:
             _raise(status, name, failed)
@@ -458,21 +464,152 @@ def check_header(data, str name=None):
         PyBuffer_Release(&view)
 
 
+cdef int _optional_read(object obj, Py_buffer *view, str what) except -1:
+    """Take a read buffer of obj unless it is None; returns 1 if one was taken."""
+    if obj is None:
+        return 0
+    _get_read(obj, view, what)
+    return 1
+
+
+cdef Py_ssize_t _encrypt_into(GcmKey k, plaintext, out, aad_prefix, int threads, nonces) except -1:
+    """Header + sealed blocks of ``plaintext`` into ``out``; returns the bytes written."""
+    cdef Py_buffer pt, ob, ap, nc
+    cdef int has_ap = 0, has_nc = 0
+    cdef int status = ICECRYPT_OK
+    cdef uint64_t total
+    cdef uint8_t *dst
+    cdef int nthreads = _threads(threads)
+    _get_read(plaintext, &pt, "plaintext")
+    try:
+        _get_write(out, &ob, "out")
+        try:
+            has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
+            has_nc = _optional_read(nonces, &nc, "nonces")
+            total = icecrypt_ags1_ciphertext_length(pt.len)
+            if <uint64_t> ob.len < total:
+                raise ValueError(f"out holds {ob.len} bytes; {total} needed")
+            if _overlap(&pt, &ob):
+                raise ValueError("plaintext and out must not overlap")
+            if has_nc and <uint64_t> nc.len != icecrypt_ags1_run_blocks(pt.len) * ICECRYPT_GCM_NONCE_LENGTH:
+                raise ValueError("need 12 nonce bytes per block")
+            dst = <uint8_t *> ob.buf
+            icecrypt_ags1_write_header(dst)
+            if pt.len < NOGIL_THRESHOLD:
+                status = icecrypt_ags1_seal_blocks(
+                    k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
+                    <const uint8_t *> pt.buf, pt.len, dst + ICECRYPT_AGS1_HEADER_LENGTH,
+                    <const uint8_t *> nc.buf if has_nc else NULL, 1)
+            else:
+                with nogil:
+                    status = icecrypt_ags1_seal_blocks(
+                        k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
+                        <const uint8_t *> pt.buf, pt.len, dst + ICECRYPT_AGS1_HEADER_LENGTH,
+                        <const uint8_t *> nc.buf if has_nc else NULL, nthreads)
+        finally:
+            PyBuffer_Release(&ob)
+            if has_ap:
+                PyBuffer_Release(&ap)
+            if has_nc:
+                PyBuffer_Release(&nc)
+    finally:
+        PyBuffer_Release(&pt)
+    if status != ICECRYPT_OK:
+        _raise(status, "")
+    return total
+
+
+cdef Py_ssize_t _decrypt_into(GcmKey k, ciphertext, out, aad_prefix, length, int threads, str name) except -1:
+    """Verify and decrypt a whole AGS1 stream into ``out``; returns the plaintext length.
+    On failure the output region is wiped."""
+    cdef Py_buffer ct, ob, ap
+    cdef int has_ap = 0
+    cdef int status = ICECRYPT_OK
+    cdef int64_t failed = -1
+    cdef icecrypt_ags1_geometry g
+    cdef uint64_t trusted
+    cdef int nthreads = _threads(threads)
+    cdef str where = f"{name}: " if name else ""
+    _get_read(ciphertext, &ct, "ciphertext")
+    try:
+        if ct.len >= ICECRYPT_AGS1_HEADER_LENGTH:
+            status = icecrypt_ags1_check_header(<const uint8_t *> ct.buf)
+            if status != ICECRYPT_OK:
+                check_header((<const char *> ct.buf)[:ICECRYPT_AGS1_HEADER_LENGTH], name)
+        if length is not None and length != ct.len:
+            what = "truncated" if ct.len < length else "longer than expected"
+            raise FormatError(f"{where}AGS1 stream is {what}: {ct.len} bytes, key metadata says {length}")
+        trusted = ct.len
+        if icecrypt_ags1_geometry_of(trusted, &g) != ICECRYPT_OK:
+            geometry(ct.len, name)  # raises the detailed FormatError
+        _get_write(out, &ob, "out")
+        try:
+            if <uint64_t> ob.len < g.plaintext_length:
+                raise ValueError(f"out holds {ob.len} bytes; {g.plaintext_length} needed")
+            if _overlap(&ct, &ob):
+                raise ValueError("ciphertext and out must not overlap")
+            has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
+            if ct.len < NOGIL_THRESHOLD:
+                status = icecrypt_ags1_open_blocks(
+                    k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
+                    <const uint8_t *> ct.buf + ICECRYPT_AGS1_HEADER_LENGTH,
+                    ct.len - ICECRYPT_AGS1_HEADER_LENGTH, <uint8_t *> ob.buf, 1, &failed)
+            else:
+                with nogil:
+                    status = icecrypt_ags1_open_blocks(
+                        k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
+                        <const uint8_t *> ct.buf + ICECRYPT_AGS1_HEADER_LENGTH,
+                        ct.len - ICECRYPT_AGS1_HEADER_LENGTH, <uint8_t *> ob.buf, nthreads, &failed)
+        finally:
+            PyBuffer_Release(&ob)
+            if has_ap:
+                PyBuffer_Release(&ap)
+    finally:
+        PyBuffer_Release(&ct)
+    if status != ICECRYPT_OK:
+        _raise(status, name, failed)
+    return g.plaintext_length
+
+
 def ags1_encrypt(key, plaintext, aad_prefix=None, int threads=0, *, _nonces=None):
     """Encrypt a whole buffer into a new AGS1 ``bytes`` object, in one native call."""
     cdef GcmKey k = _as_key(key)
     cdef Py_buffer pt
     _get_read(plaintext, &pt, "plaintext")
-    try:
-        total = icecrypt_ags1_ciphertext_length(pt.len)
-    finally:
-        PyBuffer_Release(&pt)
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
-    cdef uint8_t *out_ptr = <uint8_t *> PyBytes_AS_STRING(out)
-    icecrypt_ags1_write_header(out_ptr)
-    k.seal_blocks(plaintext, _WritableBytes(out, ICECRYPT_AGS1_HEADER_LENGTH), 0, aad_prefix,
-                  threads, _nonces=_nonces)
-    return out
+    total = icecrypt_ags1_ciphertext_length(pt.len)
+    PyBuffer_Release(&pt)
+    data, target = fresh_bytes(total)
+    _encrypt_into(k, plaintext, target, aad_prefix, threads, _nonces)
+    return data
+
+
+def ags1_encrypt_into(key, plaintext, out, aad_prefix=None, int threads=0, *, _nonces=None):
+    """Encrypt a whole buffer as an AGS1 stream into the writable buffer ``out``."""
+    return _encrypt_into(_as_key(key), plaintext, out, aad_prefix, threads, _nonces)
+
+
+def ags1_decrypt(key, ciphertext, aad_prefix=None, length=None, int threads=0, str name=None):
+    """Decrypt a whole AGS1 buffer into a new ``bytes`` object, verifying every block.
+
+    ``length`` is the trusted ciphertext length (key metadata ``file_length``); the
+    buffer must hold exactly that many bytes.
+    """
+    cdef GcmKey k = _as_key(key)
+    cdef Py_buffer ct
+    cdef icecrypt_ags1_geometry g
+    _get_read(ciphertext, &ct, "ciphertext")
+    n = ct.len
+    PyBuffer_Release(&ct)
+    # An impossible length allocates nothing; _decrypt_into then raises the reason.
+    plain = g.plaintext_length if icecrypt_ags1_geometry_of(n, &g) == ICECRYPT_OK else 0
+    data, target = fresh_bytes(plain)
+    _decrypt_into(k, ciphertext, target, aad_prefix, length, threads, name)
+    return data
+
+
+def ags1_decrypt_into(key, ciphertext, out, aad_prefix=None, length=None, int threads=0, str name=None):
+    """Verify and decrypt a whole AGS1 buffer into the writable buffer ``out``."""
+    return _decrypt_into(_as_key(key), ciphertext, out, aad_prefix, length, threads, name)
 
 
 cdef class _WritableBytes:
@@ -501,34 +638,6 @@ cdef class _WritableBytes:
 
     def __releasebuffer__(self, Py_buffer *view):
         pass
-
-
-def ags1_decrypt(key, ciphertext, aad_prefix=None, length=None, int threads=0, str name=None):
-    """Decrypt a whole AGS1 buffer into a new ``bytes`` object, verifying every block.
-
-    ``length`` is the trusted ciphertext length (key metadata ``file_length``); the
-    buffer must hold exactly that many bytes.
-    """
-    cdef GcmKey k = _as_key(key)
-    cdef Py_buffer ct
-    cdef str where = f"{name}: " if name else ""
-    _get_read(ciphertext, &ct, "ciphertext")
-    try:
-        actual = ct.len
-        if ct.len >= ICECRYPT_AGS1_HEADER_LENGTH:
-            check_header((<const char *> ct.buf)[:ICECRYPT_AGS1_HEADER_LENGTH], name)
-    finally:
-        PyBuffer_Release(&ct)
-    trusted = actual if length is None else length
-    if length is not None and length != actual:
-        what = "truncated" if actual < length else "longer than expected"
-        raise FormatError(f"{where}AGS1 stream is {what}: {actual} bytes, key metadata says {length}")
-    plain, blocks, last = geometry(trusted, name)
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, plain)
-    view = memoryview(ciphertext).cast("B")
-    k.open_blocks(view[ICECRYPT_AGS1_HEADER_LENGTH:trusted], _WritableBytes(out, 0), 0,
-                  aad_prefix, threads, name)
-    return out
 
 
 def fresh_bytes(Py_ssize_t n):

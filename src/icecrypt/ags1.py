@@ -41,7 +41,9 @@ __all__ = [
     "Ags1Writer",
     "ciphertext_length",
     "decrypt",
+    "decrypt_into",
     "encrypt",
+    "encrypt_into",
     "open_reader",
     "open_writer",
     "plaintext_length",
@@ -106,6 +108,37 @@ def decrypt(
     given, the buffer must hold exactly that many bytes.
     """
     return _gcm.ags1_decrypt(key, ciphertext, aad_prefix, length, threads)
+
+
+def encrypt_into(
+    plaintext: Any,
+    out: Any,
+    key: KeyLike,
+    aad_prefix: bytes | None = None,
+    *,
+    threads: int = 0,
+    _nonces: NonceSource | None = None,
+) -> int:
+    """Encrypt a whole buffer as an AGS1 stream into the writable buffer ``out`` (at
+    least ``ciphertext_length(len(plaintext))`` bytes); returns the bytes written."""
+    nonces = None
+    if _nonces is not None:
+        nonces = _nonces(0, _gcm.run_blocks(memoryview(plaintext).nbytes))
+    return _gcm.ags1_encrypt_into(key, plaintext, out, aad_prefix, threads, _nonces=nonces)
+
+
+def decrypt_into(
+    ciphertext: Any,
+    out: Any,
+    key: KeyLike,
+    aad_prefix: bytes | None = None,
+    length: int | None = None,
+    *,
+    threads: int = 0,
+) -> int:
+    """Verify and decrypt a whole AGS1 buffer into the writable buffer ``out``; returns
+    the plaintext length.  On failure nothing of the plaintext is left in ``out``."""
+    return _gcm.ags1_decrypt_into(key, ciphertext, out, aad_prefix, length, threads)
 
 
 def open_writer(sink: Any, key: KeyLike, aad_prefix: bytes | None = None, **options: Any) -> Ags1Writer:
@@ -544,6 +577,8 @@ class Ags1Writer(io.RawIOBase):
         self._out: memoryview | None = None
         self._run_blocks = max(_MIN_RUN_BLOCKS, 2 * (threads or _gcm.get_default_threads()))
         self._failed = False
+        self._finished = False  # the sink is done with (closed, or left to its owner)
+        self._position = 0
         self._ciphertext_length: int | None = None
 
     def writable(self) -> bool:
@@ -555,8 +590,8 @@ class Ags1Writer(io.RawIOBase):
         return self._ciphertext_length
 
     def tell(self) -> int:
-        self._checkClosed()
-        return self._index * PLAIN_BLOCK_SIZE + self._fill
+        """Plaintext bytes written (after close: the plaintext length, as Java's getPos)."""
+        return self._position
 
     def _emit(self, data: memoryview) -> None:
         while data:
@@ -615,11 +650,12 @@ class Ags1Writer(io.RawIOBase):
         except BaseException:
             self._failed = True
             raise
+        self._position += n
         return n
 
     def flush(self) -> None:
         """Flush the sink.  A partial block is never emitted before close."""
-        if not self.closed:
+        if not self.closed and not self._finished:
             self._sink.flush()
 
     def close(self) -> None:
@@ -646,6 +682,7 @@ class Ags1Writer(io.RawIOBase):
             self.abort()
             raise
         finally:
+            self._finished = True
             self._block[:] = bytes(PLAIN_BLOCK_SIZE)
             super().close()
 
@@ -663,6 +700,7 @@ class Ags1Writer(io.RawIOBase):
                         pass
                     self._tmp_path = None
         finally:
+            self._finished = True
             self._block[:] = bytes(PLAIN_BLOCK_SIZE)
             super().close()
 
@@ -678,4 +716,4 @@ class Ags1Writer(io.RawIOBase):
             self.abort()
 
     def __repr__(self) -> str:
-        return f"<Ags1Writer name={self.name!r} position={self._index * PLAIN_BLOCK_SIZE + self._fill}>"
+        return f"<Ags1Writer name={self.name!r} position={self._position}>"
