@@ -387,3 +387,29 @@ def test_encrypt_into_and_decrypt_into_reuse_buffers():
     with pytest.raises(icecrypt.AuthenticationError, match="block 1"):
         ags1.decrypt_into(damaged, plain, KEY, AAD)
     assert DATA[:64] not in plain  # block 0 verified, but the failed call released nothing
+
+
+def test_no_nonce_is_reused_across_fork():
+    """Nonces are drawn from the DRBG in batches per thread; a forked child must not
+    hand out the nonces its parent had buffered but not yet used."""
+    key = _gcm.GcmKey(KEY)
+    key.seal(b"fill the buffer")  # the parent now holds buffered nonces
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.close(r)
+            os.write(w, b"".join(key.seal(b"x")[:12] for _ in range(8)))
+        finally:
+            os._exit(0)
+    os.close(w)
+    child = b""
+    while chunk := os.read(r, 4096):
+        child += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    parent = b"".join(key.seal(b"x")[:12] for _ in range(8))
+    assert len(child) == 96
+    child_nonces = {child[i : i + 12] for i in range(0, 96, 12)}
+    parent_nonces = {parent[i : i + 12] for i in range(0, 96, 12)}
+    assert len(child_nonces) == 8 and not child_nonces & parent_nonces

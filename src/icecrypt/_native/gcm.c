@@ -151,6 +151,43 @@ static void ctx_release(icecrypt_gcm_key *k, int encrypt, EVP_CIPHER_CTX *ctx)
     EVP_CIPHER_CTX_free(ctx);
 }
 
+/* Nonces come from OpenSSL's DRBG, drawn NONCE_BATCH at a time into a per-thread buffer:
+ * one RAND_bytes call costs as much as sealing several KiB, so drawing per block would
+ * dominate small files.  Nonces are public (they are stored in the file), but a buffered
+ * nonce must never be used twice: after fork() the child would hold a copy of its
+ * parent's buffer, so a fork handler bumps a generation counter that invalidates every
+ * buffer filled before the fork. */
+#define NONCE_BATCH 64
+
+static struct {
+    uint8_t bytes[NONCE_BATCH * ICECRYPT_GCM_NONCE_LENGTH];
+    size_t used;
+    uint64_t generation;
+} __thread nonce_buffer;
+
+static uint64_t fork_generation = 1;
+
+static void after_fork_in_child(void) { __atomic_add_fetch(&fork_generation, 1, __ATOMIC_RELEASE); }
+
+static void install_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+
+static int draw_nonce(uint8_t *nonce)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    uint64_t generation;
+    pthread_once(&once, install_fork_handler);
+    generation = __atomic_load_n(&fork_generation, __ATOMIC_ACQUIRE);
+    if (nonce_buffer.generation != generation || nonce_buffer.used >= sizeof(nonce_buffer.bytes)) {
+        if (RAND_bytes(nonce_buffer.bytes, sizeof(nonce_buffer.bytes)) != 1)
+            return 0;
+        nonce_buffer.used = 0;
+        nonce_buffer.generation = generation;
+    }
+    memcpy(nonce, nonce_buffer.bytes + nonce_buffer.used, ICECRYPT_GCM_NONCE_LENGTH);
+    nonce_buffer.used += ICECRYPT_GCM_NONCE_LENGTH;
+    return 1;
+}
+
 /* AAD is fed in two parts (prefix and, for AGS1, the block index) so it is never copied. */
 static int feed_aad(EVP_CIPHER_CTX *ctx, const uint8_t *aad, size_t aad_length,
                     const uint8_t *suffix, size_t suffix_length)
@@ -186,7 +223,7 @@ static int seal_one(EVP_CIPHER_CTX *ctx, const uint8_t *nonce, const uint8_t *aa
     int outl;
     if (nonce != NULL)
         memcpy(out, nonce, ICECRYPT_GCM_NONCE_LENGTH);
-    else if (RAND_bytes(out, ICECRYPT_GCM_NONCE_LENGTH) != 1)
+    else if (!draw_nonce(out))
         return ICECRYPT_ERR_OPENSSL;
     if (EVP_CipherInit_ex(ctx, NULL, NULL, NULL, out, 1) != 1 ||
         !feed_aad(ctx, aad, aad_length, suffix, suffix_length) ||
