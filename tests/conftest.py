@@ -10,6 +10,9 @@ from hypothesis import HealthCheck, settings
 
 from vectorlib import VECTORS_DIR, load_manifest
 
+# Fixtures of the key servers and devices (tests/servers/*), shared by tests and benchmarks.
+pytest_plugins = ["kms_fixtures_devices"]
+
 settings.register_profile("default", deadline=None, max_examples=60)
 settings.register_profile(
     "ci", deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow]

@@ -9,6 +9,7 @@ from icecrypt._gcm import get_default_threads, openssl_version, set_default_thre
 from icecrypt.errors import (
     AuthenticationError,
     DecryptionError,
+    EncryptionKeyNotFoundError,
     FormatError,
     IcecryptError,
     KeyUsageLimitError,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AuthenticationError",
     "DecryptionError",
+    "EncryptionKeyNotFoundError",
     "FormatError",
     "IcecryptError",
     "KeyUsageLimitError",

@@ -30,6 +30,10 @@ class KeyUsageLimitError(IcecryptError):
     """A key has sealed the maximum number of GCM blocks (2**32, NIST SP 800-38D 8.3)."""
 
 
+class EncryptionKeyNotFoundError(IcecryptError, LookupError):
+    """An ``encryption-keys`` id that a snapshot or key refers to is not in the list."""
+
+
 class KmsError(IcecryptError):
     """A key management service failed to wrap or unwrap a key.
 
@@ -64,6 +68,7 @@ __all__ = [
     "AuthenticationError",
     "FormatError",
     "KeyUsageLimitError",
+    "EncryptionKeyNotFoundError",
     "KmsError",
     "KmsKeyNotFoundError",
     "KmsAccessDeniedError",

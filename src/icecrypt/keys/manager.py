@@ -1,0 +1,574 @@
+"""The envelope key hierarchy of an encrypted Iceberg table (SPEC.md §3).
+
+::
+
+    KMS master key ("table key", property encryption.key-id)
+      └─ wraps KEKs            encryption-keys entry, encrypted-by-id = table key id,
+                               properties {"KEY_TIMESTAMP": ms}; lives 730 days
+           └─ wraps manifest-list key metadata
+                               encryption-keys entry, encrypted-by-id = KEK id;
+                               AES-GCM(KEK, StandardKeyMetadata, AAD = KEY_TIMESTAMP)
+                               snapshot["key-id"] = this entry's id
+                └─ every other file's key metadata travels inside its (encrypted) parent
+
+:class:`EncryptionManager` makes per-file keys, wraps and unwraps manifest-list key
+metadata exactly as Iceberg Java's ``StandardEncryptionManager`` does, and adds what Java
+lacks: master-key and KEK rotation and the bookkeeping to drop keys of expired snapshots.
+The module also reads and writes the ``encryption-keys`` list and snapshot ``key-id``
+fields of a ``metadata.json`` document, keeping Java's field placement.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from icecrypt._gcm import GcmKey
+from icecrypt.errors import EncryptionKeyNotFoundError, FormatError, KmsInvalidWrappedKeyError
+from icecrypt.keys.encrypted_key import KEY_TIMESTAMP, EncryptedKey
+from icecrypt.keys.metadata import StandardKeyMetadata
+from icecrypt.kms.base import KeyManagementClient
+
+__all__ = [
+    "ENCRYPTION_DEK_LENGTH",
+    "ENCRYPTION_TABLE_KEY",
+    "KEK_LIFESPAN_MS",
+    "EncryptionKeyNotFoundError",
+    "EncryptionManager",
+    "read_encryption_keys",
+    "referenced_keys",
+    "removable_keys",
+    "snapshot_key_ids",
+    "unwrap_key_metadata",
+    "validate_table_properties",
+    "with_snapshot_key_id",
+    "wrap_key_metadata",
+    "write_encryption_keys",
+]
+
+ENCRYPTION_TABLE_KEY = "encryption.key-id"
+ENCRYPTION_DEK_LENGTH = "encryption.data-key-length"
+DEFAULT_DATA_KEY_LENGTH = 16
+AAD_PREFIX_LENGTH = 16
+KEY_ID_BYTES = 16
+#: a KEK is used for new wraps for 730 days after its KEY_TIMESTAMP
+KEK_LIFESPAN_MS = 730 * 24 * 3600 * 1000
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+\Z")  # what Java's Long.parseLong accepts (ASCII digits)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _parse_timestamp(entry: EncryptedKey) -> int:
+    stamp = entry.key_timestamp
+    if stamp is None:
+        raise FormatError(f"key encryption key {entry.key_id!r} has no {KEY_TIMESTAMP} property")
+    if not _DECIMAL.match(stamp):
+        raise FormatError(f"key encryption key {entry.key_id!r} has a malformed {KEY_TIMESTAMP} {stamp!r}")
+    return int(stamp)
+
+
+# --- wrapping of manifest-list key metadata (EncryptionUtil) --------------------------
+
+
+def _as_gcm_key(key: GcmKey | bytes) -> GcmKey:
+    return key if isinstance(key, GcmKey) else GcmKey(key)
+
+
+def wrap_key_metadata(
+    kek: GcmKey | bytes, key_timestamp: str, key_metadata: StandardKeyMetadata, *, _nonce: bytes | None = None
+) -> bytes:
+    """``nonce || AES-GCM(kek, key_metadata.encode(), AAD = UTF-8(key_timestamp)) || tag``.
+
+    ``_nonce`` (12 bytes) is a test hook to reproduce Java's output byte for byte.
+    """
+    return _as_gcm_key(kek).seal(key_metadata.encode(), key_timestamp.encode("utf-8"), _nonce=_nonce)
+
+
+def unwrap_key_metadata(kek: GcmKey | bytes, key_timestamp: str, wrapped: bytes) -> StandardKeyMetadata:
+    """Inverse of :func:`wrap_key_metadata`; AuthenticationError / FormatError on bad input."""
+    return StandardKeyMetadata.decode(_as_gcm_key(kek).open(wrapped, key_timestamp.encode("utf-8")))
+
+
+# --- table properties -----------------------------------------------------------------
+
+
+def validate_table_properties(properties: Mapping[str, str], format_version: int) -> tuple[str | None, int]:
+    """Check the encryption table properties; returns ``(table_key_id, data_key_length)``.
+
+    ``table_key_id`` is ``None`` for an unencrypted table.  Both properties are refused
+    for format versions below 3 and the key length must be 16, 24 or 32 (ValueError), as
+    in Java's ``EncryptionUtil``.
+    """
+    present = [name for name in (ENCRYPTION_TABLE_KEY, ENCRYPTION_DEK_LENGTH) if name in properties]
+    if present and format_version < 3:
+        shown = ", ".join(f"{name}={properties[name]}" for name in present)
+        raise ValueError(
+            f"Invalid properties for v{format_version}: {shown} (table encryption needs format-version 3)"
+        )
+    table_key_id = properties.get(ENCRYPTION_TABLE_KEY) or None
+    raw = properties.get(ENCRYPTION_DEK_LENGTH)
+    if raw is None:
+        return table_key_id, DEFAULT_DATA_KEY_LENGTH
+    text = str(raw).strip()
+    if not _DECIMAL.match(text) or int(text) not in (16, 24, 32):
+        raise ValueError(f"Invalid data key length: {raw} (must be 16, 24, or 32)")
+    return table_key_id, int(text)
+
+
+# --- metadata.json --------------------------------------------------------------------
+
+
+def read_encryption_keys(metadata: Mapping[str, Any]) -> list[EncryptedKey]:
+    """The ``encryption-keys`` list of a table metadata document, in order."""
+    entries = metadata.get("encryption-keys")
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise FormatError("table metadata 'encryption-keys' must be a list")
+    return [EncryptedKey.from_json(entry) for entry in entries]
+
+
+def snapshot_key_ids(metadata: Mapping[str, Any]) -> dict[int, str]:
+    """``snapshot-id -> key-id`` for every snapshot that has a ``key-id``."""
+    result: dict[int, str] = {}
+    for snapshot in metadata.get("snapshots") or ():
+        key_id = snapshot.get("key-id")
+        if key_id is not None:
+            if not isinstance(key_id, str):
+                raise FormatError(f"snapshot {snapshot.get('snapshot-id')}: 'key-id' must be a string")
+            result[snapshot["snapshot-id"]] = key_id
+    return result
+
+
+def write_encryption_keys(metadata: Mapping[str, Any], keys: Iterable[EncryptedKey]) -> dict[str, Any]:
+    """A copy of ``metadata`` whose ``encryption-keys`` list holds ``keys``.
+
+    Placement follows Java's ``TableMetadataParser``: an existing list is replaced where
+    it stands; a new one goes right after ``next-row-id`` (else before ``refs``, else
+    before ``snapshots``, else at the end).  An empty list removes the field, since Java
+    writes it only when non-empty.  Every other field is kept, in order.
+    """
+    entries = [key.to_json() for key in keys]
+    result: dict[str, Any] = {}
+    if "encryption-keys" in metadata or not entries:
+        for name, value in metadata.items():
+            if name == "encryption-keys":
+                if entries:
+                    result[name] = entries
+            else:
+                result[name] = value
+        return result
+    names = list(metadata)
+    if "next-row-id" in metadata:
+        index = names.index("next-row-id") + 1
+    elif "refs" in metadata:
+        index = names.index("refs")
+    elif "snapshots" in metadata:
+        index = names.index("snapshots")
+    else:
+        index = len(names)
+    for position, name in enumerate(names):
+        if position == index:
+            result["encryption-keys"] = entries
+        result[name] = metadata[name]
+    if index == len(names):
+        result["encryption-keys"] = entries
+    return result
+
+
+def with_snapshot_key_id(snapshot: Mapping[str, Any], key_id: str | None) -> dict[str, Any]:
+    """A copy of a snapshot object with ``key-id`` set as its last field (or removed)."""
+    result = {name: value for name, value in snapshot.items() if name != "key-id"}
+    if key_id is not None:
+        result["key-id"] = key_id
+    return result
+
+
+def referenced_keys(metadata: Mapping[str, Any]) -> dict[int, set[str]]:
+    """``snapshot-id -> ids of the encryption-keys entries it needs to be read``.
+
+    That is the snapshot's manifest-list key and the KEK that wraps it (when that KEK is
+    in the list).  Snapshots without a ``key-id`` map to an empty set.
+    """
+    by_id = {key.key_id: key for key in read_encryption_keys(metadata)}
+    result: dict[int, set[str]] = {}
+    for snapshot in metadata.get("snapshots") or ():
+        needed: set[str] = set()
+        key_id = snapshot.get("key-id")
+        if key_id is not None:
+            needed.add(key_id)
+            entry = by_id.get(key_id)
+            if entry is not None and entry.encrypted_by_id in by_id:
+                needed.add(entry.encrypted_by_id)
+        result[snapshot["snapshot-id"]] = needed
+    return result
+
+
+def removable_keys(
+    metadata: Mapping[str, Any], expired_snapshot_ids: Iterable[int], *, now_ms: int | None = None
+) -> set[str]:
+    """Ids of ``encryption-keys`` entries that may be dropped once the snapshots
+    ``expired_snapshot_ids`` are removed from ``metadata``.
+
+    A manifest-list key of an expired snapshot goes unless a remaining snapshot uses it.
+    Its KEK goes only if no remaining snapshot uses it **and** it is past its 730-day
+    lifespan at ``now_ms``: an unexpired KEK may be picked by a writer working from older
+    metadata at this very moment, and its new snapshot would be unreadable without it.
+    """
+    now = _now_ms() if now_ms is None else now_ms
+    expired = set(expired_snapshot_ids)
+    by_id = {key.key_id: key for key in read_encryption_keys(metadata)}
+    refs = referenced_keys(metadata)
+    still_needed: set[str] = set()
+    for sid, ids in refs.items():
+        if sid not in expired:
+            still_needed |= ids
+    candidates: set[str] = set()
+    for sid, key_id in snapshot_key_ids(metadata).items():
+        if sid not in expired or key_id not in by_id:
+            continue
+        candidates.add(key_id)
+        kek = by_id.get(by_id[key_id].encrypted_by_id or "")
+        if kek is not None and _kek_expired(kek, now):
+            candidates.add(kek.key_id)
+    return candidates - still_needed
+
+
+def _kek_expired(kek: EncryptedKey, now: int) -> bool:
+    stamp = kek.key_timestamp
+    # without a readable timestamp no writer can select it (Java would fail on it)
+    return stamp is None or not _DECIMAL.match(stamp) or now - int(stamp) >= KEK_LIFESPAN_MS
+
+
+# --- the manager ----------------------------------------------------------------------
+
+
+class _KekCache:
+    """Unwrapped KEKs with a time to live; one KMS call per KEK however many threads ask."""
+
+    def __init__(self, ttl_ms: float, clock: Callable[[], int]) -> None:
+        self._ttl_ms = ttl_ms
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._slots: dict[str, tuple[Future, float]] = {}  # kek id -> (future GcmKey, expiry)
+
+    def get(self, kek_id: str, load: Callable[[], GcmKey]) -> GcmKey:
+        now = self._clock()
+        with self._lock:
+            slot = self._slots.get(kek_id)
+            if slot is not None and (not slot[0].done() or now < slot[1]):
+                future, owner = slot[0], False
+            else:
+                future, owner = Future(), True
+                self._slots[kek_id] = (future, float("inf"))
+        if not owner:
+            return future.result()
+        try:
+            key = load()
+        except BaseException as exc:
+            with self._lock:
+                if self._slots.get(kek_id, (None,))[0] is future:
+                    del self._slots[kek_id]
+            future.set_exception(exc)
+            raise
+        with self._lock:
+            if self._slots.get(kek_id, (None,))[0] is future:
+                self._slots[kek_id] = (future, self._clock() + self._ttl_ms)
+        future.set_result(key)
+        return key
+
+    def put(self, kek_id: str, key: GcmKey) -> None:
+        future: Future = Future()
+        future.set_result(key)
+        with self._lock:
+            self._slots[kek_id] = (future, self._clock() + self._ttl_ms)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._slots.clear()
+
+
+class EncryptionManager:
+    """Per-file keys and the KEK-wrapped manifest-list keys of one encrypted table.
+
+    ``kms`` holds the table's master key ``table_key_id``; ``encryption_keys`` is the
+    table's current ``encryption-keys`` list (entries are kept in order; a repeated id
+    is ignored, as Java's metadata builder does).  ``data_key_length`` (16, 24 or 32)
+    sizes DEKs and KEKs.  Unwrapped KEKs are cached for ``kek_cache_ttl`` seconds.
+    ``clock`` returns the time in milliseconds since the epoch (KEK timestamps, expiry,
+    and the cache).  The manager is safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        kms: KeyManagementClient,
+        table_key_id: str,
+        encryption_keys: Iterable[EncryptedKey] = (),
+        data_key_length: int = DEFAULT_DATA_KEY_LENGTH,
+        *,
+        kek_cache_ttl: float = 3600,
+        clock: Callable[[], int] | None = None,
+        _random: Callable[[int], bytes] | None = None,
+        _nonce: Callable[[], bytes] | None = None,
+    ) -> None:
+        if not isinstance(table_key_id, str) or not table_key_id:
+            raise ValueError("table_key_id must be a non-empty str")
+        if data_key_length not in (16, 24, 32):
+            raise ValueError(f"Invalid data key length: {data_key_length} (must be 16, 24, or 32)")
+        self._kms = kms
+        self._table_key_id = table_key_id
+        self._data_key_length = data_key_length
+        self._clock = clock or _now_ms
+        # test hooks: a deterministic random source and GCM nonce source
+        self._random = _random or os.urandom
+        self._nonce = _nonce
+        self._lock = threading.RLock()
+        self._keys: dict[str, EncryptedKey] = {}
+        for key in encryption_keys:
+            if not isinstance(key, EncryptedKey):
+                raise TypeError(f"encryption_keys must hold EncryptedKey objects, not {type(key).__name__}")
+            self._keys.setdefault(key.key_id, key)
+        self._cache = _KekCache(kek_cache_ttl * 1000.0, self._clock)
+
+    @classmethod
+    def from_table_metadata(
+        cls,
+        kms: KeyManagementClient,
+        metadata: Mapping[str, Any],
+        *,
+        table_key_id: str | None = None,
+        **options: Any,
+    ) -> EncryptionManager:
+        """A manager for the table described by a ``metadata.json`` document.
+
+        ``table_key_id`` overrides ``properties["encryption.key-id"]`` (a catalog such as
+        Hive keeps its own copy, which is the one to trust).
+        """
+        properties = metadata.get("properties") or {}
+        key_id, dek_length = validate_table_properties(properties, int(metadata.get("format-version", 1)))
+        key_id = table_key_id or key_id
+        if key_id is None:
+            raise ValueError(f"table is not encrypted: no {ENCRYPTION_TABLE_KEY} property")
+        return cls(kms, key_id, read_encryption_keys(metadata), dek_length, **options)
+
+    @classmethod
+    def from_table_properties(
+        cls,
+        kms: KeyManagementClient,
+        properties: Mapping[str, str],
+        format_version: int,
+        encryption_keys: Iterable[EncryptedKey] = (),
+        **options: Any,
+    ) -> EncryptionManager | None:
+        """A manager for a table with these properties, or ``None`` if it is not encrypted."""
+        key_id, dek_length = validate_table_properties(properties, format_version)
+        if key_id is None:
+            return None
+        return cls(kms, key_id, encryption_keys, dek_length, **options)
+
+    # --- properties --------------------------------------------------------------------
+
+    @property
+    def kms(self) -> KeyManagementClient:
+        return self._kms
+
+    @property
+    def table_key_id(self) -> str:
+        return self._table_key_id
+
+    @property
+    def data_key_length(self) -> int:
+        return self._data_key_length
+
+    @property
+    def encryption_keys(self) -> list[EncryptedKey]:
+        """The ``encryption-keys`` list, in order (a copy)."""
+        with self._lock:
+            return list(self._keys.values())
+
+    def get_key(self, key_id: str) -> EncryptedKey:
+        """The entry ``key_id``; EncryptionKeyNotFoundError if there is none."""
+        with self._lock:
+            entry = self._keys.get(key_id)
+        if entry is None:
+            raise EncryptionKeyNotFoundError(f"no encryption key {key_id!r} in the table's encryption-keys")
+        return entry
+
+    def is_kek(self, entry: EncryptedKey) -> bool:
+        """Whether ``entry`` is a key-encryption key of this table (wrapped by the table key)."""
+        return entry.encrypted_by_id == self._table_key_id
+
+    # --- per-file keys -----------------------------------------------------------------
+
+    def new_file_key(self) -> StandardKeyMetadata:
+        """Fresh key metadata for one file: a random DEK and a random 16-byte AAD prefix."""
+        return StandardKeyMetadata(self._random(self._data_key_length), self._random(AAD_PREFIX_LENGTH))
+
+    def _new_key_id(self) -> str:
+        return base64.b64encode(self._random(KEY_ID_BYTES)).decode("ascii")
+
+    # --- KEKs ----------------------------------------------------------------------------
+
+    def _kek_is_current(self, entry: EncryptedKey, now: int) -> bool:
+        return self.is_kek(entry) and now - _parse_timestamp(entry) < KEK_LIFESPAN_MS
+
+    def current_kek(self) -> EncryptedKey | None:
+        """The KEK new wraps use: the first unexpired one in list order (Java's rule)."""
+        now = self._clock()
+        with self._lock:
+            for entry in self._keys.values():
+                if self._kek_is_current(entry, now):
+                    return entry
+        return None
+
+    def _create_kek(self) -> tuple[EncryptedKey, GcmKey]:
+        material = self._random(self._data_key_length)
+        kek = GcmKey(material)
+        wrapped = self._kms.wrap_key(material, self._table_key_id)
+        del material
+        entry = EncryptedKey(
+            self._new_key_id(), wrapped, self._table_key_id, {KEY_TIMESTAMP: str(self._clock())}
+        )
+        return entry, kek
+
+    def _unwrap_kek(self, entry: EncryptedKey) -> GcmKey:
+        def load() -> GcmKey:
+            material = self._kms.unwrap_key(entry.encrypted_key_metadata, self._table_key_id)
+            try:
+                return GcmKey(material)
+            except (TypeError, ValueError):
+                raise KmsInvalidWrappedKeyError(
+                    f"KMS returned a {len(material)}-byte key for KEK {entry.key_id!r} "
+                    "(expected 16, 24 or 32)",
+                    backend=self._kms.kms_type,
+                ) from None
+
+        return self._cache.get(entry.key_id, load)
+
+    def _kek_for_wrap(self) -> tuple[EncryptedKey, GcmKey]:
+        with self._lock:
+            entry = self.current_kek()
+            if entry is None:
+                entry, kek = self._create_kek()
+                self._keys[entry.key_id] = entry
+                self._cache.put(entry.key_id, kek)
+                return entry, kek
+        return entry, self._unwrap_kek(entry)
+
+    # --- manifest-list key metadata ------------------------------------------------------
+
+    def wrap_manifest_list_key_metadata(self, key_metadata: StandardKeyMetadata) -> EncryptedKey:
+        """Wrap a manifest list's key metadata with the current KEK and add the entry.
+
+        Creates (and adds) a KEK first if none is current.  Returns the new entry, whose
+        ``key_id`` is the snapshot's ``key-id``.
+        """
+        kek_entry, kek = self._kek_for_wrap()
+        nonce = self._nonce() if self._nonce is not None else None
+        wrapped = wrap_key_metadata(kek, kek_entry.key_timestamp, key_metadata, _nonce=nonce)
+        entry = EncryptedKey(self._new_key_id(), wrapped, kek_entry.key_id)
+        with self._lock:
+            self._keys.setdefault(entry.key_id, entry)
+        return entry
+
+    def unwrap_manifest_list_key_metadata(self, snapshot_key_id: str) -> StandardKeyMetadata:
+        """The key metadata of the manifest list of the snapshot whose ``key-id`` is given."""
+        entry = self.get_key(snapshot_key_id)
+        if entry.encrypted_by_id is None:
+            raise FormatError(f"encryption key {snapshot_key_id!r} has no encrypted-by-id")
+        with self._lock:
+            kek_entry = self._keys.get(entry.encrypted_by_id)
+        if kek_entry is None:
+            raise EncryptionKeyNotFoundError(
+                f"key encryption key {entry.encrypted_by_id!r} (of encryption key {snapshot_key_id!r}) "
+                "is not in the table's encryption-keys"
+            )
+        if not self.is_kek(kek_entry):
+            raise FormatError(
+                f"encryption key {snapshot_key_id!r} is wrapped by {kek_entry.key_id!r}, which is not "
+                f"a key encryption key of table key {self._table_key_id!r}"
+            )
+        timestamp = kek_entry.key_timestamp
+        if timestamp is None:
+            raise FormatError(f"key encryption key {kek_entry.key_id!r} has no {KEY_TIMESTAMP} property")
+        return unwrap_key_metadata(self._unwrap_kek(kek_entry), timestamp, entry.encrypted_key_metadata)
+
+    # --- rotation (beyond Java) ------------------------------------------------------------
+
+    def rotate_kek(self) -> EncryptedKey:
+        """Create a new KEK that subsequent wraps use, here and in Java; returns it.
+
+        Java's writer takes the first unexpired KEK in list order, so the new KEK is put
+        at the front of the list: Java writers then pick it too, readers look entries up
+        by id so order does not matter to them, and Java keeps the order when it
+        rewrites metadata.  (Through REST, whose add-encryption-key appends, the same
+        order is reached by removing the older KEKs and adding them back after the new
+        one; their ids and bytes are unchanged.)
+        """
+        with self._lock:
+            entry, kek = self._create_kek()
+            rest = self._keys
+            self._keys = {entry.key_id: entry}
+            self._keys.update((k, v) for k, v in rest.items() if k != entry.key_id)
+            self._cache.put(entry.key_id, kek)
+            return entry
+
+    def rotate_master_key(self, new_key_id: str, new_kms: KeyManagementClient | None = None) -> list[EncryptedKey]:
+        """Re-wrap every KEK under master key ``new_key_id`` (held by ``new_kms``, default
+        the current KMS) and make it the table key; returns the re-wrapped entries.
+
+        KEK ids and ``KEY_TIMESTAMP`` stay (the timestamp is the AAD of the key metadata
+        the KEK wrapped); manifest-list entries and data files are untouched.  The table
+        property ``encryption.key-id`` (and a catalog's copy of it) must be updated to
+        ``new_key_id`` together with the new ``encryption-keys``.  All KEKs are unwrapped
+        and re-wrapped before anything changes, so a failure leaves the manager as it was.
+        """
+        if not isinstance(new_key_id, str) or not new_key_id:
+            raise ValueError("new_key_id must be a non-empty str")
+        target = new_kms or self._kms
+        with self._lock:
+            replaced: dict[str, EncryptedKey] = {}
+            for entry in self._keys.values():
+                if not self.is_kek(entry):
+                    continue
+                material = self._kms.unwrap_key(entry.encrypted_key_metadata, self._table_key_id)
+                wrapped = target.wrap_key(material, new_key_id)
+                del material
+                replaced[entry.key_id] = entry.replace(encrypted_key_metadata=wrapped, encrypted_by_id=new_key_id)
+            self._keys = {key_id: replaced.get(key_id, entry) for key_id, entry in self._keys.items()}
+            self._kms = target
+            self._table_key_id = new_key_id
+            return list(replaced.values())
+
+    # --- metadata.json -----------------------------------------------------------------
+
+    def remove_keys(self, key_ids: Iterable[str]) -> None:
+        """Drop entries (e.g. those :func:`removable_keys` found); unknown ids are ignored."""
+        drop = set(key_ids)
+        with self._lock:
+            self._keys = {k: v for k, v in self._keys.items() if k not in drop}
+
+    def apply_to_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy of ``metadata`` with this manager's ``encryption-keys`` and table key id."""
+        result = write_encryption_keys(metadata, self.encryption_keys)
+        properties = result.get("properties")
+        if isinstance(properties, Mapping) and properties.get(ENCRYPTION_TABLE_KEY) != self._table_key_id:
+            properties = dict(properties)
+            properties[ENCRYPTION_TABLE_KEY] = self._table_key_id
+            result["properties"] = properties
+        return result
+
+    def __repr__(self) -> str:
+        return (
+            f"<EncryptionManager table_key_id={self._table_key_id!r} kms={self._kms!r} "
+            f"keys={len(self._keys)} data_key_length={self._data_key_length}>"
+        )
