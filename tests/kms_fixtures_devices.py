@@ -1,19 +1,20 @@
 """Pytest plugin: a PyKMIP server and SoftHSM2 tokens, one of each per test session.
 
 Load it with ``pytest_plugins = ["kms_fixtures_devices"]`` in a conftest (or ``-p
-kms_fixtures_devices``).  Fixtures skip the test when PyKMIP, python-pkcs11 or SoftHSM2 is
+kms_fixtures_devices``).  Fixtures skip (or, under make test, fail) the test when PyKMIP, python-pkcs11 or SoftHSM2 is
 not installed; they never touch anything outside their temporary directories and
 127.0.0.1.
 """
 
 from __future__ import annotations
 
-import importlib.util
+
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
+from servers import require_module, unavailable
 from servers.kmip import KmipServer
 from servers.kmip import kmip_server as _run_kmip_server
 from servers.softhsm import SoftHsmToken, find_softhsm_module, softhsm_tokens
@@ -31,8 +32,7 @@ class MasterKeys:
 
 
 def _require(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed")
+    require_module(module)
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +58,7 @@ def softhsm_token_pair(tmp_path_factory) -> tuple[SoftHsmToken, SoftHsmToken]:
     """Two initialized SoftHSM2 tokens in a private store (sets SOFTHSM2_CONF)."""
     _require("pkcs11")
     if find_softhsm_module() is None:
-        pytest.skip("SoftHSM2 is not installed")
+        unavailable("SoftHSM2 is not installed")
     main, spare = softhsm_tokens(tmp_path_factory.mktemp("softhsm"), list(SOFTHSM_LABELS))
     return main, spare
 

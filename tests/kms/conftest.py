@@ -11,12 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from servers import require_module, unavailable
+
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[object]:
     """A running moto server (``servers.moto.MotoServer``)."""
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
+    require_module("boto3")
+    require_module("moto.server")
     from servers.moto import moto_server as start
 
     with start() as server:
@@ -46,14 +48,14 @@ def aws_kms(moto_server) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def openbao_server() -> Iterator[object]:
     """A running OpenBao dev server with transit enabled (``servers.openbao.OpenBaoServer``)."""
-    pytest.importorskip("hvac")
+    require_module("hvac")
     from servers.openbao import bao_binary
     from servers.openbao import openbao_server as start
 
     try:
         bao_binary()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
     with start() as server:
         yield server
 

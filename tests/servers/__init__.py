@@ -34,10 +34,31 @@ __all__ = [
     "silent_listener",
     "closed_port",
     "venv_bin",
+    "unavailable",
+    "require_module",
 ]
 
 #: the only address local servers listen on
 HOST = "127.0.0.1"
+
+
+def unavailable(reason: str):
+    """Skip a test whose server or device cannot run here, or fail it when the run
+    requires every server: ``make test`` (and so CI) sets ICECRYPT_REQUIRE_SERVERS=1,
+    so a missing install can never turn into a green run."""
+    import pytest
+
+    if os.environ.get("ICECRYPT_REQUIRE_SERVERS") == "1":
+        pytest.fail(f"required test server or device unavailable: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_module(name: str) -> None:
+    """:func:`unavailable` unless the module ``name`` can be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec(name.split(".")[0]) is None or importlib.util.find_spec(name) is None:
+        unavailable(f"{name} is not installed")
 
 
 class ServerStartError(RuntimeError):
