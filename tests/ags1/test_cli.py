@@ -114,3 +114,33 @@ def test_bad_key_arguments(files):
     assert not (d / "x").exists()
     r = run("encrypt", plain, d / "x")
     assert r.returncode != 0  # a key is required
+
+
+class FakeTerminal:
+    def __init__(self, tty):
+        self.tty = tty
+        self.text = ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_only_on_terminals_for_large_files():
+    from icecrypt._progress import Progress
+
+    term = FakeTerminal(True)
+    with Progress(128 << 20, "encrypting", stream=term) as p:
+        for _ in range(128):
+            p.update(1 << 20)
+    assert "encrypting" in term.text and "100%" in term.text and term.text.endswith("\n")
+    for total, tty in ((32 << 20, True), (128 << 20, False)):
+        quiet = FakeTerminal(tty)
+        with Progress(total, "encrypting", stream=quiet) as p:
+            p.update(total)
+        assert quiet.text == ""
