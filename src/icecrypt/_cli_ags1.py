@@ -13,7 +13,7 @@ from icecrypt import _gcm, ags1
 from icecrypt._progress import Progress
 from icecrypt.errors import FormatError
 
-CHUNK = 16 * ags1.PLAIN_BLOCK_SIZE
+CHUNK = 4 * ags1.PLAIN_BLOCK_SIZE  # a few blocks: the data stays in cache between read and write
 
 
 def register(subparsers: Any) -> None:

@@ -24,7 +24,7 @@ from icecrypt.keys import EncryptedKey, EncryptionManager
 from icecrypt.kms.local import LocalKms
 
 MASTER_KEY_ID = "demo-master"
-CHUNK = 16 * ags1.PLAIN_BLOCK_SIZE
+CHUNK = 4 * ags1.PLAIN_BLOCK_SIZE  # a few blocks: the data stays in cache between read and write
 
 
 def generate_csv(path: str, rows: int, seed: int = 7) -> int:

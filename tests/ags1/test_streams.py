@@ -413,3 +413,21 @@ def test_no_nonce_is_reused_across_fork():
     child_nonces = {child[i : i + 12] for i in range(0, 96, 12)}
     parent_nonces = {parent[i : i + 12] for i in range(0, 96, 12)}
     assert len(child_nonces) == 8 and not child_nonces & parent_nonces
+
+
+@pytest.mark.timeout(60)
+def test_parallel_runs_work_in_a_forked_child():
+    """PySpark's Python workers are forked: the child must get working threads, not the
+    parent's (absent) ones, and must not deadlock."""
+    plain = DATA[: 4 * BS]
+    ags1.encrypt(plain, KEY, AAD, threads=2)  # the parent's worker pool is running
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            blob = ags1.encrypt(plain, KEY, AAD, threads=2)
+            ok = ags1.decrypt(blob, KEY, AAD, threads=2) == plain
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -200,11 +201,18 @@ static int feed_aad(EVP_CIPHER_CTX *ctx, const uint8_t *aad, size_t aad_length,
     return 1;
 }
 
-/* GCM takes lengths as int: feed long inputs in pieces. */
+/* Data is fed in pieces of FEED_PIECE bytes: GCM's update takes an int, and OpenSSL's
+ * vectorised GCM makes more than one pass over each update, so pieces that stay in the
+ * L1/L2 cache keep a 1 MiB block from being read from memory twice (measured: decrypt of
+ * 256 MiB in memory 9 -> 15 GB/s, in-cache speed unchanged). */
+#ifndef ICECRYPT_FEED_PIECE
+#define ICECRYPT_FEED_PIECE (64 * 1024)
+#endif
+
 static int feed_data(EVP_CIPHER_CTX *ctx, uint8_t *out, const uint8_t *in, size_t length)
 {
     while (length > 0) {
-        int piece = length > (size_t)(1 << 30) ? (1 << 30) : (int)length;
+        int piece = length > (size_t)ICECRYPT_FEED_PIECE ? ICECRYPT_FEED_PIECE : (int)length;
         int outl = 0;
         if (EVP_CipherUpdate(ctx, out, &outl, in, piece) != 1 || outl != piece)
             return 0;
@@ -316,7 +324,7 @@ int64_t icecrypt_ags1_opened_length(uint64_t first_block_index, uint64_t sealed_
     return (int64_t)(sealed_length - blocks * ICECRYPT_GCM_OVERHEAD);
 }
 
-typedef struct {
+typedef struct run {
     icecrypt_gcm_key *key;
     int encrypt;
     const uint8_t *aad;
@@ -330,6 +338,10 @@ typedef struct {
     uint64_t next_block; /* atomic: next block to claim */
     int status;          /* atomic: first non-OK status seen */
     int64_t failed_block; /* atomic: lowest block that failed authentication */
+    /* pool bookkeeping, guarded by pool.lock */
+    struct run *next;     /* queue of runs that accept helpers */
+    int helpers;          /* pool workers attached now */
+    int max_helpers;      /* threads - 1 */
 } run;
 
 static void run_block(run *r, EVP_CIPHER_CTX *ctx, uint64_t j)
@@ -393,24 +405,141 @@ static void *run_worker(void *arg)
     return NULL;
 }
 
-/* Worker threads are started per call (a 1 MiB block is 50-100 us of work, thread start
- * is ~20 us) rather than kept in a pool: no global state, nothing to repair after fork(),
- * which PySpark's Python workers do. */
+/* A process-wide pool of worker threads helps with runs of blocks.  The calling thread
+ * always works on its own run too, so a run completes whatever the pool does; helpers
+ * only claim blocks.  Threads are started on first use and then kept: starting one per
+ * call costs ~40 us plus the wake-up of an idle vCPU, a large share of an 8 MiB run
+ * (~400 us), and idle workers spin briefly before sleeping so that back-to-back runs
+ * find them awake.  After fork() the child starts with an empty pool (the parent's
+ * threads do not exist there). */
+#define POOL_MAX_WORKERS 63
+#define POOL_SPIN_NS 200000
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;  /* a run was queued */
+    pthread_cond_t done;  /* a helper detached */
+    run *queue;
+    int workers;
+    int pending;          /* atomic: runs in the queue, for spinning workers */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0};
+
+static void pool_prepare_fork(void) { pthread_mutex_lock(&pool.lock); }
+static void pool_parent_fork(void) { pthread_mutex_unlock(&pool.lock); }
+static void pool_child_fork(void)
+{
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.queue = NULL;
+    pool.workers = 0;
+    pool.pending = 0;
+}
+
+static void install_pool_fork_handlers(void)
+{
+    pthread_atfork(pool_prepare_fork, pool_parent_fork, pool_child_fork);
+}
+
+static int run_exhausted(run *r)
+{
+    return __atomic_load_n(&r->next_block, __ATOMIC_ACQUIRE) >= r->num_blocks ||
+           __atomic_load_n(&r->status, __ATOMIC_ACQUIRE) != ICECRYPT_OK;
+}
+
+/* With pool.lock held: a queued run that still has blocks and room for a helper. */
+static run *pool_pick(void)
+{
+    for (run *r = pool.queue; r != NULL; r = r->next)
+        if (r->helpers < r->max_helpers && !run_exhausted(r))
+            return r;
+    return NULL;
+}
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *pool_worker(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        run *r;
+        uint64_t spin_until = monotonic_ns() + POOL_SPIN_NS;
+        while (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) == 0 && monotonic_ns() < spin_until)
+            __builtin_ia32_pause();
+        pthread_mutex_lock(&pool.lock);
+        while ((r = pool_pick()) == NULL)
+            pthread_cond_wait(&pool.wake, &pool.lock);
+        r->helpers++;
+        pthread_mutex_unlock(&pool.lock);
+
+        run_worker(r);
+
+        pthread_mutex_lock(&pool.lock);
+        r->helpers--;
+        pthread_cond_broadcast(&pool.done);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    return NULL;
+}
+
+/* With pool.lock held: start workers up to `wanted`; fewer is still correct. */
+static void pool_grow(int wanted)
+{
+    pthread_attr_t attr;
+    if (wanted > POOL_MAX_WORKERS)
+        wanted = POOL_MAX_WORKERS;
+    if (pool.workers >= wanted || pthread_attr_init(&attr) != 0)
+        return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    while (pool.workers < wanted) {
+        pthread_t tid;
+        if (pthread_create(&tid, &attr, pool_worker, NULL) != 0)
+            break;
+        pool.workers++;
+    }
+    pthread_attr_destroy(&attr);
+}
+
 static int run_blocks(run *r, int threads)
 {
-    pthread_t tids[64];
-    int started = 0;
-    uint64_t want = (uint64_t)(threads > 64 ? 64 : threads);
-    if (want > r->num_blocks)
-        want = r->num_blocks;
-    for (uint64_t t = 1; t < want; t++) {
-        if (pthread_create(&tids[started], NULL, run_worker, r) != 0)
-            break; /* fewer threads is still correct */
-        started++;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    uint64_t helpers = threads > 1 ? (uint64_t)threads - 1 : 0;
+    if (helpers > r->num_blocks - 1)
+        helpers = r->num_blocks - 1;
+    if (helpers == 0) {
+        run_worker(r);
+        return r->status;
     }
+    pthread_once(&once, install_pool_fork_handlers);
+    r->max_helpers = (int)helpers;
+    pthread_mutex_lock(&pool.lock);
+    pool_grow((int)helpers);
+    r->next = pool.queue;
+    pool.queue = r;
+    __atomic_add_fetch(&pool.pending, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+
     run_worker(r);
-    for (int t = 0; t < started; t++)
-        pthread_join(tids[t], NULL);
+
+    /* Leave the queue so no helper attaches any more, then wait for the attached ones:
+     * the run lives on this stack. */
+    pthread_mutex_lock(&pool.lock);
+    for (run **p = &pool.queue; *p != NULL; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    __atomic_sub_fetch(&pool.pending, 1, __ATOMIC_RELEASE);
+    while (r->helpers > 0)
+        pthread_cond_wait(&pool.done, &pool.lock);
+    pthread_mutex_unlock(&pool.lock);
     return r->status;
 }
 
@@ -429,7 +558,7 @@ int icecrypt_ags1_seal_blocks(icecrypt_gcm_key *k, const uint8_t *aad_prefix,
     if ((rc = reserve_invocations(k, blocks)) != ICECRYPT_OK)
         return rc;
     run r = {k, 1, aad_prefix, aad_prefix_length, first_block_index, plaintext,
-             plaintext_length, out, nonces, blocks, 0, ICECRYPT_OK, -1};
+             plaintext_length, out, nonces, blocks, 0, ICECRYPT_OK, -1, NULL, 0, 0};
     return run_blocks(&r, threads);
 }
 
@@ -447,7 +576,7 @@ int icecrypt_ags1_open_blocks(icecrypt_gcm_key *k, const uint8_t *aad_prefix,
     if (aad_prefix_length > INT_MAX)
         return ICECRYPT_ERR_LENGTH;
     run r = {k, 0, aad_prefix, aad_prefix_length, first_block_index, sealed, sealed_length,
-             out, NULL, blocks, 0, ICECRYPT_OK, -1};
+             out, NULL, blocks, 0, ICECRYPT_OK, -1, NULL, 0, 0};
     rc = run_blocks(&r, threads);
     if (rc != ICECRYPT_OK) {
         OPENSSL_cleanse(out, (size_t)opened);
