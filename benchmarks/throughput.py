@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -55,6 +54,19 @@ def best_rate(fn, nbytes: int, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times) / 1e9
+
+
+def interleaved(variants: dict, nbytes: int, repeat: int) -> dict:
+    """Median GB/s of each variant, running every variant once per round so that the
+    drift of a shared machine hits all of them alike (one warm-up round first)."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for rnd in range(repeat + 1):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            if rnd:
+                times[name].append(time.perf_counter() - t0)
+    return {name: nbytes / statistics.median(t) / 1e9 for name, t in times.items()}
 
 
 def openssl_speed(bits: int, multi: int) -> float | None:
@@ -144,16 +156,17 @@ def bulk(size: int, bits: int, repeat: int, rows: list) -> None:
     label = f"{size // BS} MiB {where}, AES-{bits}"
     gkey = _gcm.GcmKey(key)
     for threads in (1, CORES):
-        r = {"case": label, "threads": threads}
-        ags1.encrypt_into(plain, blob, gkey, aad, threads=threads)
-        r["icecrypt_enc"] = best_rate(lambda: ags1.encrypt_into(plain, blob, gkey, aad, threads=threads), size, repeat)
-        r["icecrypt_dec"] = best_rate(lambda: ags1.decrypt_into(blob, out, gkey, aad, threads=threads), size, repeat)
-        r["openssl_enc"] = openssl_speed(bits, threads)
-        r["crypto_naive_enc"] = best_rate(lambda: base.naive_encrypt(plain, threads), size, max(1, repeat // 2))
-        r["crypto_naive_dec"] = best_rate(lambda: base.naive_decrypt(blob, threads), size, max(1, repeat // 2))
-        r["crypto_into_enc"] = best_rate(lambda: base.into_encrypt(plain, blob, threads), size, repeat)
-        r["crypto_into_dec"] = best_rate(lambda: base.into_decrypt(blob, out, threads), size, repeat)
-        r["memcpy"] = best_rate(lambda: out.__setitem__(slice(None), plain), size, repeat)
+        variants = {
+            "icecrypt_enc": lambda: ags1.encrypt_into(plain, blob, gkey, aad, threads=threads),
+            "icecrypt_dec": lambda: ags1.decrypt_into(blob, out, gkey, aad, threads=threads),
+            "crypto_naive_enc": lambda: base.naive_encrypt(plain, threads),
+            "crypto_naive_dec": lambda: base.naive_decrypt(blob, threads),
+            "crypto_into_enc": lambda: base.into_encrypt(plain, blob, threads),
+            "crypto_into_dec": lambda: base.into_decrypt(blob, out, threads),
+            "memcpy": lambda: out.__setitem__(slice(None), plain),
+        }
+        r = {"case": label, "threads": threads, "openssl_enc": openssl_speed(bits, threads)}
+        r.update(interleaved(variants, size, repeat))
         rows.append(r)
     gkey = None
 
@@ -249,20 +262,28 @@ def file_to_file(directory: str, size: int) -> dict:
     return result
 
 
+def _peak_rss_kib() -> int:
+    # VmHWM belongs to this address space; ru_maxrss would carry the parent's peak
+    # across fork + exec.
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
 def _rss_child(path: str, size: int) -> None:
     """Runs in a child process: peak RSS growth while streaming ``size`` bytes."""
     key, aad = os.urandom(16), os.urandom(16)
-    chunk = memoryview(os.urandom(8 * BS))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    chunk = memoryview(os.urandom(4 * BS))
+    buf = memoryview(bytearray(4 * BS))
+    buf[:] = chunk
+    base = _peak_rss_kib()
     with ags1.open_writer(path, key, aad, fsync=False) as w:
         for _ in range(size // len(chunk)):
             w.write(chunk)
-    after_write = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    buf = memoryview(bytearray(8 * BS))
+    after_write = _peak_rss_kib()
     with ags1.open_reader(path, key, aad) as r:
         while r.readinto(buf):
             pass
-    after_read = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after_read = _peak_rss_kib()
     os.unlink(path)
     print(json.dumps({"stream_size": size, "rss_growth_write_mib": (after_write - base) / 1024,
                       "rss_growth_read_mib": (after_read - base) / 1024}))
