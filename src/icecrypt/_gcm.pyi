@@ -1,6 +1,5 @@
 """Type stub of the native module icecrypt._gcm (see _gcm.pyx)."""
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from typing_extensions import Buffer

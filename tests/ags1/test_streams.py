@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import io
 import os
-import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 

@@ -35,6 +35,7 @@ botocore's own DEBUG logging prints request parameters, including the plaintext 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +46,7 @@ from icecrypt.errors import (
     KmsKeyNotFoundError,
     KmsUnavailableError,
 )
+from icecrypt.kms import _properties
 from icecrypt.kms.base import KeyManagementClient
 
 __all__ = ["AwsKms"]
@@ -70,6 +72,9 @@ _DEFAULT_MAX_ATTEMPTS = 3
 _DEFAULT_MAX_CONNECTIONS = 32
 
 _BACKEND = "aws"
+_int_property = functools.partial(_properties.int_property, backend=_BACKEND)
+_key_bytes = functools.partial(_properties.key_bytes, backend=_BACKEND)
+_check_key_id = functools.partial(_properties.check_key_id, backend=_BACKEND)
 
 # KMS error codes -> icecrypt exception classes.  Codes not listed become plain KmsError.
 _ERROR_CLASSES: dict[str, type[KmsError]] = {
@@ -91,35 +96,6 @@ _ERROR_CLASSES: dict[str, type[KmsError]] = {
     "ThrottlingException": KmsUnavailableError,
     "ServiceUnavailableException": KmsUnavailableError,
 }
-
-
-def _int_property(properties: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise KmsError(f"invalid {name} {raw!r}: expected an integer", backend=_BACKEND) from None
-    if value < minimum:
-        raise KmsError(f"invalid {name} {raw!r}: must be at least {minimum}", backend=_BACKEND)
-    return value
-
-
-def _key_bytes(key: Any, what: str) -> bytes:
-    """``key`` as bytes; a TypeError/KmsError that never shows the value otherwise."""
-    if isinstance(key, str) or not isinstance(key, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{what} must be a bytes-like object, not {type(key).__name__}")
-    data = bytes(key)
-    if not data:
-        raise KmsError(f"{what} is empty", backend=_BACKEND)
-    return data
-
-
-def _check_key_id(wrapping_key_id: Any) -> str:
-    if not isinstance(wrapping_key_id, str) or not wrapping_key_id.strip():
-        raise KmsKeyNotFoundError(f"invalid wrapping key id {wrapping_key_id!r}", backend=_BACKEND)
-    return wrapping_key_id
 
 
 def map_aws_error(exc: BaseException, operation: str, wrapping_key_id: str) -> KmsError:

@@ -54,6 +54,7 @@ wrapped.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
@@ -69,6 +70,7 @@ from icecrypt.errors import (
     KmsKeyNotFoundError,
     KmsUnavailableError,
 )
+from icecrypt.kms import _properties
 from icecrypt.kms.base import KeyManagementClient
 
 __all__ = [
@@ -102,6 +104,9 @@ _DEFAULT_CONNECT_TIMEOUT_MS = 2000
 _DEFAULT_READ_TIMEOUT_MS = 10000
 _DEFAULT_MAX_ATTEMPTS = 3
 _BACKEND = "azure"
+_int_property = functools.partial(_properties.int_property, backend=_BACKEND)
+_bool_property = functools.partial(_properties.bool_property, backend=_BACKEND)
+_key_bytes = functools.partial(_properties.key_bytes, backend=_BACKEND)
 
 
 class StaticTokenCredential:
@@ -126,39 +131,6 @@ class StaticTokenCredential:
 
     def __repr__(self) -> str:
         return "<StaticTokenCredential token=***>"
-
-
-def _int_property(properties: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise KmsError(f"invalid {name} {raw!r}: expected an integer", backend=_BACKEND) from None
-    if value < minimum:
-        raise KmsError(f"invalid {name} {raw!r}: must be at least {minimum}", backend=_BACKEND)
-    return value
-
-
-def _bool_property(properties: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    value = str(raw).strip().lower()
-    if value not in ("true", "false"):
-        raise KmsError(f"invalid {name} {raw!r}: expected true or false", backend=_BACKEND)
-    return value == "true"
-
-
-def _key_bytes(key: Any, what: str, empty_error: type[KmsError] = KmsError) -> bytes:
-    """``key`` as bytes; a TypeError/KmsError that never shows the value otherwise."""
-    if isinstance(key, str) or not isinstance(key, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{what} must be a bytes-like object, not {type(key).__name__}")
-    data = bytes(key)
-    if not data:
-        raise empty_error(f"{what} is empty", backend=_BACKEND)
-    return data
 
 
 def _credential(properties: Mapping[str, str]) -> Any:

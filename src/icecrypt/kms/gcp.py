@@ -41,6 +41,7 @@ and response payloads, including the plaintext key: do not enable it where keys 
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -52,6 +53,7 @@ from icecrypt.errors import (
     KmsKeyNotFoundError,
     KmsUnavailableError,
 )
+from icecrypt.kms import _properties
 from icecrypt.kms.base import KeyManagementClient
 
 __all__ = [
@@ -75,6 +77,10 @@ GCP_KMS_TIMEOUT_MS = "gcp.kms.timeout-ms"
 
 _DEFAULT_TIMEOUT_MS = 10_000
 _BACKEND = "gcp"
+_int_property = functools.partial(_properties.int_property, backend=_BACKEND)
+_bool_property = functools.partial(_properties.bool_property, backend=_BACKEND)
+_key_bytes = functools.partial(_properties.key_bytes, backend=_BACKEND)
+_check_key_id = functools.partial(_properties.check_key_id, backend=_BACKEND)
 
 
 def _crc32c_table() -> tuple[int, ...]:
@@ -101,45 +107,6 @@ def crc32c(data: bytes) -> int:
     for byte in bytes(data):
         crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
-
-
-def _int_property(properties: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise KmsError(f"invalid {name} {raw!r}: expected an integer", backend=_BACKEND) from None
-    if value < minimum:
-        raise KmsError(f"invalid {name} {raw!r}: must be at least {minimum}", backend=_BACKEND)
-    return value
-
-
-def _bool_property(properties: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    value = str(raw).strip().lower()
-    if value not in ("true", "false"):
-        raise KmsError(f"invalid {name} {raw!r}: expected true or false", backend=_BACKEND)
-    return value == "true"
-
-
-def _key_bytes(key: Any, what: str, empty_error: type[KmsError] = KmsError) -> bytes:
-    """``key`` as bytes; a TypeError/KmsError that never shows the value otherwise."""
-    if isinstance(key, str) or not isinstance(key, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{what} must be a bytes-like object, not {type(key).__name__}")
-    data = bytes(key)
-    if not data:
-        raise empty_error(f"{what} is empty", backend=_BACKEND)
-    return data
-
-
-def _check_key_id(wrapping_key_id: Any) -> str:
-    if not isinstance(wrapping_key_id, str) or not wrapping_key_id.strip():
-        raise KmsKeyNotFoundError(f"invalid wrapping key id {wrapping_key_id!r}", backend=_BACKEND)
-    return wrapping_key_id
 
 
 def _credentials(properties: Mapping[str, str]):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -51,6 +52,7 @@ from icecrypt.errors import (
     KmsKeyNotFoundError,
     KmsUnavailableError,
 )
+from icecrypt.kms import _properties
 from icecrypt.kms.base import KeyManagementClient
 
 __all__ = ["VaultKms"]
@@ -75,6 +77,9 @@ _DEFAULT_MAX_ATTEMPTS = 3
 _DEFAULT_MAX_CONNECTIONS = 32
 
 _BACKEND = "vault"
+_int_property = functools.partial(_properties.int_property, backend=_BACKEND)
+_bool_property = functools.partial(_properties.bool_property, backend=_BACKEND, lenient=True)
+_key_bytes = functools.partial(_properties.key_bytes, backend=_BACKEND)
 
 # Transit key names as Vault's router accepts them (framework.GenericNameRegex): word
 # characters, '-' and '.', starting and ending with a word character.  Checking here keeps
@@ -105,44 +110,10 @@ def _first_setting(properties: Mapping[str, str], name: str, *env_names: str) ->
     return None
 
 
-def _int_property(properties: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise KmsError(f"invalid {name} {raw!r}: expected an integer", backend=_BACKEND) from None
-    if value < minimum:
-        raise KmsError(f"invalid {name} {raw!r}: must be at least {minimum}", backend=_BACKEND)
-    return value
-
-
-def _bool_property(properties: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = properties.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    text = str(raw).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise KmsError(f"invalid {name} {raw!r}: expected true or false", backend=_BACKEND)
-
-
 def _check_key_name(wrapping_key_id: Any) -> str:
     if not isinstance(wrapping_key_id, str) or not _KEY_NAME.fullmatch(wrapping_key_id):
         raise KmsKeyNotFoundError(f"invalid transit key name {wrapping_key_id!r}", backend=_BACKEND)
     return wrapping_key_id
-
-
-def _key_bytes(key: Any, what: str) -> bytes:
-    if isinstance(key, str) or not isinstance(key, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{what} must be a bytes-like object, not {type(key).__name__}")
-    data = bytes(key)
-    if not data:
-        raise KmsError(f"{what} is empty", backend=_BACKEND)
-    return data
 
 
 def _ciphertext_text(wrapped_key: Any) -> str:
