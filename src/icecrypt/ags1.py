@@ -517,12 +517,14 @@ class Ags1Reader(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             try:
-                self._source.close()
+                source = getattr(self, "_source", None)  # None if __init__ failed early
+                if source is not None:
+                    source.close()
             finally:
                 super().close()
 
     def __repr__(self) -> str:
-        return f"<Ags1Reader name={self.name!r} size={self._size}>"
+        return f"<Ags1Reader name={getattr(self, 'name', None)!r} size={getattr(self, '_size', None)}>"
 
 
 # --------------------------------------------------------------------------- writer
@@ -559,6 +561,18 @@ class Ags1Writer(io.RawIOBase):
         self._nonces = _nonces
         self._path: str | None = None
         self._tmp_path: str | None = None
+        # Everything that can fail comes before the sink is opened (a temporary file is
+        # created for a path), so a writer that exists has something to abort.
+        self._block = memoryview(bytearray(PLAIN_BLOCK_SIZE))
+        self._fill = 0
+        self._index = 0
+        self._written = 0
+        self._out: memoryview | None = None
+        self._run_blocks = max(_MIN_RUN_BLOCKS, 2 * (threads or _gcm.get_default_threads()))
+        self._failed = False
+        self._finished = False  # the sink is done with (closed, or left to its owner)
+        self._position = 0
+        self._ciphertext_length: int | None = None
         if isinstance(sink, (str, os.PathLike)):
             self._path = os.path.abspath(os.fspath(sink))
             directory, base = os.path.split(self._path)
@@ -570,16 +584,6 @@ class Ags1Writer(io.RawIOBase):
             self.name = _source_name(sink)
         else:
             raise TypeError(f"cannot write AGS1 to {type(sink).__name__}")
-        self._block = memoryview(bytearray(PLAIN_BLOCK_SIZE))
-        self._fill = 0
-        self._index = 0
-        self._written = 0
-        self._out: memoryview | None = None
-        self._run_blocks = max(_MIN_RUN_BLOCKS, 2 * (threads or _gcm.get_default_threads()))
-        self._failed = False
-        self._finished = False  # the sink is done with (closed, or left to its owner)
-        self._position = 0
-        self._ciphertext_length: int | None = None
 
     def writable(self) -> bool:
         return True
@@ -711,7 +715,7 @@ class Ags1Writer(io.RawIOBase):
             self.close()
 
     def __del__(self) -> None:
-        if not self.closed:
+        if hasattr(self, "_sink") and not self.closed:  # not for a writer whose __init__ failed
             warnings.warn(f"unclosed Ags1Writer {self.name!r}: output discarded", ResourceWarning, stacklevel=2)
             self.abort()
 

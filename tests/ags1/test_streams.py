@@ -430,3 +430,20 @@ def test_parallel_runs_work_in_a_forked_child():
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_failed_construction_leaves_nothing_behind(tmp_path):
+    """A reader or writer whose constructor raised is collected quietly (the autouse
+    fixture fails the test on any "Exception ignored") and leaves no file."""
+    with pytest.raises(ValueError, match="Invalid key length"):
+        ags1.open_writer(tmp_path / "out.ags1", b"short")
+    with pytest.raises(ValueError, match="Invalid key length"):
+        ags1.open_writer(io.BytesIO(), b"short")
+    with pytest.raises(TypeError):
+        ags1.open_writer(12345, KEY)
+    with pytest.raises(FileNotFoundError):
+        ags1.open_reader(tmp_path / "missing.ags1", KEY)
+    with pytest.raises(ValueError, match="Invalid key length"):
+        ags1.open_reader(ags1.encrypt(b"x", KEY), b"short")
+    gc.collect()
+    assert os.listdir(tmp_path) == []

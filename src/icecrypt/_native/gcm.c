@@ -413,6 +413,13 @@ static void *run_worker(void *arg)
  * find them awake.  After fork() the child starts with an empty pool (the parent's
  * threads do not exist there). */
 #define POOL_MAX_WORKERS 63
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
 #define POOL_SPIN_NS 200000
 
 static struct {
@@ -470,7 +477,7 @@ static void *pool_worker(void *unused)
         run *r;
         uint64_t spin_until = monotonic_ns() + POOL_SPIN_NS;
         while (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) == 0 && monotonic_ns() < spin_until)
-            __builtin_ia32_pause();
+            cpu_relax();
         pthread_mutex_lock(&pool.lock);
         while ((r = pool_pick()) == NULL)
             pthread_cond_wait(&pool.wake, &pool.lock);
