@@ -166,17 +166,15 @@ static struct {
     uint64_t generation;
 } __thread nonce_buffer;
 
-static uint64_t fork_generation = 1;
+static uint64_t fork_generation = 1; /* bumped in the child by fork_child() below */
 
-static void after_fork_in_child(void) { __atomic_add_fetch(&fork_generation, 1, __ATOMIC_RELEASE); }
-
-static void install_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+static void install_fork_handlers(void);
+static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
 
 static int draw_nonce(uint8_t *nonce)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
     uint64_t generation;
-    pthread_once(&once, install_fork_handler);
+    pthread_once(&fork_handlers_once, install_fork_handlers);
     generation = __atomic_load_n(&fork_generation, __ATOMIC_ACQUIRE);
     if (nonce_buffer.generation != generation || nonce_buffer.used >= sizeof(nonce_buffer.bytes)) {
         if (RAND_bytes(nonce_buffer.bytes, sizeof(nonce_buffer.bytes)) != 1)
@@ -431,9 +429,11 @@ static struct {
     int pending;          /* atomic: runs in the queue, for spinning workers */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0};
 
-static void pool_prepare_fork(void) { pthread_mutex_lock(&pool.lock); }
-static void pool_parent_fork(void) { pthread_mutex_unlock(&pool.lock); }
-static void pool_child_fork(void)
+/* The one set of fork handlers of the core: the child gets an empty pool and a new
+ * nonce generation (so no nonce its parent buffered is handed out twice). */
+static void fork_prepare(void) { pthread_mutex_lock(&pool.lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&pool.lock); }
+static void fork_child(void)
 {
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
@@ -441,12 +441,10 @@ static void pool_child_fork(void)
     pool.queue = NULL;
     pool.workers = 0;
     pool.pending = 0;
+    __atomic_add_fetch(&fork_generation, 1, __ATOMIC_RELEASE);
 }
 
-static void install_pool_fork_handlers(void)
-{
-    pthread_atfork(pool_prepare_fork, pool_parent_fork, pool_child_fork);
-}
+static void install_fork_handlers(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
 static int run_exhausted(run *r)
 {
@@ -515,7 +513,6 @@ static void pool_grow(int wanted)
 
 static int run_blocks(run *r, int threads)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
     uint64_t helpers = threads > 1 ? (uint64_t)threads - 1 : 0;
     if (helpers > r->num_blocks - 1)
         helpers = r->num_blocks - 1;
@@ -523,7 +520,7 @@ static int run_blocks(run *r, int threads)
         run_worker(r);
         return r->status;
     }
-    pthread_once(&once, install_pool_fork_handlers);
+    pthread_once(&fork_handlers_once, install_fork_handlers);
     r->max_helpers = (int)helpers;
     pthread_mutex_lock(&pool.lock);
     pool_grow((int)helpers);
