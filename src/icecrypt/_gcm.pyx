@@ -171,6 +171,32 @@ cdef _raise(int status, str name, int64_t block=-1):
     raise RuntimeError(f"{where}{icecrypt_strerror(status).decode()}")
 
 
+cdef int _seal_run(icecrypt_gcm_key *key, const uint8_t *aad, size_t aad_len, uint64_t first,
+                   const uint8_t *pt, size_t n, uint8_t *out, const uint8_t *nonces, int threads):
+    """Seal a run of blocks; the GIL is released (and threads used) only for long runs."""
+    if n < NOGIL_THRESHOLD:
+        return icecrypt_ags1_seal_blocks(key, aad, aad_len, first, pt, n, out, nonces, 1)
+    with nogil:
+        return icecrypt_ags1_seal_blocks(key, aad, aad_len, first, pt, n, out, nonces, threads)
+
+
+cdef int _open_run(icecrypt_gcm_key *key, const uint8_t *aad, size_t aad_len, uint64_t first,
+                   const uint8_t *sealed, size_t n, uint8_t *out, int threads, int64_t *failed):
+    """Open a run of blocks; the GIL is released (and threads used) only for long runs."""
+    if n < NOGIL_THRESHOLD:
+        return icecrypt_ags1_open_blocks(key, aad, aad_len, first, sealed, n, out, 1, failed)
+    with nogil:
+        return icecrypt_ags1_open_blocks(key, aad, aad_len, first, sealed, n, out, threads, failed)
+
+
+cdef int _optional_read(object obj, Py_buffer *view, str what) except -1:
+    """Take a read buffer of obj unless it is None; returns 1 if one was taken."""
+    if obj is None:
+        return 0
+    _get_read(obj, view, what)
+    return 1
+
+
 cdef class GcmKey:
     """An AES-GCM key (16, 24 or 32 bytes) with its reusable OpenSSL contexts.
 
@@ -300,14 +326,9 @@ cdef class GcmKey:
         Returns the number of bytes written (``sealed_length(len(plaintext))``).
         """
         cdef Py_buffer pt, ob, ap, nc
-        cdef const uint8_t *aad_ptr = NULL
-        cdef const uint8_t *nonce_ptr = NULL
-        cdef size_t aad_len = 0
+        cdef int has_ap = 0, has_nc = 0
         cdef uint64_t needed
         cdef int status
-        cdef int nthreads = _threads(threads)
-        cdef bint has_ap = False
-        cdef bint has_nc = False
         _get_read(plaintext, &pt, "plaintext")
         try:
             _get_write(out, &ob, "out")
@@ -317,26 +338,14 @@ cdef class GcmKey:
                     raise ValueError(f"out holds {ob.len} bytes; {needed} needed")
                 if _overlap(&pt, &ob):
                     raise ValueError("plaintext and out must not overlap")
-                if aad_prefix is not None:
-                    _get_read(aad_prefix, &ap, "aad_prefix")
-                    has_ap = True
-                    aad_ptr = <const uint8_t *> ap.buf
-                    aad_len = ap.len
-                if _nonces is not None:
-                    _get_read(_nonces, &nc, "nonces")
-                    has_nc = True
-                    if <uint64_t> nc.len != icecrypt_ags1_run_blocks(pt.len) * ICECRYPT_GCM_NONCE_LENGTH:
-                        raise ValueError("need 12 nonce bytes per block")
-                    nonce_ptr = <const uint8_t *> nc.buf
-                if pt.len >= NOGIL_THRESHOLD:
-                    with nogil:
-                        status = icecrypt_ags1_seal_blocks(
-                            self._key, aad_ptr, aad_len, first_block_index,
-                            <const uint8_t *> pt.buf, pt.len, <uint8_t *> ob.buf, nonce_ptr, nthreads)
-                else:
-                    status = icecrypt_ags1_seal_blocks(
-                        self._key, aad_ptr, aad_len, first_block_index,
-                        <const uint8_t *> pt.buf, pt.len, <uint8_t *> ob.buf, nonce_ptr, 1)
+                has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
+                has_nc = _optional_read(_nonces, &nc, "nonces")
+                if has_nc and <uint64_t> nc.len != icecrypt_ags1_run_blocks(pt.len) * ICECRYPT_GCM_NONCE_LENGTH:
+                    raise ValueError("need 12 nonce bytes per block")
+                status = _seal_run(self._key, <const uint8_t *> ap.buf if has_ap else NULL,
+                                   ap.len if has_ap else 0, first_block_index, <const uint8_t *> pt.buf,
+                                   pt.len, <uint8_t *> ob.buf, <const uint8_t *> nc.buf if has_nc else NULL,
+                                   _threads(threads))
             finally:
                 PyBuffer_Release(&ob)
         finally:
@@ -357,12 +366,9 @@ cdef class GcmKey:
         region of ``out`` is wiped and AuthenticationError names the lowest bad block.
         """
         cdef Py_buffer ct, ob, ap
-        cdef const uint8_t *aad_ptr = NULL
-        cdef size_t aad_len = 0
+        cdef int has_ap = 0
         cdef int64_t opened, failed = -1
         cdef int status
-        cdef int nthreads = _threads(threads)
-        cdef bint has_ap = False
         _get_read(sealed, &ct, "sealed")
         try:
             _get_write(out, &ob, "out")
@@ -374,20 +380,10 @@ cdef class GcmKey:
                     raise ValueError(f"out holds {ob.len} bytes; {opened} needed")
                 if _overlap(&ct, &ob):
                     raise ValueError("sealed and out must not overlap")
-                if aad_prefix is not None:
-                    _get_read(aad_prefix, &ap, "aad_prefix")
-                    has_ap = True
-                    aad_ptr = <const uint8_t *> ap.buf
-                    aad_len = ap.len
-                if ct.len >= NOGIL_THRESHOLD:
-                    with nogil:
-                        status = icecrypt_ags1_open_blocks(
-                            self._key, aad_ptr, aad_len, first_block_index,
-                            <const uint8_t *> ct.buf, ct.len, <uint8_t *> ob.buf, nthreads, &failed)
-                else:
-                    status = icecrypt_ags1_open_blocks(
-                        self._key, aad_ptr, aad_len, first_block_index,
-                        <const uint8_t *> ct.buf, ct.len, <uint8_t *> ob.buf, 1, &failed)
+                has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
+                status = _open_run(self._key, <const uint8_t *> ap.buf if has_ap else NULL,
+                                   ap.len if has_ap else 0, first_block_index, <const uint8_t *> ct.buf,
+                                   ct.len, <uint8_t *> ob.buf, _threads(threads), &failed)
             finally:
                 PyBuffer_Release(&ob)
         finally:
@@ -464,14 +460,6 @@ def check_header(data, str name=None):
         PyBuffer_Release(&view)
 
 
-cdef int _optional_read(object obj, Py_buffer *view, str what) except -1:
-    """Take a read buffer of obj unless it is None; returns 1 if one was taken."""
-    if obj is None:
-        return 0
-    _get_read(obj, view, what)
-    return 1
-
-
 cdef Py_ssize_t _encrypt_into(GcmKey k, plaintext, out, aad_prefix, int threads, nonces) except -1:
     """Header + sealed blocks of ``plaintext`` into ``out``; returns the bytes written."""
     cdef Py_buffer pt, ob, ap, nc
@@ -479,7 +467,6 @@ cdef Py_ssize_t _encrypt_into(GcmKey k, plaintext, out, aad_prefix, int threads,
     cdef int status = ICECRYPT_OK
     cdef uint64_t total
     cdef uint8_t *dst
-    cdef int nthreads = _threads(threads)
     _get_read(plaintext, &pt, "plaintext")
     try:
         _get_write(out, &ob, "out")
@@ -495,17 +482,9 @@ cdef Py_ssize_t _encrypt_into(GcmKey k, plaintext, out, aad_prefix, int threads,
                 raise ValueError("need 12 nonce bytes per block")
             dst = <uint8_t *> ob.buf
             icecrypt_ags1_write_header(dst)
-            if pt.len < NOGIL_THRESHOLD:
-                status = icecrypt_ags1_seal_blocks(
-                    k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
-                    <const uint8_t *> pt.buf, pt.len, dst + ICECRYPT_AGS1_HEADER_LENGTH,
-                    <const uint8_t *> nc.buf if has_nc else NULL, 1)
-            else:
-                with nogil:
-                    status = icecrypt_ags1_seal_blocks(
-                        k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
-                        <const uint8_t *> pt.buf, pt.len, dst + ICECRYPT_AGS1_HEADER_LENGTH,
-                        <const uint8_t *> nc.buf if has_nc else NULL, nthreads)
+            status = _seal_run(k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
+                               <const uint8_t *> pt.buf, pt.len, dst + ICECRYPT_AGS1_HEADER_LENGTH,
+                               <const uint8_t *> nc.buf if has_nc else NULL, _threads(threads))
         finally:
             PyBuffer_Release(&ob)
             if has_ap:
@@ -527,8 +506,6 @@ cdef Py_ssize_t _decrypt_into(GcmKey k, ciphertext, out, aad_prefix, length, int
     cdef int status = ICECRYPT_OK
     cdef int64_t failed = -1
     cdef icecrypt_ags1_geometry g
-    cdef uint64_t trusted
-    cdef int nthreads = _threads(threads)
     cdef str where = f"{name}: " if name else ""
     _get_read(ciphertext, &ct, "ciphertext")
     try:
@@ -539,8 +516,7 @@ cdef Py_ssize_t _decrypt_into(GcmKey k, ciphertext, out, aad_prefix, length, int
         if length is not None and length != ct.len:
             what = "truncated" if ct.len < length else "longer than expected"
             raise FormatError(f"{where}AGS1 stream is {what}: {ct.len} bytes, key metadata says {length}")
-        trusted = ct.len
-        if icecrypt_ags1_geometry_of(trusted, &g) != ICECRYPT_OK:
+        if icecrypt_ags1_geometry_of(ct.len, &g) != ICECRYPT_OK:
             geometry(ct.len, name)  # raises the detailed FormatError
         _get_write(out, &ob, "out")
         try:
@@ -549,17 +525,9 @@ cdef Py_ssize_t _decrypt_into(GcmKey k, ciphertext, out, aad_prefix, length, int
             if _overlap(&ct, &ob):
                 raise ValueError("ciphertext and out must not overlap")
             has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
-            if ct.len < NOGIL_THRESHOLD:
-                status = icecrypt_ags1_open_blocks(
-                    k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
-                    <const uint8_t *> ct.buf + ICECRYPT_AGS1_HEADER_LENGTH,
-                    ct.len - ICECRYPT_AGS1_HEADER_LENGTH, <uint8_t *> ob.buf, 1, &failed)
-            else:
-                with nogil:
-                    status = icecrypt_ags1_open_blocks(
-                        k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
-                        <const uint8_t *> ct.buf + ICECRYPT_AGS1_HEADER_LENGTH,
-                        ct.len - ICECRYPT_AGS1_HEADER_LENGTH, <uint8_t *> ob.buf, nthreads, &failed)
+            status = _open_run(k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
+                               <const uint8_t *> ct.buf + ICECRYPT_AGS1_HEADER_LENGTH,
+                               ct.len - ICECRYPT_AGS1_HEADER_LENGTH, <uint8_t *> ob.buf, _threads(threads), &failed)
         finally:
             PyBuffer_Release(&ob)
             if has_ap:
