@@ -10,6 +10,7 @@ import tempfile
 from typing import Any, BinaryIO
 
 from icecrypt import _gcm, ags1
+from icecrypt._atomic import AtomicFile
 from icecrypt._progress import Progress
 from icecrypt.errors import FormatError
 
@@ -126,18 +127,11 @@ def cmd_decrypt(args: argparse.Namespace) -> int:
 
 
 def _decrypt_to_path(reader: ags1.Ags1Reader, output: str) -> None:
-    """Decrypt into a temporary file beside ``output`` and rename it into place only
-    after the last block authenticated; on failure remove it."""
-    path = os.path.abspath(output)
-    directory, base = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    try:
-        with open(fd, "wb", buffering=0) as out:
-            _copy(reader.readinto, out.write, reader.size, "decrypting")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Decrypt into a temporary file beside ``output`` that takes its name only after
+    the last block authenticated; on failure it is removed."""
+    with AtomicFile(output) as out:
+        _copy(reader.readinto, out.file.write, reader.size, "decrypting")
+        out.commit(fsync=False)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

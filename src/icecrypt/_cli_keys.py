@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
+
+from icecrypt._atomic import AtomicFile
 
 __all__ = ["register"]
 
@@ -95,22 +95,9 @@ def _default_output(path: Path) -> Path:
 
 def _write_metadata(document: dict[str, Any], target: Path, *, replace: bool) -> None:
     """Write compact JSON (as Java does) atomically; refuse an existing target unless ``replace``."""
-    directory = target.parent
-    fd, tmp = tempfile.mkstemp(prefix=".metadata-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        if replace:
-            os.replace(tmp, target)
-        else:
-            os.link(tmp, target)  # FileExistsError rather than overwriting
-            os.unlink(tmp)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with AtomicFile(target) as out:
+        out.file.write(json.dumps(document, separators=(",", ":")).encode("utf-8"))
+        out.commit(overwrite=replace)
 
 
 def _kms_from_args(args: argparse.Namespace):

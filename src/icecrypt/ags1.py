@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO, Union
 
 from icecrypt import _gcm
+from icecrypt._atomic import AtomicFile
 from icecrypt.errors import FormatError
 
 __all__ = [
@@ -559,8 +559,7 @@ class Ags1Writer(io.RawIOBase):
         self._threads = threads
         self._fsync = fsync
         self._nonces = _nonces
-        self._path: str | None = None
-        self._tmp_path: str | None = None
+        self._atomic: AtomicFile | None = None
         # Everything that can fail comes before the sink is opened (a temporary file is
         # created for a path), so a writer that exists has something to abort.
         self._block = memoryview(bytearray(PLAIN_BLOCK_SIZE))
@@ -574,11 +573,9 @@ class Ags1Writer(io.RawIOBase):
         self._position = 0
         self._ciphertext_length: int | None = None
         if isinstance(sink, (str, os.PathLike)):
-            self._path = os.path.abspath(os.fspath(sink))
-            directory, base = os.path.split(self._path)
-            fd, self._tmp_path = tempfile.mkstemp(prefix=f".{base}.", suffix=".ags1-tmp", dir=directory)
-            self._sink: BinaryIO = open(fd, "wb", buffering=0)
-            self.name = self._path
+            self._atomic = AtomicFile(sink)
+            self._sink: BinaryIO = self._atomic.file
+            self.name = self._atomic.path
         elif hasattr(sink, "write"):
             self._sink = sink
             self.name = _source_name(sink)
@@ -675,12 +672,8 @@ class Ags1Writer(io.RawIOBase):
                 self._seal(self._block[: self._fill])
                 self._fill = 0
             self._sink.flush()
-            if self._path is not None:
-                if self._fsync:
-                    os.fsync(self._sink.fileno())
-                self._sink.close()
-                os.replace(self._tmp_path, self._path)
-                self._tmp_path = None
+            if self._atomic is not None:
+                self._atomic.commit(fsync=self._fsync)
             self._ciphertext_length = self._written
         except BaseException:
             self.abort()
@@ -695,14 +688,8 @@ class Ags1Writer(io.RawIOBase):
         stop without writing the last block.  Idempotent."""
         self._failed = True
         try:
-            if self._path is not None:
-                self._sink.close()
-                if self._tmp_path is not None:
-                    try:
-                        os.unlink(self._tmp_path)
-                    except FileNotFoundError:
-                        pass
-                    self._tmp_path = None
+            if self._atomic is not None:
+                self._atomic.discard()
         finally:
             self._finished = True
             self._block[:] = bytes(PLAIN_BLOCK_SIZE)

@@ -30,7 +30,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from icecrypt._gcm import GcmKey
-from icecrypt.errors import EncryptionKeyNotFoundError, FormatError, KmsInvalidWrappedKeyError
+from icecrypt.errors import (
+    EncryptionKeyNotFoundError,
+    FormatError,
+    KmsInvalidWrappedKeyError,
+)
 from icecrypt.keys.encrypted_key import KEY_TIMESTAMP, EncryptedKey
 from icecrypt.keys.metadata import StandardKeyMetadata
 from icecrypt.kms.base import KeyManagementClient

@@ -22,12 +22,12 @@ import binascii
 import json
 import os
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from icecrypt._atomic import AtomicFile
 from icecrypt._gcm import GcmKey
 from icecrypt.errors import (
     AuthenticationError,
@@ -52,33 +52,12 @@ def _error(cls: type[KmsError], message: str) -> KmsError:
     return cls(message, backend=_BACKEND)
 
 
-def _write_new_file(directory: Path, document: dict) -> str:
-    """Write ``document`` to a fresh 0600 temporary file in ``directory``; returns its path."""
-    fd, tmp = tempfile.mkstemp(prefix=".keystore-", suffix=".tmp", dir=directory)  # O_EXCL, 0600
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def _write_keystore(path: Path, document: dict, *, overwrite: bool) -> None:
+    """Write the keystore atomically, mode 0600 (AtomicFile's temporary file is created
+    0600, whatever the umask); with ``overwrite=False`` an existing file is refused."""
+    with AtomicFile(path) as out:
+        out.file.write((json.dumps(document, indent=2) + "\n").encode("utf-8"))
+        out.commit(overwrite=overwrite)
 
 
 def _new_entry(key_length: int) -> dict:
@@ -129,13 +108,7 @@ class LocalKms(KeyManagementClient):
             "version": KEYSTORE_VERSION,
             "keys": {key_id: _new_entry(key_length) for key_id in ids},
         }
-        directory = path.parent
-        tmp = _write_new_file(directory, document)
-        try:
-            os.link(tmp, path)  # fails with FileExistsError instead of replacing
-        finally:
-            os.unlink(tmp)
-        _fsync_dir(directory)
+        _write_keystore(path, document, overwrite=False)  # FileExistsError instead of replacing
         return cls(path)
 
     def add_key(self, key_id: str, key_length: int = 32) -> None:
@@ -153,13 +126,7 @@ class LocalKms(KeyManagementClient):
             if key_id in document["keys"]:
                 raise KmsError(f"keystore {path} already has a master key {key_id!r}", backend=_BACKEND)
             document["keys"][key_id] = _new_entry(key_length)
-            tmp = _write_new_file(path.parent, document)
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-            _fsync_dir(path.parent)
+            _write_keystore(path, document, overwrite=True)
             self._load(path)
 
     @property
