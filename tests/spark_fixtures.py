@@ -59,11 +59,14 @@ def stop_spark(session) -> None:
         gateway.shutdown()
         proc = getattr(gateway, "proc", None)
         if proc is not None:
+            # The gateway JVM exits when its stdin closes (PySpark's launcher protocol).
+            if proc.stdin is not None:
+                proc.stdin.close()
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=10)
             except Exception:
                 proc.kill()
-                proc.wait(timeout=30)
+                proc.wait(timeout=10)
     SparkContext._gateway = None
     SparkContext._jvm = None
 
