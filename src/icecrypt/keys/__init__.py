@@ -18,6 +18,7 @@ from icecrypt.keys.manager import (
     wrap_key_metadata,
     write_encryption_keys,
 )
+from icecrypt.keys.manifest import read_key_manifest, write_key_manifest
 from icecrypt.keys.metadata import StandardKeyMetadata
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "EncryptionManager",
     "StandardKeyMetadata",
     "read_encryption_keys",
+    "read_key_manifest",
     "referenced_keys",
     "removable_keys",
     "snapshot_key_ids",
@@ -38,4 +40,5 @@ __all__ = [
     "with_snapshot_key_id",
     "wrap_key_metadata",
     "write_encryption_keys",
+    "write_key_manifest",
 ]

@@ -1,0 +1,760 @@
+"""A pyarrow filesystem that stores every file as an AGS1 stream (Iceberg's "AES GCM Stream").
+
+``EncryptedFileSystem.wrap(base_fs, manager, keys)`` returns a :class:`pyarrow.fs.PyFileSystem`
+whose handler (:class:`EncryptedFileSystemHandler`) encrypts what is written and decrypts
+what is read, over any pyarrow filesystem (local, S3, GCS, HDFS, SubTree...).  Everything
+that takes a pyarrow filesystem — ``pyarrow.dataset``, ``pyarrow.parquet``,
+``pyarrow.csv``, ``pyarrow.json`` — works through it unchanged.
+
+Keys
+    Each file has its own :class:`~icecrypt.keys.StandardKeyMetadata` (DEK, AAD prefix and
+    ciphertext length).  Reads look the path up in ``keys`` (a mapping or a resolver
+    callable); writes draw a fresh key from ``manager`` and, once the stream has closed
+    cleanly, record it with its ``file_length`` (``handler.key_metadata(path)``,
+    ``handler.written_keys()``, ``handler.save_key_manifest(...)``).  A file without a key
+    is refused with :class:`~icecrypt.EncryptionKeyNotFoundError` (fail closed), unless it
+    lies under one of ``plain_prefixes``, which pass through untouched.
+
+Reading
+    ``open_input_file`` returns a seekable file over an :class:`~icecrypt.ags1.Ags1Reader`
+    that fetches, through the base file's own positional ``read_at``, only the AGS1
+    blocks a read covers (plus block 0, which every reader authenticates first), so
+    Parquet footers and column projections on S3 turn into small range requests.  The
+    file is handed to Arrow as a :class:`pyarrow.PythonFile`: its ``ReadAt`` runs this
+    module's Python code under the GIL and a per-file lock, but that code only stages the
+    call — the base read and the AES-GCM work (in parallel over the cores) run with the
+    GIL released — and decrypts into buffers of Arrow's memory pool.  Sizes reported by
+    ``get_file_info`` are plaintext sizes computed from the trusted ``file_length`` (or
+    the AGS1 geometry of the stored size), never by decrypting.
+
+Writing
+    ``open_output_stream`` encrypts block by block into the base filesystem.  On
+    filesystems whose ``move`` is a rename (local, HDFS, and SubTree views of them) the
+    data goes to a hidden temporary file beside the target that is renamed over it on a
+    clean close, and removed otherwise.  Object stores publish an object only when its
+    upload completes, but pyarrow offers no way to abort an upload from Python (its S3
+    stream completes the multipart upload even when dropped), so there a failed stream is
+    made invalid on purpose (its length becomes impossible for AGS1) before it is closed,
+    and the object is then deleted.  ``open_append_stream`` is refused: an AGS1 stream
+    cannot be extended without rewriting its last block and the key metadata.
+
+Pickling
+    The handler pickles (Spark ships it to executors) with its base filesystem, its plain
+    prefixes, every key it knows (so the pickle holds data keys: send it only over an
+    encrypted channel) and the key resolver if there is one (it must pickle too).  The
+    :class:`~icecrypt.keys.EncryptionManager` does not travel — KMS clients hold
+    connections and locks — only its data-key length does, so an unpickled handler still
+    writes files with fresh keys but needs a manager passed explicitly to
+    :meth:`EncryptedFileSystemHandler.save_key_manifest`.
+
+Process exit
+    Arrow's thread pools may still hold this module's Python objects (files, buffers, the
+    handler) when the interpreter finalizes, and dropping one then aborts the process
+    (apache/arrow#34314).  An :mod:`atexit` hook waits for them; see :class:`_ExitGuard`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import io
+import os
+import posixpath
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from icecrypt import ags1
+from icecrypt.errors import EncryptionKeyNotFoundError, FormatError
+from icecrypt.keys.manager import AAD_PREFIX_LENGTH, EncryptionManager
+from icecrypt.keys.metadata import StandardKeyMetadata
+
+__all__ = [
+    "EncryptedFileSystem",
+    "EncryptedFileSystemHandler",
+    "KeyResolver",
+    "is_encrypted_filesystem",
+]
+
+KeyMetadataLike = StandardKeyMetadata | bytes | bytearray | memoryview
+#: ``resolver(path) -> key metadata or None``: looks a file's key up on demand
+KeyResolver = Callable[[str], KeyMetadataLike | None]
+
+# Filesystems whose ``move`` of a file is an atomic rename within one directory.
+_RENAMING_TYPES = frozenset({"local", "hdfs", "mock"})
+
+
+def is_encrypted_filesystem(filesystem: Any) -> bool:
+    """Whether ``filesystem`` encrypts: a :class:`pyarrow.fs.PyFileSystem` made by
+    :meth:`EncryptedFileSystem.wrap`, or a SubTreeFileSystem view of one (for callers
+    that must not encrypt twice)."""
+    while isinstance(filesystem, pafs.SubTreeFileSystem):
+        filesystem = filesystem.base_fs
+    return isinstance(filesystem, pafs.PyFileSystem) and isinstance(
+        filesystem.handler, EncryptedFileSystemHandler
+    )
+
+
+def _as_key_metadata(value: Any, path: str) -> StandardKeyMetadata:
+    if isinstance(value, StandardKeyMetadata):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return StandardKeyMetadata.decode(value)
+        except FormatError as exc:
+            raise FormatError(f"{path}: malformed key metadata: {exc}") from None
+    raise TypeError(f"{path}: key metadata must be StandardKeyMetadata or bytes, not {type(value).__name__}")
+
+
+def _canonical(path: Any) -> str:
+    """The form paths are keyed by: ``str``, without trailing slashes."""
+    text = os.fsdecode(os.fspath(path))
+    stripped = text.rstrip("/")
+    return stripped or text
+
+
+def _renames_atomically(fs: pafs.FileSystem) -> bool:
+    while isinstance(fs, pafs.SubTreeFileSystem):
+        fs = fs.base_fs
+    return fs.type_name in _RENAMING_TYPES
+
+
+def _plaintext_size(ciphertext_size: int | None) -> int | None:
+    """Plaintext size of a stored file of this size, or None when no AGS1 stream has it."""
+    if ciphertext_size is None:
+        return None
+    try:
+        return ags1.plaintext_length(ciphertext_size)
+    except FormatError:
+        return None
+
+
+# --------------------------------------------------------------------------- files
+
+
+class _EncryptedInputFile:
+    """What :class:`pyarrow.PythonFile` reads: the plaintext of one AGS1 file of the base
+    filesystem, decrypted run of blocks by run of blocks as Arrow asks for ranges.
+
+    Arrow calls ``seek`` + ``read_buffer`` (under its per-file lock) for each ``ReadAt``
+    and keeps the buffer returned; the file and every buffer are registered with
+    :data:`_guard`, for the exit hook.
+    """
+
+    def __init__(self, base_file: pa.NativeFile, key_metadata: StandardKeyMetadata, path: str):
+        try:
+            self._reader = ags1.Ags1Reader(
+                base_file,  # read with its positional read_at, the GIL released
+                key_metadata.encryption_key,
+                key_metadata.aad_prefix,
+                key_metadata.file_length,
+                name=path,
+            )
+        except BaseException:
+            base_file.close()
+            raise
+        self._base_file = base_file
+        self._size = self._reader.size
+        self._pos = 0
+        self.name = path
+        _guard.track(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._reader.closed
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with _guard.call():
+            if self._reader.closed:
+                raise ValueError(f"{self.name}: I/O operation on closed file")
+            if whence == io.SEEK_SET:
+                pos = offset
+            elif whence == io.SEEK_CUR:
+                pos = self._pos + offset
+            elif whence == io.SEEK_END:
+                pos = self._size + offset
+            else:
+                raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+            if pos < 0:
+                raise ValueError(f"negative seek position {pos}")
+            self._pos = pos
+            return pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read_buffer(self, nbytes: int | None = -1) -> pa.Buffer:
+        """Up to ``nbytes`` plaintext bytes from the position, in a new Arrow buffer."""
+        with _guard.call():
+            want = max(0, self._size - self._pos)
+            if nbytes is not None and nbytes >= 0:
+                want = min(want, nbytes)
+            # A buffer of Arrow's memory pool, which reuses its pages: fresh bytes
+            # objects (as Ags1Reader.read returns) faulted in 5x more pages per scan.
+            data = pa.allocate_buffer(want)
+            self._reader.readinto_at(data, self._pos)
+            self._pos += want
+            return _guard.track(data)
+
+    read = read_buffer
+
+    def close(self) -> None:
+        with _guard.call():
+            if not self._reader.closed:
+                try:
+                    self._reader.close()
+                finally:
+                    self._base_file.close()
+
+
+class _EncryptedOutputStream(io.RawIOBase):
+    """What :class:`pyarrow.PythonFile` writes to: an Ags1Writer into the base
+    filesystem whose file is published by a clean :meth:`close`, and discarded on any
+    failure or when the stream is dropped unclosed."""
+
+    def __init__(
+        self,
+        handler: EncryptedFileSystemHandler,
+        path: str,
+        key_metadata: StandardKeyMetadata,
+        metadata: Any,
+    ):
+        super().__init__()
+        self._handler = handler
+        self._path = path
+        self._key_metadata = key_metadata
+        base = handler.base
+        if _renames_atomically(base):
+            directory, name = posixpath.split(path)
+            self._target = posixpath.join(directory, f".{name}.{uuid.uuid4().hex}.icecrypt-tmp")
+        else:
+            self._target = path
+        self._base_stream = base.open_output_stream(self._target, compression=None, metadata=metadata)
+        try:
+            self._writer = ags1.Ags1Writer(self._base_stream, key_metadata.encryption_key, key_metadata.aad_prefix)
+        except BaseException:
+            self._discard_base()
+            raise
+        self.name = path
+        _guard.track(self)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        with _guard.call():
+            self._checkClosed()
+            try:
+                return self._writer.write(data)
+            except BaseException:
+                self.abort()
+                raise
+
+    def close(self) -> None:
+        """Finish the AGS1 stream, publish the file and record its key metadata."""
+        with _guard.call():
+            if self.closed:
+                return
+            try:
+                self._writer.close()
+                self._base_stream.close()
+                if self._target != self._path:
+                    self._handler.base.move(self._target, self._path)
+                length = self._writer.ciphertext_length
+                self._handler._record_written(self._path, self._key_metadata.with_file_length(length))
+            except BaseException:
+                self.abort()
+                raise
+            finally:
+                super().close()
+
+    def abort(self) -> None:
+        """Leave nothing that looks like a valid file (idempotent)."""
+        if self.closed:
+            return
+        try:
+            self._writer.abort()
+            self._discard_base()
+        finally:
+            super().close()
+
+    def _discard_base(self) -> None:
+        base = self._handler.base
+        if self._target != self._path:
+            try:
+                self._base_stream.close()
+            finally:
+                _delete_quietly(base, self._target)
+            return
+        if self._base_stream.closed:
+            return
+        # pyarrow has no way to abort an upload from Python, and closing the stream
+        # publishes what was written: first make its length impossible for AGS1 (a last
+        # block shorter than nonce + tag), then publish and delete.  When closing fails,
+        # nothing was published.
+        with contextlib.suppress(OSError, pa.ArrowException):
+            self._base_stream.write(b"\0")
+        try:
+            self._base_stream.close()
+        except (OSError, pa.ArrowException):
+            return
+        _delete_quietly(base, self._target)
+
+    def __del__(self) -> None:
+        if hasattr(self, "_writer") and not self.closed:
+            warnings.warn(f"unclosed encrypted output stream {self._path!r}: output discarded", ResourceWarning)
+            self.abort()
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- handler
+
+
+def _arrow_entry(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Count a handler call as in flight for the exit hook while it runs."""
+
+    @functools.wraps(method)
+    def entry(self: EncryptedFileSystemHandler, *args: Any, **kwargs: Any) -> Any:
+        with _guard.call():
+            return method(self, *args, **kwargs)
+
+    return entry
+
+
+class EncryptedFileSystemHandler(pafs.FileSystemHandler):
+    """The :class:`pyarrow.fs.FileSystemHandler` behind :meth:`EncryptedFileSystem.wrap`.
+
+    ``base``: the filesystem holding the stored (encrypted) bytes.  ``manager``: source of
+    per-file keys for writes (``new_file_key()``), and of the KMS for key manifests.
+    ``keys``: read keys, a mapping ``path -> StandardKeyMetadata`` (or its encoded bytes)
+    or a resolver callable ``path -> key metadata | None``.  ``plain_prefixes``: paths
+    (on ``base``) whose files are read and written unencrypted.
+
+    Paths are those of the base filesystem; keys are matched on the path as ``str``
+    without trailing slashes.  The handler is thread-safe.
+    """
+
+    def __init__(
+        self,
+        base: pafs.FileSystem,
+        manager: EncryptionManager | None = None,
+        keys: Mapping[Any, KeyMetadataLike] | KeyResolver | None = None,
+        *,
+        plain_prefixes: Iterable[str] = (),
+    ):
+        if not isinstance(base, pafs.FileSystem):
+            raise TypeError(f"base must be a pyarrow.fs.FileSystem, not {type(base).__name__}")
+        if is_encrypted_filesystem(base):
+            raise ValueError("base is already an EncryptedFileSystem: files would be encrypted twice")
+        if isinstance(plain_prefixes, (str, bytes)):
+            raise TypeError("plain_prefixes must be a collection of paths, not a single string")
+        self._base = base
+        self._manager = manager
+        self._data_key_length = manager.data_key_length if manager is not None else None
+        self._resolver: KeyResolver | None = None
+        self._keys: dict[str, StandardKeyMetadata] = {}
+        if callable(keys) and not isinstance(keys, Mapping):
+            self._resolver = keys
+        elif keys is not None:
+            for path, value in keys.items():
+                name = _canonical(path)
+                self._keys[name] = _as_key_metadata(value, name)
+        self._written: dict[str, StandardKeyMetadata] = {}
+        self._plain_prefixes = tuple(sorted({_canonical(p) for p in plain_prefixes}))
+        self._lock = threading.Lock()
+        _guard.track(self)
+
+    # -- pickling: the manager (KMS client) stays behind, its data-key length travels
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "base": self._base,
+                "data_key_length": self._data_key_length,
+                "resolver": self._resolver,
+                "keys": dict(self._keys),
+                "written": dict(self._written),
+                "plain_prefixes": self._plain_prefixes,
+            }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._base = state["base"]
+        self._manager = None
+        self._data_key_length = state["data_key_length"]
+        self._resolver = state["resolver"]
+        self._keys = state["keys"]
+        self._written = state["written"]
+        self._plain_prefixes = state["plain_prefixes"]
+        self._lock = threading.Lock()
+        _guard.track(self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EncryptedFileSystemHandler):
+            return NotImplemented
+        if other is self:
+            return True
+        with self._lock:
+            mine = (self._plain_prefixes, self._resolver, dict(self._keys))
+        with other._lock:
+            theirs = (other._plain_prefixes, other._resolver, dict(other._keys))
+        return mine == theirs and self._base.equals(other._base)
+
+    def __hash__(self) -> int:
+        return hash((self._base.type_name, self._plain_prefixes))
+
+    def __repr__(self) -> str:
+        return (
+            f"<EncryptedFileSystemHandler base={self._base.type_name!r} keys={len(self._keys)} "
+            f"written={len(self._written)} plain_prefixes={list(self._plain_prefixes)!r}>"
+        )
+
+    # -- public API
+    @property
+    def base(self) -> pafs.FileSystem:
+        """The wrapped filesystem (stored, encrypted bytes)."""
+        return self._base
+
+    @property
+    def manager(self) -> EncryptionManager | None:
+        """The encryption manager (None when not given, and after unpickling)."""
+        return self._manager
+
+    @property
+    def plain_prefixes(self) -> tuple[str, ...]:
+        return self._plain_prefixes
+
+    def is_plain(self, path: str) -> bool:
+        """Whether ``path`` lies under one of the plain prefixes (stored unencrypted)."""
+        name = _canonical(path)
+        return any(name == p or name.startswith(p + "/") for p in self._plain_prefixes)
+
+    def find_key_metadata(self, path: str) -> StandardKeyMetadata | None:
+        """The key metadata of ``path``, or None when no key is known for it."""
+        name = _canonical(path)
+        with self._lock:
+            found = self._keys.get(name)
+        if found is None and self._resolver is not None:
+            value = self._resolver(name)
+            if value is not None:
+                found = _as_key_metadata(value, name)
+        return found
+
+    def key_metadata(self, path: str) -> StandardKeyMetadata:
+        """The key metadata of ``path``; EncryptionKeyNotFoundError when there is none.
+        For a file written through this filesystem it carries ``file_length``."""
+        found = self.find_key_metadata(path)
+        if found is None:
+            raise EncryptionKeyNotFoundError(
+                f"{_canonical(path)}: no key metadata for this file; the encrypted filesystem "
+                "refuses to read it (pass its key in keys=, or list its prefix in plain_prefixes=)"
+            )
+        return found
+
+    def written_keys(self) -> dict[str, StandardKeyMetadata]:
+        """Key metadata (with ``file_length``) of every file this handler created: files
+        written, and the targets of copies and moves of files whose key it knew."""
+        with self._lock:
+            return dict(self._written)
+
+    def add_keys(self, keys: Mapping[Any, KeyMetadataLike]) -> None:
+        """Make more files readable (e.g. keys read from another manifest)."""
+        converted = {_canonical(p): _as_key_metadata(v, _canonical(p)) for p, v in keys.items()}
+        with self._lock:
+            self._keys.update(converted)
+
+    def save_key_manifest(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        filesystem: pafs.FileSystem | None = None,
+        manager: EncryptionManager | None = None,
+        all_keys: bool = False,
+    ) -> None:
+        """Write a key manifest (:func:`icecrypt.keys.manifest.write_key_manifest`) of the
+        files written through this filesystem (``all_keys``: of every key it knows).
+
+        ``filesystem``: where the manifest goes, default this handler's base filesystem
+        (the manifest is JSON whose keys are all wrapped; it is never encrypted itself).
+        ``manager``: default the handler's own (required after unpickling).
+        """
+        from icecrypt.keys.manifest import write_key_manifest
+
+        manager = manager or self._manager
+        if manager is None:
+            raise ValueError("save_key_manifest needs an EncryptionManager (this handler has none)")
+        with self._lock:
+            keys = {**self._keys, **self._written} if all_keys else dict(self._written)
+        write_key_manifest(path, keys, manager, filesystem=self._base if filesystem is None else filesystem)
+
+    # -- internals
+    def _new_file_key(self) -> StandardKeyMetadata:
+        if self._manager is not None:
+            return self._manager.new_file_key()
+        if self._data_key_length is None:
+            raise ValueError(
+                "this EncryptedFileSystem has no EncryptionManager: it cannot write encrypted files "
+                "(pass manager= to EncryptedFileSystem.wrap)"
+            )
+        # An unpickled handler: the same draw as EncryptionManager.new_file_key.
+        return StandardKeyMetadata(os.urandom(self._data_key_length), os.urandom(AAD_PREFIX_LENGTH))
+
+    def _record_written(self, path: str, key_metadata: StandardKeyMetadata) -> None:
+        name = _canonical(path)
+        with self._lock:
+            self._keys[name] = key_metadata
+            self._written[name] = key_metadata
+
+    def _forget(self, path: str, *, tree: bool, itself: bool) -> None:
+        """Drop the keys of deleted files: ``path`` itself and/or everything under it."""
+        name = _canonical(path)
+        with self._lock:
+            for table in (self._keys, self._written):
+                gone = [k for k in table if (itself and k == name) or (tree and k.startswith(name + "/"))]
+                for key in gone:
+                    del table[key]
+
+    def _carry(self, src: str, dest: str, *, move: bool) -> None:
+        """Give ``dest`` (and, for a directory, every path under it) the keys of ``src``."""
+        source, target = _canonical(src), _canonical(dest)
+        with self._lock:
+            found = {k: v for k, v in self._keys.items() if k == source or k.startswith(source + "/")}
+            if move:
+                for k in found:
+                    self._keys.pop(k, None)
+                    self._written.pop(k, None)
+            for k, v in found.items():
+                self._keys[target + k[len(source) :]] = v
+                self._written[target + k[len(source) :]] = v
+        if not found and self._resolver is not None:
+            resolved = self.find_key_metadata(source)
+            if resolved is not None:
+                self._record_written(target, resolved)
+
+    def _check_same_side(self, src: str, dest: str) -> None:
+        if self.is_plain(src) != self.is_plain(dest):
+            raise ValueError(
+                f"cannot move or copy {src!r} to {dest!r}: one is under plain_prefixes and the other "
+                "is not, so its bytes would be misread"
+            )
+
+    def _file_info(self, info: pafs.FileInfo) -> pafs.FileInfo:
+        if info.type != pafs.FileType.File or self.is_plain(info.path):
+            return info
+        key_metadata = self.find_key_metadata(info.path)
+        if key_metadata is not None and key_metadata.file_length is not None:
+            try:
+                size = ags1.plaintext_length(key_metadata.file_length)
+            except FormatError as exc:
+                raise FormatError(f"{info.path}: key metadata has an impossible file_length: {exc}") from None
+        else:
+            size = _plaintext_size(info.size)
+        return pafs.FileInfo(info.path, pafs.FileType.File, mtime_ns=info.mtime_ns, size=size)
+
+    def _open_reader(self, path: str) -> pa.NativeFile:
+        key_metadata = self.find_key_metadata(path)
+        if key_metadata is None:
+            if self._base.get_file_info(path).type == pafs.FileType.NotFound:
+                raise FileNotFoundError(f"{path}: no such file")
+            self.key_metadata(path)  # raises EncryptionKeyNotFoundError
+        reader = _EncryptedInputFile(self._base.open_input_file(path), key_metadata, _canonical(path))
+        return pa.PythonFile(reader, mode="r")
+
+    # -- FileSystemHandler (called by Arrow, from any of its threads)
+    @_arrow_entry
+    def get_type_name(self) -> str:
+        return f"icecrypt+{self._base.type_name}"
+
+    @_arrow_entry
+    def normalize_path(self, path: str) -> str:
+        return self._base.normalize_path(path)
+
+    @_arrow_entry
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return [self._file_info(info) for info in self._base.get_file_info(paths)]
+
+    @_arrow_entry
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return [self._file_info(info) for info in self._base.get_file_info(selector)]
+
+    @_arrow_entry
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self._base.create_dir(path, recursive=recursive)
+
+    @_arrow_entry
+    def delete_dir(self, path: str) -> None:
+        self._base.delete_dir(path)
+        self._forget(path, tree=True, itself=True)
+
+    @_arrow_entry
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self._base.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+        self._forget(path, tree=True, itself=False)
+
+    @_arrow_entry
+    def delete_root_dir_contents(self) -> None:
+        self._base.delete_dir_contents("/", accept_root_dir=True)
+        with self._lock:
+            self._keys.clear()
+            self._written.clear()
+
+    @_arrow_entry
+    def delete_file(self, path: str) -> None:
+        self._base.delete_file(path)
+        self._forget(path, tree=False, itself=True)
+
+    @_arrow_entry
+    def move(self, src: str, dest: str) -> None:
+        self._check_same_side(src, dest)
+        self._base.move(src, dest)
+        self._carry(src, dest, move=True)
+
+    @_arrow_entry
+    def copy_file(self, src: str, dest: str) -> None:
+        self._check_same_side(src, dest)
+        self._base.copy_file(src, dest)
+        self._carry(src, dest, move=False)
+
+    @_arrow_entry
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        if self.is_plain(path):
+            return self._base.open_input_stream(path, compression=None)
+        return self._open_reader(path)
+
+    @_arrow_entry
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        if self.is_plain(path):
+            return self._base.open_input_file(path)
+        return self._open_reader(path)
+
+    @_arrow_entry
+    def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
+        if self.is_plain(path):
+            return self._base.open_output_stream(path, compression=None, metadata=metadata)
+        stream = _EncryptedOutputStream(self, path, self._new_file_key(), metadata)
+        return pa.PythonFile(stream, mode="w")
+
+    @_arrow_entry
+    def open_append_stream(self, path: str, metadata: Any) -> pa.NativeFile:
+        if self.is_plain(path):
+            return self._base.open_append_stream(path, compression=None, metadata=metadata)
+        raise io.UnsupportedOperation(
+            f"{path}: cannot append to an encrypted file (its last AGS1 block and its key "
+            "metadata would have to be rewritten); write a new file instead"
+        )
+
+
+class EncryptedFileSystem:
+    """Factory of AGS1-encrypting pyarrow filesystems (see the module docstring)."""
+
+    @staticmethod
+    def wrap(
+        base_fs: pafs.FileSystem,
+        manager: EncryptionManager | None = None,
+        keys: Mapping[Any, KeyMetadataLike] | KeyResolver | None = None,
+        *,
+        plain_prefixes: Iterable[str] = (),
+    ) -> pafs.PyFileSystem:
+        """A :class:`pyarrow.fs.PyFileSystem` that encrypts ``base_fs``'s files; its
+        ``handler`` is an :class:`EncryptedFileSystemHandler`."""
+        return pafs.PyFileSystem(
+            EncryptedFileSystemHandler(base_fs, manager, keys, plain_prefixes=plain_prefixes)
+        )
+
+
+# --------------------------------------------------------------------------- process exit
+
+
+class _ExitGuard:
+    """What Arrow's threads hold of this module, and the Python calls they are making.
+
+    Arrow's C++ objects own Python objects of this module — the handler (held by the
+    ``PyFileSystem``), the file objects behind each :class:`pyarrow.PythonFile`, every
+    buffer their reads returned — and drop them from whichever pool thread finishes with
+    them last, sometimes a few milliseconds *after* the call that started the work
+    (``Dataset.to_table``...) has returned.  A drop needs the GIL.  If the interpreter is
+    finalizing by then, CPython (< 3.14) ends that thread with ``pthread_exit``, whose
+    forced unwinding runs into a ``noexcept`` C++ destructor (``~OwnedRefNoGIL``,
+    ``~PyBuffer``): ``std::terminate``, and the process aborts with "terminate called
+    without an active exception" (apache/arrow#34314; seen with gdb: the aborting thread
+    is an Arrow pool worker in ``~OwnedRefNoGIL`` -> the file object's ``close`` ->
+    ``PyEval_RestoreThread`` -> ``take_gil`` -> ``PyThread_exit_thread`` while the main
+    thread is in ``Py_FinalizeEx``).  :func:`_quiesce_at_exit` waits, at exit and before
+    finalization, until those objects are gone, or no call is in flight and nothing has
+    changed for :data:`EXIT_QUIET` seconds (what is still held then belongs to Python
+    objects, which finalization releases on the main thread).  Work Arrow still runs
+    silently past that — a scan abandoned half-way, decoding for longer than that — is
+    not covered.
+
+    Bookkeeping uses only operations that are atomic under the GIL (set and dict item
+    stores and removals, attribute stores), so it is safe from any thread and from
+    weakref callbacks.
+    """
+
+    def __init__(self) -> None:
+        self.objects: dict[int, weakref.ref] = {}  # keyed by id(ref): referents may be unhashable
+        self.calls: set[object] = set()
+        self.last_change = time.monotonic()
+
+    def track(self, obj: Any) -> Any:
+        ref = weakref.ref(obj, self._released)
+        self.objects[id(ref)] = ref
+        self.last_change = time.monotonic()
+        return obj
+
+    def _released(self, ref: weakref.ref) -> None:
+        self.objects.pop(id(ref), None)
+        self.last_change = time.monotonic()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        token = object()
+        self.calls.add(token)
+        try:
+            yield
+        finally:
+            self.calls.discard(token)
+            self.last_change = time.monotonic()
+
+
+_guard = _ExitGuard()
+
+#: longest wait at exit for Arrow threads still inside this module's code
+EXIT_TIMEOUT = 10.0
+#: objects still held after this long without any change are held by Python code
+#: (a table, a variable) and are released by the main thread during finalization
+EXIT_QUIET = 0.1
+
+
+def _quiesce_at_exit(timeout: float = EXIT_TIMEOUT, quiet: float = EXIT_QUIET, guard: _ExitGuard = _guard) -> None:
+    """Wait (GIL released) until Arrow's threads have finished their calls into this
+    module and dropped what they held of it, or until no call is in flight and nothing
+    has changed for ``quiet`` seconds; give up after ``timeout``.  Registered with
+    :mod:`atexit`."""
+    deadline = time.monotonic() + timeout
+    while guard.objects or guard.calls:
+        now = time.monotonic()
+        if now >= deadline or (not guard.calls and now - guard.last_change >= quiet):
+            return
+        time.sleep(0.002)
+
+
+atexit.register(_quiesce_at_exit)

@@ -1,0 +1,129 @@
+"""Process exit after threaded reads through EncryptedFileSystem (apache/arrow#34314).
+
+A process that read through a ``PyFileSystem`` with ``use_threads=True`` could abort at
+exit with "terminate called without an active exception": an Arrow pool thread dropped
+the last reference to one of the handler's Python objects while the interpreter was
+finalizing, CPython ended that thread with ``pthread_exit``, and the forced unwind hit a
+``noexcept`` destructor.  ``icecrypt.arrow`` waits for Arrow's threads at exit (see
+``_ExitGuard``).  The test runs a child process that reads a multi-file dataset 50 times
+in a row and requires every run to exit cleanly.
+
+Run as a script to count outcomes, with or without the exit hook::
+
+    python tests/arrow/test_exit.py --runs 50            # with the hook
+    python tests/arrow/test_exit.py --runs 50 --no-guard # the hook unregistered
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pytest
+
+from icecrypt.arrow import EncryptedFileSystem, _ExitGuard, _quiesce_at_exit
+from icecrypt.keys import EncryptionManager
+from icecrypt.kms.memory import MemoryKms
+
+RUNS = 50
+ROWS = 400_000
+
+# The child loads the pickled filesystem (as a Spark executor would), reads the whole
+# dataset with threads, and exits.
+CHILD = f"""
+import atexit, pickle, sys
+import pyarrow.dataset as ds
+import icecrypt.arrow
+if sys.argv[2] == "no-guard":
+    atexit.unregister(icecrypt.arrow._quiesce_at_exit)
+root = sys.argv[1]
+with open(root + "/fs.pickle", "rb") as f:
+    fs = pickle.load(f)
+table = ds.dataset(root + "/ds", filesystem=fs, format="parquet", partitioning="hive").to_table(use_threads=True)
+assert table.num_rows == {ROWS}, table.num_rows
+"""
+
+
+def make_dataset(root: Path) -> None:
+    """A hive-partitioned Parquet dataset of several files, and the pickled filesystem."""
+    fs = EncryptedFileSystem.wrap(pafs.LocalFileSystem(), EncryptionManager(MemoryKms.with_iceberg_test_keys(), "keyA"))
+    table = pa.table({"k": [i % 7 for i in range(ROWS)], "i": range(ROWS), "s": [f"v{i}" for i in range(ROWS)]})
+    ds.write_dataset(table, str(root / "ds"), filesystem=fs, format="parquet", partitioning=["k"],
+                     partitioning_flavor="hive", max_rows_per_group=20_000)
+    (root / "fs.pickle").write_bytes(pickle.dumps(fs))
+
+
+def run_children(root: Path, runs: int, guard: bool = True, timeout: float = 60.0) -> collections.Counter:
+    """Run the child ``runs`` times in a row; count outcomes ("ok", "abort", "rc=N")."""
+    outcomes: collections.Counter = collections.Counter()
+    for _ in range(runs):
+        proc = subprocess.run([sys.executable, "-c", CHILD, str(root), "guard" if guard else "no-guard"],
+                              check=False, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode == 0 and not proc.stderr.strip():
+            outcomes["ok"] += 1
+        elif "terminate called" in proc.stderr:
+            outcomes["abort"] += 1
+        else:
+            outcomes[f"rc={proc.returncode}: {proc.stderr.strip()[-300:]}"] += 1
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_threaded_reads_then_exit_never_abort(tmp_path):
+    make_dataset(tmp_path)
+    outcomes = run_children(tmp_path, RUNS)
+    assert outcomes == {"ok": RUNS}, dict(outcomes)
+
+
+def test_exit_hook_waits_for_calls_in_flight_and_releases():
+    guard = _ExitGuard()
+    done = []
+
+    class Held:
+        pass
+
+    held = guard.track(Held())
+
+    def arrow_thread():
+        with guard.call():
+            time.sleep(0.3)  # longer than the quiet period: only the call keeps the hook waiting
+            done.append("call")
+        time.sleep(0.1)
+        done.append("release")
+        del held_refs[:]
+
+    held_refs = [held]
+    del held
+    worker = threading.Thread(target=arrow_thread)
+    worker.start()
+    time.sleep(0.05)  # the call is in flight
+    _quiesce_at_exit(timeout=30, quiet=1.0, guard=guard)
+    assert done == ["call", "release"] and not guard.objects and not guard.calls
+    worker.join()
+    # objects that stay held (by Python code) do not keep it waiting past the quiet period
+    kept = guard.track(Held())
+    _quiesce_at_exit(timeout=30, quiet=0.05, guard=guard)
+    assert guard.objects and kept is not None
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="count clean exits and aborts of the child")
+    parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument("--no-guard", action="store_true", help="unregister icecrypt.arrow's exit hook")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        make_dataset(Path(tmp))
+        start = time.monotonic()
+        counts = run_children(Path(tmp), args.runs, guard=not args.no_guard)
+        print(dict(counts), f"{time.monotonic() - start:.1f} s")
