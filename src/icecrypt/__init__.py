@@ -8,6 +8,7 @@ format), ``icecrypt.keys`` (StandardKeyMetadata, the DEK/KEK/master-key hierarch
 from icecrypt._gcm import get_default_threads, openssl_version, set_default_threads
 from icecrypt.errors import (
     AuthenticationError,
+    CommitConflictError,
     DecryptionError,
     EncryptionKeyNotFoundError,
     FormatError,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AuthenticationError",
+    "CommitConflictError",
     "DecryptionError",
     "EncryptionKeyNotFoundError",
     "FormatError",

@@ -22,7 +22,7 @@ EXIT_FORMAT = 3
 EXIT_KMS = 4
 
 # Modules that define register(subparsers); imported lazily so `icecrypt --help` is quick.
-COMMAND_MODULES = ("icecrypt._cli_ags1", "icecrypt._cli_keys")
+COMMAND_MODULES = ("icecrypt._cli_ags1", "icecrypt._cli_keys", "icecrypt._cli_table")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,6 +34,15 @@ class EncryptionKeyNotFoundError(IcecryptError, LookupError):
     """An ``encryption-keys`` id that a snapshot or key refers to is not in the list."""
 
 
+class CommitConflictError(IcecryptError):
+    """A table commit lost a race with another writer and was not applied.
+
+    Raised when another commit created the metadata version this one was about to
+    create and the change cannot be re-applied on top of it (or retries ran out).
+    Nothing of the refused commit is visible in the table; it may be retried.
+    """
+
+
 class KmsError(IcecryptError):
     """A key management service failed to wrap or unwrap a key.
 
@@ -69,6 +78,7 @@ __all__ = [
     "FormatError",
     "KeyUsageLimitError",
     "EncryptionKeyNotFoundError",
+    "CommitConflictError",
     "KmsError",
     "KmsKeyNotFoundError",
     "KmsAccessDeniedError",

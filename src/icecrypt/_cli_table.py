@@ -1,0 +1,449 @@
+"""``icecrypt table ...``: create, append to, scan, list, verify and expire Iceberg tables.
+
+A TABLE argument is a table directory (Hadoop layout: ``metadata/v<N>.metadata.json``),
+a ``metadata.json`` file, or a URI (``s3://bucket/path``) pyarrow can open.  The KMS
+comes from the same properties as ``icecrypt keys`` and Iceberg's catalogs
+(``--kms-type local --kms-property encryption.kms.local.keystore=PATH``); plaintext
+tables need none.  ``verify`` exits with the status of the worst problem it found:
+2 damaged (authentication or format), 3 unencrypted, 4 key missing, 1 missing file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["register"]
+
+#: exit status per verify problem kind, worst first
+VERIFY_EXIT = {"damaged": 2, "unencrypted": 3, "key-missing": 4, "missing": 1, "error": 1}
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``table`` command group to an argparse subparsers object."""
+    table = subparsers.add_parser("table", help="encrypted Iceberg tables: create, append, scan, verify ...")
+    sub = table.add_subparsers(dest="table_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("create", help="create a format-version 3 table (encrypted with --table-key-id)")
+    p.add_argument("location", help="table directory or URI to create")
+    schema = p.add_mutually_exclusive_group(required=True)
+    schema.add_argument("--schema", help="columns, e.g. 'id long required, name string, price decimal(10, 2)'")
+    schema.add_argument("--schema-from", metavar="FILE", help="take the schema of a Parquet/CSV/JSON/Arrow file")
+    p.add_argument("--partition-by", action="append", default=[], metavar="FIELD",
+                   help="partition field (repeatable): COLUMN, or a transform such as day(ts), bucket(16, id)")
+    p.add_argument("--table-key-id", help="KMS master key id (encryption.key-id); omit for a plaintext table")
+    p.add_argument("--property", action="append", default=[], metavar="K=V", help="table property (repeatable)")
+    _add_common(p, table_arg=False)
+    p.set_defaults(func=_create)
+
+    p = sub.add_parser("append", help="append rows from Parquet/CSV/JSON/Arrow files (one commit)")
+    p.add_argument("table")
+    p.add_argument("files", nargs="+", metavar="FILE", help="input files (format by extension)")
+    p.add_argument("--format", choices=("parquet", "avro"), help="data file format (default: table property)")
+    _add_common(p)
+    p.set_defaults(func=_append)
+
+    p = sub.add_parser("scan", help="read rows (CSV to stdout, or --output FILE)")
+    p.add_argument("table")
+    p.add_argument("--columns", help="comma-separated columns (default: all)")
+    p.add_argument("--filter", dest="row_filter", help="row filter, e.g. \"id > 5 and category = 'a'\"")
+    p.add_argument("--snapshot", type=int, help="snapshot id (time travel)")
+    p.add_argument("--limit", type=int, help="stop after this many rows")
+    p.add_argument("--output", "-o", help="write to a file instead: .parquet, .csv, .jsonl, .arrow (plaintext!)")
+    p.add_argument("--count", action="store_true", help="print only the number of rows")
+    _add_common(p)
+    p.set_defaults(func=_scan)
+
+    p = sub.add_parser("snapshots", help="list snapshots")
+    p.add_argument("table")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+    p.set_defaults(func=_snapshots)
+
+    p = sub.add_parser("verify", help="authenticate every file of every snapshot (exit status says what is wrong)")
+    p.add_argument("table")
+    p.add_argument("--snapshot", type=int, help="verify this snapshot only")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("expire", help="remove old snapshots and the files and keys only they need")
+    p.add_argument("table")
+    p.add_argument("--older-than", required=True,
+                   help="ISO date/time (UTC unless given), milliseconds since the epoch, or an age like 7d, 12h, 30m")
+    _add_common(p)
+    p.set_defaults(func=_expire)
+
+
+def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
+    p.add_argument("--kms-type", help="encryption.kms-type of the KMS holding the table key")
+    p.add_argument("--kms-property", action="append", default=[], metavar="K=V",
+                   help="KMS property (repeatable), e.g. encryption.kms.local.keystore=PATH")
+    if table_arg:
+        p.add_argument("--location-map", action="append", default=[], metavar="PREFIX=PATH",
+                       help="read recorded locations under PREFIX from PATH (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes on stderr")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _pairs(items: list[str], option: str) -> dict[str, str]:
+    result = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{option} expects K=V, got {item!r}")
+        result[name] = value
+    return result
+
+
+def _kms(args: argparse.Namespace) -> Any:
+    """The KMS client the options describe, or None when none is described."""
+    if not args.kms_type and not args.kms_property:
+        return None
+    from icecrypt._cli_keys import _kms_from_args
+
+    return _kms_from_args(args)
+
+
+def _filesystem(location: str) -> tuple[Any, str]:
+    """(pyarrow filesystem or None for local, path) for a CLI location."""
+    if "://" in location and not location.startswith("file:"):
+        import pyarrow.fs as pafs
+
+        return pafs.FileSystem.from_uri(location)
+    return None, location
+
+
+def _load(args: argparse.Namespace, kms: Any) -> Any:
+    from icecrypt.table import EncryptedTable
+
+    filesystem, path = _filesystem(args.table)
+    return EncryptedTable.load(path, kms=kms, filesystem=filesystem,
+                               location_map=_pairs(args.location_map, "--location-map") or None)
+
+
+def _note(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text, file=sys.stderr)
+
+
+def _progress(args: argparse.Namespace, total: int, label: str) -> Any:
+    """A progress bar on stderr (terminals only, long work only; never with --quiet)."""
+    from icecrypt._progress import Progress
+
+    return Progress(total, label, threshold=1 << 62 if args.quiet else 64 << 20)
+
+
+# --- schema and partitioning from the command line ------------------------------------------------
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside parentheses (``decimal(10, 2)`` stays whole)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_schema(text: str) -> Any:
+    """A PyIceberg schema from ``'id long required, name string, price decimal(10, 2)'``
+    (primitive Iceberg types; ``required`` or ``not null`` marks required columns)."""
+    from pydantic import ValidationError
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import NestedField
+
+    fields = []
+    for number, column in enumerate(_split_top_level(text), start=1):
+        match = re.fullmatch(r"(\S+)\s+(.+?)(\s+(required|not\s+null))?", column, flags=re.IGNORECASE)
+        if match is None:
+            raise ValueError(f"--schema: expected 'NAME TYPE [required]', got {column!r}")
+        name, type_text, required = match.group(1), match.group(2).strip().lower(), match.group(3) is not None
+        try:
+            fields.append(NestedField.model_validate({"id": number, "name": name, "type": type_text, "required": required}))
+        except ValidationError:
+            raise ValueError(f"--schema: unknown type {type_text!r} for column {name!r}") from None
+    if not fields:
+        raise ValueError("--schema: no columns")
+    return Schema(*fields)
+
+
+def parse_partition(schema: Any, fields: list[str]) -> Any:
+    """A partition spec from ``COLUMN`` / ``transform(COLUMN)`` / ``bucket(N, COLUMN)`` /
+    ``truncate(W, COLUMN)`` items."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import parse_transform
+
+    result = []
+    for number, item in enumerate(fields):
+        item = item.strip()
+        match = re.fullmatch(r"(\w+)\(\s*(?:(\d+)\s*,\s*)?([^()\s,]+)\s*\)", item)
+        if match is None:
+            transform, column, label = "identity", item, item
+        else:
+            name, width, column = match.groups()
+            transform = f"{name}[{width}]" if width else name
+            label = f"{column}_{name}" if name != "identity" else column
+        source = schema.find_field(column)
+        try:
+            parsed = parse_transform(transform)
+        except ValueError:
+            raise ValueError(f"--partition-by: unknown transform in {item!r}") from None
+        result.append(PartitionField(source_id=source.field_id, field_id=1000 + number, transform=parsed, name=label))
+    return PartitionSpec(*result)
+
+
+def _read_input(path: str) -> Any:
+    """A pyarrow dataset over one input file (streamed, not loaded whole)."""
+    import pyarrow.dataset as ds
+
+    suffix = path.lower().rsplit(".", 1)[-1]
+    formats = {"parquet": "parquet", "csv": "csv", "json": "json", "jsonl": "json", "ndjson": "json",
+               "arrow": "ipc", "feather": "ipc", "ipc": "ipc"}
+    if suffix not in formats:
+        raise ValueError(f"{path}: unknown input format (use .parquet, .csv, .json/.jsonl or .arrow)")
+    return ds.dataset(path, format=formats[suffix])
+
+
+# --- handlers ---------------------------------------------------------------------------------------
+
+
+def _create(args: argparse.Namespace) -> int:
+    from icecrypt.table import EncryptedTable
+
+    schema = parse_schema(args.schema) if args.schema else _read_input(args.schema_from).schema
+    if not args.schema:
+        from icecrypt.table._write_schema import iceberg_schema
+
+        schema = iceberg_schema(schema)
+    spec = parse_partition(schema, args.partition_by) if args.partition_by else None
+    properties = _pairs(args.property, "--property")
+    kms = _kms(args)
+    if args.table_key_id and kms is None:
+        raise ValueError("an encrypted table (--table-key-id) needs a KMS: --kms-type and --kms-property")
+    filesystem, location = _filesystem(args.location)
+    table = EncryptedTable.create(location, schema, kms=kms, table_key_id=args.table_key_id,
+                                  partition_spec=spec, properties=properties, filesystem=filesystem)
+    state = f"encrypted under {args.table_key_id!r}" if table.encrypted else "plaintext"
+    print(f"created {state} table {table.location} ({table.metadata_location})")
+    return 0
+
+
+def _append(args: argparse.Namespace) -> int:
+    import os
+
+    table = _load(args, _kms(args))
+    target = table.schema
+    from icecrypt.table._read import arrow_schema
+
+    schema = arrow_schema(target)
+    datasets = [_read_input(path) for path in args.files]
+    total = sum(os.path.getsize(path) for path in args.files if "://" not in path)
+    rows = 0
+
+    def batches(bar: Any) -> Iterator[Any]:
+        nonlocal rows
+        for path, dataset in zip(args.files, datasets):
+            names = [name for name in schema.names if name in dataset.schema.names]
+            missing = [f.name for f in schema if f.name not in names and not f.nullable]
+            if missing:
+                raise ValueError(f"{path}: lacks required column(s) {', '.join(missing)}")
+            for batch in dataset.to_batches(columns=names):
+                rows += batch.num_rows
+                yield _conform(batch, schema)
+            bar.update(os.path.getsize(path) if "://" not in path else 0)
+
+    options = {"file_format": args.format} if args.format else {}
+    with _progress(args, total, "append") as bar:
+        snapshot_id = table.append(batches(bar), **options)
+    print(f"appended {rows} rows: snapshot {snapshot_id} ({table.metadata_location})")
+    return 0
+
+
+def _conform(batch: Any, schema: Any) -> Any:
+    """``batch`` in the table's Arrow schema: columns by name, cast, missing optional
+    columns as nulls."""
+    import pyarrow as pa
+
+    arrays = []
+    for field in schema:
+        if field.name in batch.schema.names:
+            column = batch.column(field.name)
+            arrays.append(column if column.type == field.type else column.cast(field.type))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _scan(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    from icecrypt.table import read_task
+
+    table = _load(args, _kms(args))
+    columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
+    scan = table.scan(columns=[] if args.count else columns, row_filter=args.row_filter, snapshot_id=args.snapshot)
+    if args.count:
+        print(sum(b.num_rows for b in scan.to_batches()))
+        return 0
+    tasks = scan.plan_files()
+    schema = scan.arrow_schema
+    cache: dict = {}
+    remaining = args.limit
+    with _progress(args, sum(t.length for t in tasks), "scan") as bar, _sink(args.output, schema) as write:
+        for task in tasks:
+            for batch in read_task(task, table.filesystem, cache=cache):
+                if remaining is not None:
+                    batch = batch.slice(0, remaining)
+                    remaining -= batch.num_rows
+                write(pa.Table.from_batches([batch], schema=schema))
+                if remaining == 0:
+                    return 0
+            bar.update(task.length)
+    return 0
+
+
+class _sink:
+    """Writes tables to stdout (CSV) or to a file whose extension names the format."""
+
+    def __init__(self, output: str | None, schema: Any):
+        self.output, self.schema = output, schema
+        self.writer: Any = None
+        self.header = True
+
+    def __enter__(self) -> Any:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+        import pyarrow.parquet as pq
+
+        out = self.output
+        if out is None:
+            return self._stdout_csv
+        suffix = out.lower().rsplit(".", 1)[-1]
+        if suffix == "parquet":
+            self.writer = pq.ParquetWriter(out, self.schema)
+        elif suffix == "csv":
+            self.writer = pacsv.CSVWriter(out, self.schema)
+        elif suffix in ("arrow", "feather", "ipc"):
+            self.writer = pa.ipc.new_file(out, self.schema)
+        elif suffix in ("jsonl", "json", "ndjson"):
+            self.writer = _JsonLines(out)
+        else:
+            raise ValueError(f"{out}: unknown output format (use .parquet, .csv, .jsonl or .arrow)")
+        return self.writer.write_table
+
+    def _stdout_csv(self, table: Any) -> None:
+        import pyarrow.csv as pacsv
+
+        buffer = io.BytesIO()
+        pacsv.write_csv(table, buffer, pacsv.WriteOptions(include_header=self.header))
+        self.header = False
+        sys.stdout.buffer.write(buffer.getvalue())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        else:
+            sys.stdout.flush()
+
+
+class _JsonLines:
+    def __init__(self, path: str):
+        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write_table(self, table: Any) -> None:
+        for row in table.to_pylist():
+            self.file.write(json.dumps(row, default=str, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _snapshots(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args))
+    current = table.current_snapshot_id
+    rows = [
+        {
+            "snapshot-id": s.snapshot_id,
+            "parent-snapshot-id": s.parent_snapshot_id,
+            "sequence-number": s.sequence_number,
+            "timestamp": datetime.datetime.fromtimestamp(s.timestamp_ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds"),
+            "operation": s.operation,
+            "key-id": s.key_id,
+            "total-records": s.summary.get("total-records"),
+            "current": s.snapshot_id == current,
+        }
+        for s in table.snapshots()
+    ]
+    if args.json:
+        json.dump({"table": table.location, "encrypted": table.encrypted, "snapshots": rows}, sys.stdout, indent=2)
+        print()
+        return 0
+    header = ("SNAPSHOT-ID", "SEQ", "TIMESTAMP (UTC)", "OPERATION", "RECORDS", "KEY-ID")
+    lines = [header] + [
+        (("*" if r["current"] else " ") + str(r["snapshot-id"]), str(r["sequence-number"]), r["timestamp"],
+         r["operation"] or "-", r["total-records"] or "-", r["key-id"] or "-")
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args))
+    report = table.verify(args.snapshot, progress=lambda total: _progress(args, total, "verify"))
+    if args.json:
+        import dataclasses
+
+        data = dataclasses.asdict(report)
+        data["ok"] = report.ok
+        json.dump(data, sys.stdout, indent=2)
+        print()
+    else:
+        print(report)
+    if report.ok:
+        return 0
+    kinds = {p.kind for p in report.problems}
+    return next(status for kind, status in VERIFY_EXIT.items() if kind in kinds)
+
+
+def parse_time(text: str, *, now_ms: int | None = None) -> int:
+    """Milliseconds since the epoch from an ISO date/time (UTC unless it says), a
+    number of milliseconds, or an age (``7d``, ``12h``, ``30m``, ``45s``) before now."""
+    text = text.strip()
+    if re.fullmatch(r"\d{10,}", text):
+        return int(text)
+    age = re.fullmatch(r"(\d+)\s*([dhms])", text)
+    now = now_ms if now_ms is not None else int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)
+    if age:
+        seconds = int(age.group(1)) * {"d": 86400, "h": 3600, "m": 60, "s": 1}[age.group(2)]
+        return now - seconds * 1000
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--older-than: not a date/time, milliseconds or age: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def _expire(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args))
+    removed = table.expire_snapshots(parse_time(args.older_than))
+    removed = list(removed or ())
+    print(f"expired {len(removed)} snapshot(s){': ' + ', '.join(map(str, removed)) if removed else ''}")
+    return 0

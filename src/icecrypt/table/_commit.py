@@ -1,0 +1,226 @@
+"""Atomic commits of table metadata, Hadoop-catalog style.
+
+Layout (Iceberg Java's ``HadoopTableOperations``)::
+
+    <location>/metadata/v1.metadata.json, v2.metadata.json, ...
+    <location>/metadata/version-hint.text          the latest version number, as text
+
+A commit of version ``N+1`` creates ``v<N+1>.metadata.json`` **exclusively**: if the file
+already exists another writer committed first, and the commit is retried on top of that
+version or refused with :class:`~icecrypt.CommitConflictError` — it is never silently
+overwritten.  The hint is updated afterwards; it is only a starting point, since readers
+probe forward from it (a hint that lags after a crash or race is harmless).
+
+How exclusive the creation is depends on the filesystem:
+
+* local files (``LocalFileSystem``, or a ``SubTreeFileSystem`` over one): the metadata
+  is written to a temporary file and hard-linked to its final name, which fails if the
+  name exists (``icecrypt._atomic.AtomicFile`` with ``overwrite=False``).  Atomic.
+* every other pyarrow filesystem (S3, GCS, HDFS, ...): pyarrow offers no create-if-absent
+  call, so the commit checks that the name is free, writes, and reads the file back,
+  once right away and once after updating the hint.  Two writers can still both pass
+  the check within a few milliseconds; the read-back detects the loser whenever the
+  winner's write lands before the loser's checks, but not always.  **Concurrent writers
+  to one table on an object store must be serialized by the caller** (one committing
+  process, or an external lock).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from icecrypt._atomic import AtomicFile
+from icecrypt.errors import CommitConflictError, FormatError
+
+__all__ = [
+    "VERSION_HINT",
+    "VersionExistsError",
+    "commit_metadata",
+    "create_table_metadata",
+    "is_atomic",
+    "latest_metadata_location",
+    "metadata_file_name",
+    "read_metadata",
+    "serialize_metadata",
+    "version_of",
+]
+
+VERSION_HINT = "version-hint.text"
+
+_HADOOP_NAME = re.compile(r"v([0-9]+)\.metadata\.json\Z")
+_JAVA_NAME = re.compile(r"([0-9]+)-[0-9a-fA-F-]+\.metadata\.json\Z")
+
+
+class VersionExistsError(Exception):
+    """Internal: the version to be created exists (another writer committed it)."""
+
+
+def metadata_file_name(version: int) -> str:
+    return f"v{version}.metadata.json"
+
+
+def version_of(metadata_location: str) -> int:
+    """The version number in a metadata file name: ``v<N>.metadata.json`` (Hadoop
+    catalog) or ``<NNNNN>-<uuid>.metadata.json`` (Java's other catalogs; the first
+    commit from here continues such a table with ``v<N+1>``)."""
+    name = posixpath.basename(metadata_location)
+    for pattern in (_HADOOP_NAME, _JAVA_NAME):
+        match = pattern.match(name)
+        if match:
+            return int(match.group(1))
+    raise ValueError(f"{metadata_location}: not a table metadata file name (v<N>.metadata.json)")
+
+
+def serialize_metadata(metadata: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON, fields in the order of the mapping (as Java's Jackson writes)."""
+    return json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def read_metadata(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]:
+    """Parse a ``metadata.json``, keeping field order."""
+    with filesystem.open_input_file(path) as f:
+        data = f.read()
+    try:
+        result = json.loads(data)
+    except ValueError as exc:
+        raise FormatError(f"{path}: table metadata is not valid JSON ({exc})") from None
+    if not isinstance(result, dict):
+        raise FormatError(f"{path}: table metadata is not a JSON object")
+    return result
+
+
+def _local_path(filesystem: pafs.FileSystem, path: str) -> str | None:
+    """The OS path behind ``path`` when ``filesystem`` is the local one, else None."""
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return path
+    if isinstance(filesystem, pafs.SubTreeFileSystem) and isinstance(filesystem.base_fs, pafs.LocalFileSystem):
+        return posixpath.join(filesystem.base_path, path.lstrip("/"))
+    return None
+
+
+def is_atomic(filesystem: pafs.FileSystem) -> bool:
+    """Whether commits on ``filesystem`` are atomic (see the module docstring)."""
+    return _local_path(filesystem, "/") is not None
+
+
+def _exists(filesystem: pafs.FileSystem, path: str) -> bool:
+    return filesystem.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def _read_all(filesystem: pafs.FileSystem, path: str) -> bytes | None:
+    try:
+        with filesystem.open_input_file(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _create_exclusive(filesystem: pafs.FileSystem, path: str, payload: bytes) -> None:
+    local = _local_path(filesystem, path)
+    if local is not None:
+        with AtomicFile(local) as out:
+            out.file.write(payload)
+            try:
+                out.commit(overwrite=False)
+            except FileExistsError:
+                raise VersionExistsError(path) from None
+        return
+    if _exists(filesystem, path):
+        raise VersionExistsError(path)
+    with filesystem.open_output_stream(path) as out:
+        out.write(payload)
+    if _read_all(filesystem, path) != payload:
+        raise VersionExistsError(path)
+
+
+def _write_hint(filesystem: pafs.FileSystem, metadata_dir: str, version: int) -> None:
+    path = posixpath.join(metadata_dir, VERSION_HINT)
+    local = _local_path(filesystem, path)
+    if local is not None:
+        with AtomicFile(local) as out:
+            out.file.write(str(version).encode("ascii"))
+        return
+    with filesystem.open_output_stream(path) as out:
+        out.write(str(version).encode("ascii"))
+
+
+def _hinted_version(filesystem: pafs.FileSystem, metadata_dir: str) -> int | None:
+    raw = _read_all(filesystem, posixpath.join(metadata_dir, VERSION_HINT))
+    if raw is not None:
+        text = raw.decode("ascii", "replace").strip()
+        if text.isdigit():
+            return int(text)
+    versions = []
+    for info in filesystem.get_file_info(pafs.FileSelector(metadata_dir, allow_not_found=True)):
+        match = _HADOOP_NAME.match(info.base_name)
+        if match:
+            versions.append(int(match.group(1)))
+    return max(versions) if versions else None
+
+
+def latest_metadata_location(filesystem: pafs.FileSystem, metadata_location: str) -> str:
+    """The newest committed metadata file of the table ``metadata_location`` belongs to:
+    the version hint, then forward probing for newer ``v<N>.metadata.json`` files.
+    ``metadata_location`` itself when nothing newer exists."""
+    metadata_dir = posixpath.dirname(metadata_location)
+    own = version_of(metadata_location)
+    hinted = _hinted_version(filesystem, metadata_dir)
+    version = own
+    if hinted is not None and hinted > own and _exists(filesystem, posixpath.join(metadata_dir, metadata_file_name(hinted))):
+        version = hinted
+    while _exists(filesystem, posixpath.join(metadata_dir, metadata_file_name(version + 1))):
+        version += 1
+    return metadata_location if version == own else posixpath.join(metadata_dir, metadata_file_name(version))
+
+
+def commit_metadata(filesystem: pafs.FileSystem, base_location: str, metadata: Mapping[str, Any]) -> str:
+    """Commit ``metadata`` as the version after ``base_location``; returns its path.
+
+    Raising means the commit did not happen: ``VersionExistsError`` when that version
+    was created by someone else, and
+    :class:`CommitConflictError` when, on a non-atomic filesystem, a concurrent writer
+    replaced this commit's file after it was written (the table then holds the other
+    commit; this one is not in it)."""
+    metadata_dir = posixpath.dirname(base_location)
+    version = version_of(base_location) + 1
+    path = posixpath.join(metadata_dir, metadata_file_name(version))
+    payload = serialize_metadata(metadata)
+    try:
+        _create_exclusive(filesystem, path, payload)
+    except VersionExistsError:
+        raise
+    except BaseException:
+        # a failure after the file landed (e.g. syncing its directory) is a commit
+        if _read_all(filesystem, path) != payload:
+            raise
+    try:
+        _write_hint(filesystem, metadata_dir, version)
+    except Exception as exc:  # the hint is only where readers start probing
+        warnings.warn(f"{metadata_dir}: version hint not updated ({exc}); the commit stands", stacklevel=2)
+    if _local_path(filesystem, path) is None and _read_all(filesystem, path) != payload:
+        raise CommitConflictError(
+            f"{path}: a concurrent writer replaced this commit (filesystem without atomic create); "
+            "the table holds the other commit, this one was not applied"
+        )
+    return path
+
+
+def create_table_metadata(filesystem: pafs.FileSystem, metadata_dir: str, metadata: Mapping[str, Any]) -> str:
+    """Write ``v1.metadata.json`` of a new table; FileExistsError if the table exists."""
+    filesystem.create_dir(metadata_dir, recursive=True)
+    path = posixpath.join(metadata_dir, metadata_file_name(1))
+    if _hinted_version(filesystem, metadata_dir) is not None:
+        raise FileExistsError(f"{metadata_dir}: a table already exists here")
+    try:
+        _create_exclusive(filesystem, path, serialize_metadata(metadata))
+    except VersionExistsError:
+        raise FileExistsError(f"{path}: a table already exists here") from None
+    _write_hint(filesystem, metadata_dir, 1)
+    return path

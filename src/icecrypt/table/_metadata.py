@@ -1,0 +1,159 @@
+"""Finding and parsing table metadata (``metadata.json``), and the snapshot model.
+
+A table is loaded from a metadata file (Java catalogs write
+``<NNNNN>-<uuid>.metadata.json``, the Hadoop layout used here ``v<N>.metadata.json``) or
+from a table directory, where ``metadata/version-hint.text`` names the version and newer
+``v<N>.metadata.json`` files are probed for (the hint may lag behind a commit).
+
+The raw JSON is kept as read, in order and with every field: PyIceberg's 0.12 model,
+used for schemas and partition specs, drops ``encryption-keys`` and the snapshots'
+``key-id``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import posixpath
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from icecrypt.errors import FormatError
+
+__all__ = ["VERSION_HINT", "Snapshot", "parse_metadata", "read_metadata_file", "resolve_metadata_file"]
+
+VERSION_HINT = "version-hint.text"
+_HADOOP_NAME = re.compile(r"v([0-9]+)\.metadata\.json\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """One snapshot of the table (``snapshots`` of ``metadata.json``).
+
+    ``key_id`` is the id of the ``encryption-keys`` entry holding the manifest list's
+    wrapped key metadata (None in plaintext tables).
+    """
+
+    snapshot_id: int
+    parent_snapshot_id: int | None
+    sequence_number: int
+    timestamp_ms: int
+    manifest_list: str
+    schema_id: int | None
+    operation: str | None
+    summary: Mapping[str, str] = dataclasses.field(repr=False)
+    key_id: str | None
+    first_row_id: int | None = dataclasses.field(default=None, repr=False)
+    added_rows: int | None = dataclasses.field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Snapshot:
+        try:
+            summary = dict(raw.get("summary") or {})
+            manifest_list = raw.get("manifest-list")
+            if manifest_list is None:
+                raise FormatError(
+                    f"snapshot {raw.get('snapshot-id')}: no manifest-list (format v1 inline manifests are not supported)"
+                )
+            key_id = raw.get("key-id")
+            if key_id is not None and not isinstance(key_id, str):
+                raise FormatError(f"snapshot {raw.get('snapshot-id')}: key-id must be a string")
+            return cls(
+                snapshot_id=int(raw["snapshot-id"]),
+                parent_snapshot_id=raw.get("parent-snapshot-id"),
+                sequence_number=int(raw.get("sequence-number", 0)),
+                timestamp_ms=int(raw["timestamp-ms"]),
+                manifest_list=manifest_list,
+                schema_id=raw.get("schema-id"),
+                operation=summary.get("operation"),
+                summary=summary,
+                key_id=key_id,
+                first_row_id=raw.get("first-row-id"),
+                added_rows=raw.get("added-rows"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(f"malformed snapshot in table metadata: {exc!r}") from None
+
+
+def _exists(filesystem: pafs.FileSystem, path: str) -> bool:
+    return filesystem.get_file_info(path).type == pafs.FileType.File
+
+
+def _latest_version(filesystem: pafs.FileSystem, metadata_dir: str) -> int | None:
+    """The newest ``v<N>.metadata.json`` in ``metadata_dir``: the hint, then probing."""
+    version = None
+    try:
+        with filesystem.open_input_file(posixpath.join(metadata_dir, VERSION_HINT)) as f:
+            text = f.read().decode("ascii", "replace").strip()
+        if text.isdigit() and _exists(filesystem, posixpath.join(metadata_dir, f"v{int(text)}.metadata.json")):
+            version = int(text)
+    except FileNotFoundError:
+        pass
+    if version is None:
+        versions = [
+            int(m.group(1))
+            for info in filesystem.get_file_info(pafs.FileSelector(metadata_dir, allow_not_found=True))
+            if (m := _HADOOP_NAME.match(info.base_name))
+        ]
+        if not versions:
+            return None
+        version = max(versions)
+    while _exists(filesystem, posixpath.join(metadata_dir, f"v{version + 1}.metadata.json")):
+        version += 1
+    return version
+
+
+def resolve_metadata_file(filesystem: pafs.FileSystem, path: str) -> str:
+    """The metadata file to load for ``path``: the file itself, or the newest version of
+    the table in directory ``path`` (the table directory or its ``metadata/``)."""
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return path
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"table metadata {path} does not exist")
+    for metadata_dir in (posixpath.join(path, "metadata"), path):
+        version = _latest_version(filesystem, metadata_dir)
+        if version is not None:
+            return posixpath.join(metadata_dir, f"v{version}.metadata.json")
+    raise FileNotFoundError(
+        f"{path}: no table metadata found (neither metadata/{VERSION_HINT} nor metadata/v<N>.metadata.json); "
+        "pass the metadata.json file of a table written by another catalog"
+    )
+
+
+def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]:
+    """Parse a ``metadata.json`` (gzip-compressed ones too), keeping field order."""
+    try:
+        with filesystem.open_input_file(path) as f:
+            data = f.read()
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(exc.errno, f"table metadata {path} is missing") from exc
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise FormatError(f"{path}: damaged gzip-compressed table metadata ({exc})") from None
+    try:
+        result = json.loads(data)
+    except ValueError as exc:
+        raise FormatError(f"{path}: table metadata is not valid JSON ({exc})") from None
+    if not isinstance(result, dict):
+        raise FormatError(f"{path}: table metadata is not a JSON object")
+    return result
+
+
+def parse_metadata(raw: Mapping[str, Any], path: str) -> Any:
+    """PyIceberg's model of ``raw`` (schemas, specs, sort orders, snapshots)."""
+    from pydantic import ValidationError
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    try:
+        return TableMetadataUtil.parse_obj(dict(raw))
+    except (ValidationError, ValueError) as exc:
+        raise FormatError(f"{path}: invalid table metadata ({exc})") from None

@@ -1,0 +1,490 @@
+"""Scan planning: from a snapshot to file scan tasks, through the key chain.
+
+snapshot ``key-id`` → manifest-list key metadata (KEK-wrapped, ``encryption-keys``) →
+manifest list (AGS1 Avro) → manifests (key metadata field 519) → data and delete files
+(key metadata field 131).  Manifests are skipped by their partition summaries, data files
+by their partition values and column statistics (PyIceberg's evaluators on the
+decrypted manifest contents); deletes are matched to data files with Iceberg's
+sequence-number rules (Java's ``DeleteFileIndex``):
+
+* a deletion vector applies to the data file it references if its data sequence number
+  is ≥ the data file's; when a data file has one, position delete files are not used
+  (a DV replaces them);
+* a position delete file applies to data files of its partition (or the one file it
+  references) with data sequence number ≤ its own;
+* an equality delete file applies to data files of its partition (all partitions when
+  its spec is unpartitioned) with data sequence number **<** its own.
+
+Large files are split: Parquet at the row-group offsets the manifest records
+(``split_offsets``), Avro by byte ranges of the decrypted file (an Avro file with
+position deletes is not split, its row positions must be counted from the start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions.visitors import (
+    _InclusiveMetricsEvaluator,
+    bind,
+    expression_evaluator,
+    inclusive_projection,
+    manifest_evaluator,
+)
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+
+from icecrypt.errors import FormatError
+from icecrypt.table._manifest import (
+    DATA,
+    EQUALITY_DELETES,
+    ContentFile,
+    ManifestEntry,
+    ManifestFile,
+    read_manifest,
+)
+from icecrypt.table._metadata import Snapshot
+from icecrypt.table._read import (
+    FileScanTask,
+    ReadSpec,
+    TaskFile,
+    arrow_schema,
+    load_deletes,
+    read_task,
+)
+
+if TYPE_CHECKING:
+    from icecrypt.table._table import EncryptedTable
+
+__all__ = ["PlanMetrics", "TableScan", "parse_row_filter"]
+
+#: Iceberg's read.split.target-size default
+DEFAULT_SPLIT_SIZE = 128 * 1024 * 1024
+SPLIT_SIZE_PROPERTY = "read.split.target-size"
+_MANIFEST_THREADS = 8
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _manifest_pool() -> ThreadPoolExecutor:
+    """Threads that read manifests from remote filesystems (shared: starting threads per
+    scan costs more than reading a small manifest)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(_MANIFEST_THREADS, thread_name_prefix="icecrypt-manifests")
+        return _POOL
+
+
+def parse_row_filter(row_filter: BooleanExpression | str | None) -> BooleanExpression:
+    """A PyIceberg expression from an expression, a string such as
+    ``"id > 5 and category = 'alpha'"`` (PyIceberg's parser), or None (all rows)."""
+    if row_filter is None:
+        return AlwaysTrue()
+    if isinstance(row_filter, BooleanExpression):
+        return row_filter
+    if isinstance(row_filter, str):
+        from pyiceberg.expressions.parser import parse
+        from pyparsing import ParseBaseException
+
+        try:
+            return parse(row_filter)
+        except ParseBaseException as exc:  # its message lists the whole grammar: keep it short
+            raise ValueError(f"cannot parse row filter {row_filter!r} (at character {exc.loc + 1})") from None
+        except ValueError as exc:
+            raise ValueError(f"cannot parse row filter {row_filter!r}: {exc}") from None
+    raise TypeError(f"row_filter must be a pyiceberg expression or a str, not {type(row_filter).__name__}")
+
+
+@dataclasses.dataclass
+class PlanMetrics:
+    """What planning read and skipped (to see pruning at work)."""
+
+    manifests: int = 0
+    manifests_skipped: int = 0
+    data_files: int = 0
+    data_files_skipped: int = 0
+    delete_files: int = 0
+    tasks: int = 0
+
+
+class _DeleteIndex:
+    """Delete files of a snapshot, ready to be matched to data files."""
+
+    def __init__(self, entries: Iterable[ManifestEntry], unpartitioned_specs: set[int]):
+        self._dvs: dict[str, list[tuple[int, ContentFile]]] = defaultdict(list)
+        self._pos_by_path: dict[str, list[tuple[int, ContentFile]]] = defaultdict(list)
+        self._pos_by_partition: dict[tuple, list[tuple[int, ContentFile]]] = defaultdict(list)
+        self._eq_by_partition: dict[tuple, list[tuple[int, ContentFile]]] = defaultdict(list)
+        self._eq_global: list[tuple[int, ContentFile]] = []
+        for entry in entries:
+            file, seq = entry.file, entry.sequence_number
+            if file.content == EQUALITY_DELETES:
+                if file.spec_id in unpartitioned_specs:
+                    self._eq_global.append((seq, file))
+                else:
+                    self._eq_by_partition[(file.spec_id, file.partition)].append((seq, file))
+            elif file.is_dv:
+                if file.referenced_data_file is None:
+                    raise FormatError(f"deletion vector {file.file_path} has no referenced_data_file")
+                self._dvs[file.referenced_data_file].append((seq, file))
+            else:
+                target = file.referenced_data_file or _single_path(file)
+                if target is not None:
+                    self._pos_by_path[target].append((seq, file))
+                else:
+                    self._pos_by_partition[(file.spec_id, file.partition)].append((seq, file))
+
+    def __len__(self) -> int:
+        return (
+            sum(map(len, self._dvs.values()))
+            + sum(map(len, self._pos_by_path.values()))
+            + sum(map(len, self._pos_by_partition.values()))
+            + sum(map(len, self._eq_by_partition.values()))
+            + len(self._eq_global)
+        )
+
+    def for_data_file(self, entry: ManifestEntry) -> list[tuple[int, ContentFile]]:
+        file, seq = entry.file, entry.sequence_number
+        result: list[tuple[int, ContentFile]] = []
+        dvs = [(s, d) for s, d in self._dvs.get(file.file_path, ()) if s >= seq]
+        if len(dvs) > 1:
+            raise FormatError(f"data file {file.file_path} has {len(dvs)} deletion vectors (at most one is allowed)")
+        if dvs:
+            result.extend(dvs)
+        else:
+            key = (file.spec_id, file.partition)
+            for s, d in (*self._pos_by_path.get(file.file_path, ()), *self._pos_by_partition.get(key, ())):
+                if s >= seq:
+                    result.append((s, d))
+        for s, d in (*self._eq_by_partition.get((file.spec_id, file.partition), ()), *self._eq_global):
+            if s > seq:
+                result.append((s, d))
+        return result
+
+
+def _single_path(file: ContentFile) -> str | None:
+    """The data file a position delete file references, when its file_path bounds say
+    it references exactly one (Java's ``ContentFileUtil.referencedDataFile``)."""
+    from icecrypt.table._read import DELETE_FILE_PATH_ID
+
+    lower = file.lower_bounds.get(DELETE_FILE_PATH_ID)
+    upper = file.upper_bounds.get(DELETE_FILE_PATH_ID)
+    if lower is not None and lower == upper:
+        try:
+            return bytes(lower).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+class _Evaluators:
+    """The pruning predicates of one scan, per partition spec."""
+
+    def __init__(self, table: EncryptedTable, schema: Schema, row_filter: BooleanExpression, case_sensitive: bool):
+        self.schema = schema
+        self.row_filter = row_filter
+        self.case_sensitive = case_sensitive
+        self.specs = table.specs
+        self.trivial = row_filter == AlwaysTrue()
+        self._manifest: dict[int, Callable[[ManifestFile], bool]] = {}
+        self._partition: dict[int, Callable[[tuple], bool]] = {}
+        self._metrics = None if self.trivial else _InclusiveMetricsEvaluator(schema, row_filter, case_sensitive)
+
+    def _projected(self, spec_id: int) -> BooleanExpression:
+        return inclusive_projection(self.schema, self.specs[spec_id], self.case_sensitive)(self.row_filter)
+
+    def manifest(self, manifest: ManifestFile) -> bool:
+        if self.trivial:
+            return True
+        if manifest.spec_id not in self.specs:
+            raise FormatError(f"manifest {manifest.path}: unknown partition spec id {manifest.spec_id}")
+        evaluate = self._manifest.get(manifest.spec_id)
+        if evaluate is None:
+            evaluate = manifest_evaluator(self.specs[manifest.spec_id], self.schema, self._projected(manifest.spec_id), self.case_sensitive)
+            self._manifest[manifest.spec_id] = evaluate
+        return evaluate(manifest)
+
+    def partition(self, file: ContentFile) -> bool:
+        if self.trivial:
+            return True
+        evaluate = self._partition.get(file.spec_id)
+        if evaluate is None:
+            spec = self.specs[file.spec_id]
+            partition_schema = Schema(*spec.partition_type(self.schema).fields)
+            evaluate = expression_evaluator(partition_schema, self._projected(file.spec_id), self.case_sensitive)
+            self._partition[file.spec_id] = evaluate
+        return evaluate(file.partition)
+
+    def metrics(self, file: ContentFile) -> bool:
+        return True if self._metrics is None else self._metrics.eval(file)
+
+
+class TableScan:
+    """A scan of one snapshot of an :class:`~icecrypt.table.EncryptedTable`.
+
+    Create it with ``table.scan(...)``.  Planning happens once, on first use; the plan is
+    kept.  ``to_arrow()`` reads everything into a table (tasks in parallel threads);
+    ``to_batches()`` streams (one task at a time, memory bounded by a row group);
+    ``plan_files()`` returns the picklable tasks for distributed readers.
+    """
+
+    def __init__(
+        self,
+        table: EncryptedTable,
+        columns: Sequence[str] | None = None,
+        row_filter: BooleanExpression | str | None = None,
+        snapshot_id: int | None = None,
+        *,
+        case_sensitive: bool = True,
+        split_size: int | None = None,
+        batch_size: int | None = None,
+        threads: int | None = None,
+    ):
+        self.table = table
+        # as Java and PyIceberg: time travel reads with the snapshot's schema, the
+        # current snapshot with the current schema (so evolution shows at once)
+        if snapshot_id is None:
+            self.snapshot: Snapshot | None = table.current_snapshot()
+            self.schema: Schema = table.schema
+        else:
+            self.snapshot = table.snapshot(snapshot_id)
+            self.schema = table.schema_for(self.snapshot)
+        self.row_filter = parse_row_filter(row_filter)
+        self.case_sensitive = case_sensitive
+        if self.row_filter != AlwaysTrue():
+            bind(self.schema, self.row_filter, case_sensitive)  # unknown columns fail here, not in a worker
+        self.projected = _project(self.schema, columns, case_sensitive)
+        self.split_size = split_size or int(table.properties.get(SPLIT_SIZE_PROPERTY, DEFAULT_SPLIT_SIZE))
+        if self.split_size <= 0:
+            raise ValueError(f"split_size must be positive, not {self.split_size}")
+        self.threads = threads
+        self.read_spec = ReadSpec(
+            schema=self.schema,
+            projected=self.projected,
+            row_filter=self.row_filter,
+            case_sensitive=case_sensitive,
+            encrypted=table.encrypted,
+            name_mapping=table.properties.get("schema.name-mapping.default"),
+            **({"batch_size": batch_size} if batch_size else {}),
+        )
+        self.metrics = PlanMetrics()
+        self._tasks: list[FileScanTask] | None = None
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The schema of what the scan returns."""
+        return arrow_schema(self.projected)
+
+    # --- planning ---------------------------------------------------------------------------
+
+    def plan_files(self) -> list[FileScanTask]:
+        """The file scan tasks of this scan (planned once)."""
+        if self._tasks is None:
+            self._tasks = self._plan()
+        return list(self._tasks)
+
+    def _plan(self) -> list[FileScanTask]:
+        metrics = PlanMetrics()
+        if self.snapshot is None:
+            self.metrics = metrics
+            return []
+        table = self.table
+        manifests = table.manifests(self.snapshot)
+        evaluators = _Evaluators(table, self.schema, self.row_filter, self.case_sensitive)
+        selected = []
+        for manifest in manifests:
+            metrics.manifests += 1
+            if evaluators.manifest(manifest):
+                selected.append(manifest)
+            else:
+                metrics.manifests_skipped += 1
+
+        def entries(manifest: ManifestFile) -> list[ManifestEntry]:
+            return list(read_manifest(manifest, table.locations, table.specs, self.schema, encrypted=table.encrypted))
+
+        if len(selected) > 1 and not isinstance(table.filesystem, pafs.LocalFileSystem):
+            per_manifest = list(_manifest_pool().map(entries, selected))  # object stores: hide latency
+        else:
+            per_manifest = [entries(manifest) for manifest in selected]
+
+        data: list[ManifestEntry] = []
+        deletes: list[ManifestEntry] = []
+        for manifest, found in zip(selected, per_manifest):
+            for entry in found:
+                if manifest.is_deletes != (entry.file.content != DATA):
+                    raise FormatError(f"manifest {manifest.path}: {entry.file.file_path} does not match the manifest's content type")
+                if not evaluators.partition(entry.file):
+                    if entry.file.content == DATA:
+                        metrics.data_files += 1
+                        metrics.data_files_skipped += 1
+                    continue
+                if entry.file.content == DATA:
+                    metrics.data_files += 1
+                    if evaluators.metrics(entry.file):
+                        data.append(entry)
+                    else:
+                        metrics.data_files_skipped += 1
+                else:
+                    deletes.append(entry)
+        unpartitioned = {spec_id for spec_id, spec in table.specs.items() if spec.is_unpartitioned()}
+        index = _DeleteIndex(deletes, unpartitioned)
+        metrics.delete_files = len(index)
+        tasks: list[FileScanTask] = []
+        for entry in data:
+            tasks.extend(self._tasks_for(entry, index.for_data_file(entry)))
+        metrics.tasks = len(tasks)
+        self.metrics = metrics
+        return tasks
+
+    def _task_file(self, file: ContentFile, sequence_number: int) -> TaskFile:
+        return TaskFile(
+            path=file.file_path,
+            fs_path=self.table.locations.to_fs_path(file.file_path),
+            file_format=file.file_format,
+            content=file.content,
+            record_count=file.record_count,
+            file_size_in_bytes=file.file_size_in_bytes,
+            sequence_number=sequence_number,
+            key_metadata=None if file.key_metadata is None else file.key_metadata.encode(),
+            equality_ids=file.equality_ids,
+            referenced_data_file=file.referenced_data_file,
+            content_offset=file.content_offset,
+            content_size_in_bytes=file.content_size_in_bytes,
+        )
+
+    def _tasks_for(self, entry: ManifestEntry, deletes: list[tuple[int, ContentFile]]) -> Iterator[FileScanTask]:
+        file = entry.file
+        task_file = self._task_file(file, entry.sequence_number)
+        delete_files = tuple(self._task_file(d, s) for s, d in deletes)
+        constants = self._constants(file)
+        for start, length in self._splits(file, has_positions=any(d.content != EQUALITY_DELETES for _, d in deletes)):
+            yield FileScanTask(
+                file=task_file,
+                start=start,
+                length=length,
+                deletes=delete_files,
+                spec_id=file.spec_id,
+                partition=file.partition,
+                constants=constants,
+                read=self.read_spec,
+            )
+
+    def _constants(self, file: ContentFile) -> dict[int, Any]:
+        """Identity-partition values by source field id (for columns a file lacks)."""
+        spec = self.table.specs[file.spec_id]
+        return {
+            field.source_id: value
+            for field, value in zip(spec.fields, file.partition)
+            if isinstance(field.transform, IdentityTransform) and value is not None
+        }
+
+    def _splits(self, file: ContentFile, *, has_positions: bool) -> list[tuple[int, int]]:
+        target = self.split_size
+        if file.file_format == "PARQUET":
+            size = file.file_size_in_bytes
+            offsets = file.split_offsets
+            if size <= target or not offsets or list(offsets) != sorted(offsets) or offsets[-1] >= size:
+                return [(0, size)]
+            bounds = [*offsets, size]
+            splits, start = [], bounds[0]
+            for i in range(1, len(bounds)):
+                if bounds[i] - start >= target or i == len(bounds) - 1:
+                    splits.append((start, bounds[i] - start))
+                    start = bounds[i]
+            splits[0] = (0, splits[0][0] + splits[0][1])  # the first split starts at the file's start
+            return splits
+        if file.file_format == "AVRO":
+            if file.key_metadata is not None:
+                from icecrypt.avro import plaintext_size
+
+                size = plaintext_size(file.key_metadata)
+            else:
+                size = file.file_size_in_bytes
+            if size <= target or has_positions or file.key_metadata is None:
+                return [(0, size)]
+            return [(start, min(target, size - start)) for start in range(0, size, target)]
+        raise FormatError(f"data file {file.file_path}: unsupported format {file.file_format}")
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def to_batches(self) -> pa.RecordBatchReader:
+        """A streaming reader of the scan's rows (one task at a time)."""
+        tasks = self.plan_files()
+        filesystem = self.table.locations.filesystem
+
+        def generate() -> Iterator[pa.RecordBatch]:
+            cache: dict = {}
+            for task in tasks:
+                yield from read_task(task, filesystem, cache=cache)
+
+        return pa.RecordBatchReader.from_batches(self.arrow_schema, generate())
+
+    def to_arrow(self) -> pa.Table:
+        """All rows of the scan as one table (tasks read in parallel, in plan order)."""
+        tasks = self.plan_files()
+        filesystem = self.table.locations.filesystem
+        cache: dict = {}
+        if len(tasks) <= 1 or self.threads == 1:
+            batches = [b for task in tasks for b in read_task(task, filesystem, cache=cache)]
+        else:
+            _preload_deletes(tasks, filesystem, cache)
+            workers = self.threads or min(os.cpu_count() or 2, len(tasks))  # Arrow decodes in its own pool too
+            with ThreadPoolExecutor(workers) as pool:
+                parts = list(pool.map(lambda t: list(read_task(t, filesystem, cache=cache)), tasks))
+            batches = [b for part in parts for b in part]
+        return pa.Table.from_batches(batches, schema=self.arrow_schema)
+
+    def count(self) -> int:
+        """The number of live rows matching the filter (reads no column it does not need)."""
+        return sum(b.num_rows for b in self.table.scan(
+            columns=[], row_filter=self.row_filter, snapshot_id=self.snapshot.snapshot_id if self.snapshot else None,
+            case_sensitive=self.case_sensitive,
+        ).to_batches())
+
+    def __repr__(self) -> str:
+        snap = self.snapshot.snapshot_id if self.snapshot else None
+        return f"<TableScan snapshot={snap} columns={[f.name for f in self.projected.fields]} filter={self.row_filter}>"
+
+
+def _preload_deletes(tasks: list[FileScanTask], filesystem: Any, cache: dict) -> None:
+    """Load each delete file once, before tasks share the cache from several threads."""
+    seen: set[str] = set()
+    for task in tasks:
+        paths = {d.path for d in task.deletes}
+        if not paths <= seen:
+            seen |= paths
+            load_deletes(task, filesystem, cache)
+
+
+def _project(schema: Schema, columns: Sequence[str] | None, case_sensitive: bool) -> Schema:
+    """The output schema: all columns, or the named ones in the order given (nested
+    names like ``"a.b"`` select parts of structs, in schema order)."""
+    if columns is None:
+        return schema
+    if isinstance(columns, str):
+        raise TypeError("columns must be a sequence of column names, not a str")
+    columns = list(columns)
+    if not columns:
+        return Schema(schema_id=schema.schema_id)
+    try:
+        selected = schema.select(*columns, case_sensitive=case_sensitive)
+    except ValueError as exc:
+        raise ValueError(f"unknown column in {columns}: {exc}") from None
+    if all("." not in c for c in columns):
+        by_name = {(f.name if case_sensitive else f.name.lower()): f for f in selected.fields}
+        ordered = [by_name[c if case_sensitive else c.lower()] for c in dict.fromkeys(columns)]
+        return Schema(*ordered, schema_id=schema.schema_id)
+    return selected
+

@@ -1,0 +1,315 @@
+"""``EncryptedTable``: an Iceberg table (encrypted or not) on a pyarrow filesystem."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow.fs as pafs
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+
+from icecrypt.errors import (
+    DecryptionError,
+    EncryptionKeyNotFoundError,
+    FormatError,
+    KmsError,
+)
+from icecrypt.keys import ENCRYPTION_TABLE_KEY, EncryptionManager, StandardKeyMetadata
+from icecrypt.kms.base import KeyManagementClient
+from icecrypt.table._io import Locations, PlaintextFileError
+from icecrypt.table._manifest import ManifestFile, read_manifest_list
+from icecrypt.table._metadata import (
+    Snapshot,
+    parse_metadata,
+    read_metadata_file,
+    resolve_metadata_file,
+)
+from icecrypt.table._scan import TableScan
+
+__all__ = ["EncryptedTable"]
+
+
+class EncryptedTable:
+    """An Iceberg table read (and, through :mod:`icecrypt.table._write`, written) with
+    Iceberg's table encryption.
+
+    Load one with :meth:`load`, create one with :meth:`create`.  The table is encrypted
+    when its metadata has the property ``encryption.key-id``; then every manifest list,
+    manifest, data and delete file must be encrypted and is authenticated as it is read,
+    and a snapshot without ``key-id`` is refused.  Tables without the property (format
+    v1-v3) are read as plain Iceberg tables.
+
+    What writers use: :attr:`metadata` (the ``metadata.json`` document as read, field
+    order and unknown fields kept), :attr:`metadata_location` (its path on
+    :attr:`filesystem`), :attr:`locations` / :meth:`fs_path` (recorded location ->
+    filesystem path), :attr:`kms`, :attr:`encryption_manager` and :meth:`refresh`.
+    """
+
+    def __init__(self, metadata: dict[str, Any], metadata_location: str, locations: Locations, kms: KeyManagementClient | None):
+        self.locations = locations
+        self.kms = kms
+        self._install(metadata, metadata_location)
+
+    # --- loading ------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        metadata_location: str | os.PathLike[str],
+        *,
+        kms: KeyManagementClient | None = None,
+        filesystem: pafs.FileSystem | None = None,
+        location_map: Mapping[str, str] | None = None,
+    ) -> EncryptedTable:
+        """Load a table from a ``metadata.json`` file or a table directory.
+
+        ``metadata_location``: a metadata file (``v3.metadata.json``, Java's
+        ``00004-<uuid>.metadata.json``) or a table directory (Hadoop layout: the
+        version hint, then the newest ``metadata/v<N>.metadata.json``), as a path on
+        ``filesystem`` (None = local) or a URI the ``location_map`` rewrites.
+        ``kms`` holds the table key (``encryption.key-id``); it is required for an
+        encrypted table.  ``location_map`` rewrites recorded path prefixes, e.g.
+        ``{"s3://bucket/table": "/data/table"}``.
+        """
+        locations = Locations(filesystem, location_map)
+        path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
+        return cls(read_metadata_file(locations.filesystem, path), path, locations, kms)
+
+    def _install(self, metadata: dict[str, Any], metadata_location: str) -> None:
+        model = parse_metadata(metadata, metadata_location)
+        properties = metadata.get("properties") or {}
+        manager = None
+        if properties.get(ENCRYPTION_TABLE_KEY):
+            if self.kms is None:
+                raise ValueError(
+                    f"{metadata_location}: the table is encrypted (encryption.key-id = "
+                    f"{properties[ENCRYPTION_TABLE_KEY]!r}) and no KMS client was given"
+                )
+            try:
+                manager = EncryptionManager.from_table_metadata(self.kms, metadata)
+            except ValueError as exc:
+                raise FormatError(f"{metadata_location}: {exc}") from None
+        snapshots = {}
+        for raw in metadata.get("snapshots") or ():
+            snapshot = Snapshot.from_json(raw)
+            snapshots[snapshot.snapshot_id] = snapshot
+        self.metadata = metadata
+        self.metadata_location = metadata_location
+        self.model = model
+        self.encryption_manager: EncryptionManager | None = manager
+        self._snapshots = snapshots
+
+    def refresh(self) -> EncryptedTable:
+        """Re-read the newest committed version of this table (after a commit here or
+        elsewhere); returns self."""
+        from icecrypt.table._commit import latest_metadata_location
+
+        try:
+            path = latest_metadata_location(self.filesystem, self.metadata_location)
+        except ValueError:  # a metadata file name that is neither Hadoop's nor Java's
+            path = self.metadata_location
+        self._install(read_metadata_file(self.filesystem, path), path)
+        return self
+
+    # --- what the table is -----------------------------------------------------------------
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        return self.locations.filesystem
+
+    @property
+    def location_map(self) -> dict[str, str]:
+        return dict(self.locations.location_map)
+
+    def fs_path(self, location: str) -> str:
+        """The path on :attr:`filesystem` of a location recorded in the metadata."""
+        return self.locations.to_fs_path(location)
+
+    @property
+    def location(self) -> str:
+        """The table location recorded in the metadata."""
+        return self.metadata["location"]
+
+    @property
+    def encrypted(self) -> bool:
+        return self.encryption_manager is not None
+
+    @property
+    def format_version(self) -> int:
+        return int(self.metadata.get("format-version", 1))
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self.metadata.get("properties") or {})
+
+    @property
+    def schema(self) -> Schema:
+        """The current schema (PyIceberg)."""
+        return self.model.schema()
+
+    @property
+    def spec(self) -> PartitionSpec:
+        """The default partition spec (PyIceberg)."""
+        return self.model.spec()
+
+    @property
+    def specs(self) -> dict[int, PartitionSpec]:
+        return self.model.specs()
+
+    def schema_for(self, snapshot: Snapshot | None) -> Schema:
+        """The schema a snapshot was written with (the current one if it says none)."""
+        if snapshot is not None and snapshot.schema_id is not None:
+            for schema in self.model.schemas:
+                if schema.schema_id == snapshot.schema_id:
+                    return schema
+        return self.schema
+
+    # --- snapshots ------------------------------------------------------------------------------
+
+    def snapshots(self) -> list[Snapshot]:
+        """All snapshots, in metadata order (oldest first)."""
+        return list(self._snapshots.values())
+
+    @property
+    def current_snapshot_id(self) -> int | None:
+        current = self.metadata.get("current-snapshot-id")
+        return None if current is None or current == -1 else int(current)
+
+    def current_snapshot(self) -> Snapshot | None:
+        current = self.current_snapshot_id
+        return None if current is None else self.snapshot(current)
+
+    def snapshot(self, snapshot_id: int) -> Snapshot:
+        """The snapshot ``snapshot_id``; KeyError if the table has none such."""
+        try:
+            return self._snapshots[int(snapshot_id)]
+        except KeyError:
+            raise KeyError(f"table {self.location} has no snapshot {snapshot_id}") from None
+
+    def manifest_list_key_metadata(self, snapshot: Snapshot) -> StandardKeyMetadata | None:
+        """The key metadata of a snapshot's manifest list, unwrapped through the KEK
+        (None in a plaintext table).  A snapshot of an encrypted table without
+        ``key-id`` is refused."""
+        if self.encryption_manager is None:
+            if snapshot.key_id is not None:
+                raise FormatError(
+                    f"snapshot {snapshot.snapshot_id} has key-id {snapshot.key_id!r}, but the table has no encryption.key-id"
+                )
+            return None
+        if snapshot.key_id is None:
+            raise PlaintextFileError(
+                f"snapshot {snapshot.snapshot_id} of an encrypted table has no key-id: its manifest list "
+                f"{snapshot.manifest_list} would be unencrypted (refused)"
+            )
+        try:
+            km = self.encryption_manager.unwrap_manifest_list_key_metadata(snapshot.key_id)
+        except EncryptionKeyNotFoundError as exc:
+            raise EncryptionKeyNotFoundError(
+                f"manifest list {snapshot.manifest_list} of snapshot {snapshot.snapshot_id}: {exc}"
+            ) from None
+        except DecryptionError as exc:
+            raise type(exc)(
+                f"manifest list {snapshot.manifest_list} of snapshot {snapshot.snapshot_id}: "
+                f"its key metadata (encryption key {snapshot.key_id!r}) does not unwrap: {exc}"
+            ) from exc
+        except KmsError as exc:
+            raise type(exc)(
+                f"manifest list {snapshot.manifest_list} of snapshot {snapshot.snapshot_id}: the KEK of key "
+                f"{snapshot.key_id!r} could not be unwrapped with table key "
+                f"{self.encryption_manager.table_key_id!r}: {exc}",
+                backend=exc.backend,
+            ) from exc
+        if km.file_length is None:
+            raise FormatError(f"manifest list {snapshot.manifest_list}: key metadata has no file_length")
+        return km
+
+    def manifests(self, snapshot: Snapshot) -> list[ManifestFile]:
+        """The manifests of ``snapshot`` (its manifest list, decrypted)."""
+        km = self.manifest_list_key_metadata(snapshot)
+        return read_manifest_list(snapshot.manifest_list, self.locations, km, encrypted=self.encrypted)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        row_filter: BooleanExpression | str | None = None,
+        snapshot_id: int | None = None,
+        **options: Any,
+    ) -> TableScan:
+        """A scan of the current snapshot (or ``snapshot_id``): ``columns`` to return
+        (None = all), ``row_filter`` a PyIceberg expression or a string such as
+        ``"id > 5 and category = 'alpha'"``.  ``options``: ``case_sensitive``,
+        ``split_size`` (bytes per task), ``batch_size`` (rows), ``threads``."""
+        return TableScan(self, columns, row_filter, snapshot_id, **options)
+
+    def verify(self, snapshot_id: int | None = None, *, progress: Any = None) -> Any:
+        """Read and authenticate every file reachable from every snapshot (or one);
+        returns a :class:`~icecrypt.table.VerifyReport`, never raises for damage."""
+        from icecrypt.table._verify import verify
+
+        return verify(self, snapshot_id, progress=progress)
+
+    # --- writing (icecrypt.table._write) ------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        location: str,
+        schema: Any,
+        *,
+        kms: KeyManagementClient | None,
+        table_key_id: str | None,
+        partition_spec: PartitionSpec | None = None,
+        properties: Mapping[str, str] | None = None,
+        filesystem: pafs.FileSystem | None = None,
+    ) -> EncryptedTable:
+        """Create a format-version 3 table at ``location`` (encrypted under the KMS master
+        key ``table_key_id``; None makes a plaintext table) and return it."""
+        from icecrypt.table import _write
+
+        return _write.create(
+            location, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
+            properties=dict(properties) if properties is not None else None, filesystem=filesystem,
+        )  # fmt: skip
+
+    def append(self, data: Any, **options: Any) -> int | None:
+        """Append rows (a pyarrow Table, RecordBatch or iterable of batches); returns the
+        new snapshot id."""
+        from icecrypt.table import _write
+
+        return _write.append(self, data, **options)
+
+    def overwrite(self, data: Any, **options: Any) -> int | None:
+        """Replace the table's rows (or those matching ``overwrite_filter``) with ``data``."""
+        from icecrypt.table import _write
+
+        return _write.overwrite(self, data, **options)
+
+    def delete(self, row_filter: BooleanExpression | str) -> int | None:
+        """Delete the rows matching ``row_filter``; returns the new snapshot id."""
+        from icecrypt.table import _write
+
+        return _write.delete(self, row_filter)
+
+    def expire_snapshots(self, older_than_ms: int) -> Any:
+        """Remove snapshots older than ``older_than_ms`` (never the current one) and the
+        files and keys only they needed."""
+        from icecrypt.table import _write
+
+        return _write.expire_snapshots(self, older_than_ms)
+
+    def rotate_keys(self, *, new_kek: bool = True, new_master_key_id: str | None = None, new_kms: Any = None) -> dict[str, Any]:
+        """Commit a new KEK and/or re-wrap every KEK under KMS master key
+        ``new_master_key_id`` (held by ``new_kms``, default this table's KMS); no data file
+        changes.  Returns the ids involved (never key bytes)."""
+        from icecrypt.table import _write
+
+        return _write.rotate_keys(self, new_kek=new_kek, new_master_key_id=new_master_key_id, new_kms=new_kms)
+
+    def __repr__(self) -> str:
+        state = "encrypted" if self.encrypted else "plaintext"
+        return f"<EncryptedTable {self.location!r} {state} snapshot={self.current_snapshot_id}>"

@@ -1,0 +1,1106 @@
+"""The write path of encrypted Iceberg tables: create, append, overwrite, delete (with
+deletion vectors) and snapshot expiry, each ending in one atomic metadata commit.
+
+Keys flow as in Iceberg Java (SPEC.md §3): every data, delete and manifest file gets a
+fresh DEK and AAD prefix whose key metadata is stored in its (encrypted) parent file;
+the manifest list's key metadata is wrapped by the table's current KEK (created, and
+wrapped by the KMS master key, when there is none) and stored in ``encryption-keys``;
+the snapshot's ``key-id`` names that entry.  Nothing is written in plaintext into an
+encrypted table (``_write_io``).
+
+A commit builds the new ``metadata.json`` from the newest committed version and creates
+the next version file exclusively (``_commit``).  When another writer got there first,
+an append is re-applied on top of the new version (its data files and manifest are
+reused; the manifest list, keys and snapshot are rebuilt), up to
+``commit.retry.num-retries`` times; overwrite and delete, whose effect depends on the
+rows they saw, are refused with :class:`~icecrypt.CommitConflictError`; expiry is
+recomputed.  Whatever a failed operation wrote is deleted before the error propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import posixpath
+import random
+import secrets
+import time
+import types
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
+
+from icecrypt import __version__
+from icecrypt.errors import CommitConflictError, FormatError
+from icecrypt.keys import EncryptionManager, StandardKeyMetadata
+from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
+from icecrypt.table import _commit
+from icecrypt.table._manifest_write import (
+    ADDED,
+    DATA,
+    DELETED,
+    EQUALITY_DELETES,
+    EXISTING,
+    POSITION_DELETES,
+    WrittenManifest,
+    resolve_entries,
+    write_manifest,
+    write_manifest_list,
+)
+from icecrypt.table._write_data import DataWriteOptions, write_data_files
+from icecrypt.table._write_dv import DeletionVector, decode_dv, puffin_file
+from icecrypt.table._write_io import TableIO
+from icecrypt.table._write_schema import iceberg_schema, schema_to_json, sort_order_to_json, spec_to_json
+
+__all__ = [
+    "append",
+    "append_files",
+    "create",
+    "create_metadata",
+    "delete",
+    "expire_snapshots",
+    "overwrite",
+    "overwrite_files",
+    "write_files",
+]
+
+FORMAT_VERSION = 3
+DEFAULT_COMMIT_RETRIES = 4  # commit.retry.num-retries, as in Java
+MAX_PREVIOUS_VERSIONS = 100  # write.metadata.previous-versions-max, as in Java
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# --- the table as the write path sees it -------------------------------------------------
+
+
+@dataclass
+class _Target:
+    """What the write path needs of a table: where its metadata is, how recorded paths
+    map to the filesystem, and the KMS (plus a catalog's own table key id, if it keeps
+    one, as Hive does; None = ``encryption.key-id`` of the metadata)."""
+
+    filesystem: pafs.FileSystem
+    metadata_location: str
+    to_fs_path: Callable[[str], str]
+    kms: Any
+    table_key_id: str | None = None
+    table: Any = None  # the EncryptedTable to refresh after a commit
+
+    @classmethod
+    def of(cls, table: Any) -> _Target:
+        # The table key id is read from each newest version (a master-key rotation
+        # committed by someone else changes it), never pinned from the loaded one.
+        return cls(
+            filesystem=table.filesystem or pafs.LocalFileSystem(),
+            metadata_location=table.metadata_location,
+            to_fs_path=table.fs_path,
+            kms=table.kms,
+            table=table,
+        )
+
+    def latest(self) -> tuple[str, dict[str, Any]]:
+        """The newest committed metadata file and its content."""
+        location = _commit.latest_metadata_location(self.filesystem, self.metadata_location)
+        metadata = _commit.read_metadata(self.filesystem, location)
+        if metadata.get("format-version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{location}: icecrypt writes format-version {FORMAT_VERSION} tables only "
+                f"(this one is {metadata.get('format-version')})"
+            )
+        return location, metadata
+
+    def manager(self, metadata: dict[str, Any]) -> EncryptionManager | None:
+        """A fresh encryption manager for ``metadata`` (None for a plaintext table)."""
+        key_id, _ = validate_table_properties(metadata.get("properties") or {}, FORMAT_VERSION)
+        if key_id is None and self.table_key_id is None:
+            return None
+        if self.kms is None:
+            raise ValueError("the table is encrypted (encryption.key-id is set) but no KMS client was given")
+        return EncryptionManager.from_table_metadata(self.kms, metadata, table_key_id=self.table_key_id)
+
+    def io(self, manager: EncryptionManager | None) -> TableIO:
+        return TableIO(self.filesystem, self.to_fs_path, manager)
+
+    def committed(self, location: str) -> None:
+        """Point the table object at its new version."""
+        self.metadata_location = location
+        if self.table is not None:
+            self.table.refresh()
+
+
+# --- reading what is there -----------------------------------------------------------------
+
+
+def _schema(metadata: dict[str, Any]) -> Schema:
+    schema_id = metadata.get("current-schema-id", 0)
+    for entry in metadata.get("schemas") or ():
+        if entry.get("schema-id") == schema_id:
+            return Schema.model_validate(entry)
+    raise FormatError(f"table metadata has no schema {schema_id}")
+
+
+def _specs(metadata: dict[str, Any]) -> dict[int, PartitionSpec]:
+    return {entry["spec-id"]: PartitionSpec.model_validate(entry) for entry in metadata.get("partition-specs") or ()}
+
+
+def _current_snapshot(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    snapshot_id = metadata.get("current-snapshot-id")
+    if snapshot_id is None or snapshot_id == -1:
+        return None
+    for snapshot in metadata.get("snapshots") or ():
+        if snapshot["snapshot-id"] == snapshot_id:
+            return snapshot
+    raise FormatError(f"current snapshot {snapshot_id} is not in the table metadata")
+
+
+def _new_snapshot_id(metadata: dict[str, Any]) -> int:
+    taken = {s["snapshot-id"] for s in metadata.get("snapshots") or ()}
+    while True:
+        candidate = secrets.randbits(63)  # positive, like Java's UUID-derived ids
+        if candidate and candidate not in taken:
+            return candidate
+
+
+def _read_manifest_list(io: TableIO, manager: EncryptionManager | None, snapshot: dict[str, Any]) -> list[dict]:
+    key = None
+    if manager is not None:
+        key_id = snapshot.get("key-id")
+        if key_id is None:
+            raise FormatError(f"snapshot {snapshot['snapshot-id']} of an encrypted table has no key-id")
+        key = manager.unwrap_manifest_list_key_metadata(key_id)
+    with io.read_avro(snapshot["manifest-list"], key) as records:
+        return [dict(record) for record in records]
+
+
+def _decode_key(raw: bytes | None) -> StandardKeyMetadata | None:
+    return StandardKeyMetadata.decode(raw) if raw is not None else None
+
+
+def _read_entries(io: TableIO, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Entries of a manifest, inherited fields made explicit."""
+    with io.read_avro(manifest["manifest_path"], _decode_key(manifest.get("key_metadata"))) as records:
+        return resolve_entries(manifest, list(records))
+
+
+def _has_live_files(manifest: dict[str, Any]) -> bool:
+    added, existing = manifest.get("added_files_count"), manifest.get("existing_files_count")
+    return added is None or existing is None or added + existing > 0
+
+
+def _is_dv(data_file: dict[str, Any]) -> bool:
+    return data_file["content"] == POSITION_DELETES and data_file["file_format"].upper() == "PUFFIN"
+
+
+def _entry_key(data_file: dict[str, Any]) -> tuple[str, int | None]:
+    """Identifies a manifest entry: DVs share Puffin files, so their offset counts."""
+    return data_file["file_path"], data_file.get("content_offset") if _is_dv(data_file) else None
+
+
+# --- snapshots and commits --------------------------------------------------------------------
+
+
+@dataclass
+class _Change:
+    """One snapshot's worth of change, before it is bound to a base version."""
+
+    operation: str
+    new_manifests: list[WrittenManifest]
+    kept_manifests: list[dict[str, Any]]
+    added_files: list[dict[str, Any]] = field(default_factory=list)
+    removed_files: list[dict[str, Any]] = field(default_factory=list)
+    replaced_manifests: int = 0
+
+
+def _tally(files: list[dict[str, Any]]) -> dict[str, int]:
+    t = dict.fromkeys(("data", "eq_files", "pos_files", "deletes", "dvs", "records", "size", "pos", "eq"), 0)
+    for f in files:
+        # a DV counts with the size of its blob, as in Java's summaries
+        t["size"] += f["content_size_in_bytes"] if _is_dv(f) else f["file_size_in_bytes"]
+        if f["content"] == DATA:
+            t["data"] += 1
+            t["records"] += f["record_count"]
+            continue
+        t["deletes"] += 1
+        if f["content"] == EQUALITY_DELETES:
+            t["eq_files"] += 1
+            t["eq"] += f["record_count"]
+        else:
+            t["dvs" if _is_dv(f) else "pos_files"] += 1
+            t["pos"] += f["record_count"]
+    return t
+
+
+def _summary(change: _Change, parent: dict[str, Any] | None) -> dict[str, str]:
+    """The snapshot summary, with Java's property names, order and running totals."""
+    add, rem = _tally(change.added_files), _tally(change.removed_files)
+    result = {
+        "operation": change.operation,
+        "manifests-created": str(len(change.new_manifests)),
+        "manifests-kept": str(len(change.kept_manifests)),
+        "manifests-replaced": str(change.replaced_manifests),
+    }
+    for name, value in (
+        ("added-data-files", add["data"]), ("deleted-data-files", rem["data"]),
+        ("added-equality-delete-files", add["eq_files"]), ("removed-equality-delete-files", rem["eq_files"]),
+        ("added-position-delete-files", add["pos_files"]), ("removed-position-delete-files", rem["pos_files"]),
+        ("added-delete-files", add["deletes"]), ("added-dvs", add["dvs"]), ("removed-dvs", rem["dvs"]),
+        ("removed-delete-files", rem["deletes"]),
+        ("added-records", add["records"]), ("deleted-records", rem["records"]),
+        ("added-files-size", add["size"]), ("removed-files-size", rem["size"]),
+        ("added-position-deletes", add["pos"]), ("removed-position-deletes", rem["pos"]),
+        ("added-equality-deletes", add["eq"]), ("removed-equality-deletes", rem["eq"]),
+    ):  # fmt: skip
+        if value:
+            result[name] = str(value)
+    partitions = {repr(sorted((f["partition"] or {}).items())) for f in change.added_files + change.removed_files}
+    result["changed-partition-count"] = str(len(partitions))
+    before = (parent or {}).get("summary") or {}
+    for name, delta in (
+        ("total-records", add["records"] - rem["records"]),
+        ("total-files-size", add["size"] - rem["size"]),
+        ("total-data-files", add["data"] - rem["data"]),
+        ("total-delete-files", add["deletes"] - rem["deletes"]),
+        ("total-position-deletes", add["pos"] - rem["pos"]),
+        ("total-equality-deletes", add["eq"] - rem["eq"]),
+    ):
+        if parent is None:
+            result[name] = str(delta)
+        elif name in before:
+            result[name] = str(int(before[name]) + delta)
+    result["engine-name"] = "icecrypt"
+    result["engine-version"] = __version__
+    return result
+
+
+def _log_previous(metadata: dict[str, Any], base: dict[str, Any], base_location: str) -> None:
+    """Append the base version to ``metadata-log`` (trimmed as Java trims it)."""
+    recorded = f"{base['location'].rstrip('/')}/metadata/{posixpath.basename(base_location)}"
+    log = list(metadata.get("metadata-log") or []) + [
+        {"timestamp-ms": base.get("last-updated-ms", 0), "metadata-file": recorded}
+    ]
+    raw = (metadata.get("properties") or {}).get("write.metadata.previous-versions-max", MAX_PREVIOUS_VERSIONS)
+    limit = max(1, int(raw))
+    metadata["metadata-log"] = log[-limit:]
+
+
+def _apply(
+    target: _Target,
+    base_location: str,
+    base: dict[str, Any],
+    manager: EncryptionManager | None,
+    change: _Change,
+    snapshot_id: int,
+    commit_id: str,
+    attempt: int,
+) -> tuple[dict[str, Any], str]:
+    """Write the manifest list of ``change`` on top of ``base``; returns the new table
+    metadata (base fields kept in place, Java's order for new ones) and the manifest
+    list's location."""
+    parent = _current_snapshot(base)
+    list_location = f"{base['location'].rstrip('/')}/metadata/snap-{snapshot_id}-{attempt}-{commit_id}.avro"
+    key, next_row_id = write_manifest_list(
+        target.io(manager), list_location, change.new_manifests, change.kept_manifests,
+        snapshot_id=snapshot_id, parent_snapshot_id=parent["snapshot-id"] if parent else None,
+        sequence_number=base.get("last-sequence-number", 0) + 1, first_row_id=base.get("next-row-id", 0),
+    )  # fmt: skip
+    try:
+        metadata = _snapshot_metadata(base, base_location, manager, change, snapshot_id, list_location, key, next_row_id)
+    except BaseException:
+        target.io(None).remove(list_location)
+        raise
+    return metadata, list_location
+
+
+def _snapshot_metadata(
+    base: dict[str, Any],
+    base_location: str,
+    manager: EncryptionManager | None,
+    change: _Change,
+    snapshot_id: int,
+    list_location: str,
+    list_key: StandardKeyMetadata | None,
+    next_row_id: int,
+) -> dict[str, Any]:
+    """The table metadata with the new snapshot: its manifest-list key wrapped (a KEK
+    created if none is current), refs, logs and ``encryption-keys`` updated."""
+    parent = _current_snapshot(base)
+    sequence_number = base.get("last-sequence-number", 0) + 1
+    first_row_id = base.get("next-row-id", 0)
+    now = max(_now_ms(), base.get("last-updated-ms", 0))
+    snapshot: dict[str, Any] = {"sequence-number": sequence_number, "snapshot-id": snapshot_id}
+    if parent is not None:
+        snapshot["parent-snapshot-id"] = parent["snapshot-id"]
+    snapshot["timestamp-ms"] = now
+    snapshot["summary"] = _summary(change, parent)
+    snapshot["manifest-list"] = list_location
+    snapshot["schema-id"] = base.get("current-schema-id", 0)
+    snapshot["first-row-id"] = first_row_id
+    snapshot["added-rows"] = next_row_id - first_row_id
+    if manager is not None:
+        snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(list_key).key_id
+
+    metadata = copy.deepcopy(base)
+    metadata["last-sequence-number"] = sequence_number
+    metadata["last-updated-ms"] = now
+    metadata["current-snapshot-id"] = snapshot_id
+    metadata["next-row-id"] = next_row_id
+    refs = metadata.get("refs") or {}
+    refs["main"] = {"snapshot-id": snapshot_id, "type": "branch"}
+    metadata["refs"] = refs
+    metadata["snapshots"] = list(metadata.get("snapshots") or []) + [snapshot]
+    metadata["snapshot-log"] = list(metadata.get("snapshot-log") or []) + [
+        {"timestamp-ms": now, "snapshot-id": snapshot_id}
+    ]
+    _log_previous(metadata, base, base_location)
+    if manager is not None:
+        metadata = manager.apply_to_metadata(metadata)
+    return metadata
+
+
+def _retries(metadata: dict[str, Any]) -> int:
+    raw = (metadata.get("properties") or {}).get("commit.retry.num-retries")
+    return DEFAULT_COMMIT_RETRIES if raw is None else max(0, int(raw))
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(1.0, 0.005 * 2**attempt) * (0.5 + random.random()))
+
+
+def _commit_change(
+    target: _Target,
+    base_location: str,
+    base: dict[str, Any],
+    build: Callable[[dict[str, Any], EncryptionManager | None], _Change],
+    *,
+    snapshot_id: int,
+    retry: bool,
+) -> str:
+    """Commit the change ``build`` makes of a table version as snapshot ``snapshot_id``;
+    returns the new metadata location (the caller then refreshes the table).
+
+    On a concurrent commit: with ``retry`` (appends) the change is rebuilt on the newer
+    version, up to ``commit.retry.num-retries`` times; otherwise, or when retries run
+    out, CommitConflictError.  The manifest lists of failed attempts are deleted; if
+    this raises, nothing was committed.
+    """
+    commit_id = str(uuid.uuid4())
+    attempts = _retries(base) + 1 if retry else 1
+    for attempt in range(1, attempts + 1):
+        manager = target.manager(base)
+        change = build(base, manager)
+        metadata, list_location = _apply(target, base_location, base, manager, change, snapshot_id, commit_id, attempt)
+        try:
+            return _commit.commit_metadata(target.filesystem, base_location, metadata)
+        except (_commit.VersionExistsError, CommitConflictError) as exc:
+            target.io(None).remove(list_location)
+            if attempt == attempts:
+                why = "retries exhausted" if retry else f"a {change.operation} is not re-applied to a newer version"
+                raise CommitConflictError(
+                    f"{target.metadata_location}: another writer committed first ({why}); nothing was committed"
+                ) from exc
+        except BaseException:
+            target.io(None).remove(list_location)
+            raise
+        _backoff(attempt)
+        base_location, base = target.latest()
+        if any(s["snapshot-id"] == snapshot_id for s in base.get("snapshots") or ()):
+            raise CommitConflictError(f"snapshot id {snapshot_id} was taken by a concurrent commit; nothing was committed")
+    raise AssertionError("unreachable")
+
+
+def _cleanup(io: TableIO, locations: list[str]) -> None:
+    """Best-effort removal of files an operation wrote before it failed."""
+    for location in locations:
+        with contextlib.suppress(Exception):  # the error being propagated matters more
+            io.remove(location)
+
+
+# --- create -----------------------------------------------------------------------------------
+
+
+def _resolve_location(location: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str, str]:
+    """(filesystem, table directory on it, location to record in metadata)."""
+    location = str(location).rstrip("/")
+    if "://" in location:
+        scheme, rest = location.split("://", 1)
+        if filesystem is None:
+            filesystem, path = pafs.FileSystem.from_uri(location)
+            return filesystem, path.rstrip("/"), location
+        return filesystem, ("/" + rest.lstrip("/") if scheme == "file" else rest), location
+    if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
+        path = posixpath.abspath(location)
+        return filesystem or pafs.LocalFileSystem(), path, path
+    return filesystem, location, location
+
+
+def create_metadata(
+    location: str,
+    schema: Schema | pa.Schema,
+    *,
+    kms: Any,
+    table_key_id: str | None,
+    partition_spec: PartitionSpec | None = None,
+    sort_order: SortOrder | None = None,
+    properties: dict[str, str] | None = None,
+    filesystem: pafs.FileSystem | None = None,
+) -> tuple[pafs.FileSystem, str, dict[str, str]]:
+    """Write ``v1.metadata.json`` of a new table; returns (filesystem, its path there,
+    location map {recorded location: filesystem path}, empty when they are equal)."""
+    filesystem, fs_location, recorded = _resolve_location(location, filesystem)
+    properties = {str(k): str(v) for k, v in (properties or {}).items()}
+    if table_key_id is not None:
+        if properties.get(ENCRYPTION_TABLE_KEY, table_key_id) != table_key_id:
+            raise ValueError(f"table_key_id {table_key_id!r} differs from property {ENCRYPTION_TABLE_KEY}")
+        properties[ENCRYPTION_TABLE_KEY] = table_key_id
+    key_id, data_key_length = validate_table_properties(properties, FORMAT_VERSION)
+    if key_id is not None:
+        if kms is None:
+            raise ValueError("an encrypted table needs a KMS client (kms=...)")
+        # fail now rather than at the first commit if the master key cannot be used
+        kms.unwrap_key(kms.wrap_key(secrets.token_bytes(data_key_length), key_id), key_id)
+    table_schema = iceberg_schema(schema)
+    if table_schema.schema_id != 0:
+        table_schema = Schema(*table_schema.fields, schema_id=0, identifier_field_ids=table_schema.identifier_field_ids)
+    spec = partition_spec or UNPARTITIONED_PARTITION_SPEC
+    for spec_field in spec.fields:
+        source = table_schema.find_field(spec_field.source_id)
+        if not spec_field.transform.can_transform(source.field_type):
+            raise ValueError(
+                f"partition field {spec_field.name!r}: {spec_field.transform} cannot transform {source.field_type}"
+            )
+    order = sort_order or UNSORTED_SORT_ORDER
+    metadata = {
+        "format-version": FORMAT_VERSION,
+        "table-uuid": str(uuid.uuid4()),
+        "location": recorded,
+        "last-sequence-number": 0,
+        "last-updated-ms": _now_ms(),
+        "last-column-id": table_schema.highest_field_id,
+        "current-schema-id": 0,
+        "schemas": [schema_to_json(table_schema)],
+        "default-spec-id": spec.spec_id,
+        "partition-specs": [spec_to_json(spec)],
+        "last-partition-id": spec.last_assigned_field_id,
+        "default-sort-order-id": order.order_id,
+        "sort-orders": [sort_order_to_json(order)],
+        "properties": properties,
+        "current-snapshot-id": None,
+        "next-row-id": 0,
+        "refs": {},
+        "snapshots": [],
+        "statistics": [],
+        "partition-statistics": [],
+        "snapshot-log": [],
+        "metadata-log": [],
+    }
+    path = _commit.create_table_metadata(filesystem, posixpath.join(fs_location, "metadata"), metadata)
+    return filesystem, path, ({recorded: fs_location} if recorded != fs_location else {})
+
+
+def create(
+    location: str,
+    schema: Schema | pa.Schema,
+    *,
+    kms: Any,
+    table_key_id: str | None,
+    partition_spec: PartitionSpec | None = None,
+    properties: dict[str, str] | None = None,
+    filesystem: pafs.FileSystem | None = None,
+    sort_order: SortOrder | None = None,
+) -> Any:
+    """Create a format-version 3 table at ``location`` and return it loaded.
+
+    ``table_key_id`` (the KMS master key) makes it encrypted (``encryption.key-id``;
+    ``encryption.data-key-length`` from ``properties``, default 16); ``None`` makes a
+    plaintext table.  ``schema``: a PyIceberg schema, or an Arrow schema (ids assigned
+    unless every field carries ``PARQUET:field_id``).  The table is laid out as Iceberg's
+    Hadoop catalog lays tables out (``metadata/v1.metadata.json``, version hint).
+    """
+    from icecrypt.table import EncryptedTable
+
+    filesystem, path, location_map = create_metadata(
+        location, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
+        sort_order=sort_order, properties=properties, filesystem=filesystem,
+    )  # fmt: skip
+    return EncryptedTable.load(path, kms=kms, filesystem=filesystem, location_map=location_map or None)
+
+
+# --- append / overwrite ---------------------------------------------------------------------
+
+
+def _write_new_data(
+    target: _Target, base: dict[str, Any], data: Any, file_format: str | None, target_file_size: int | None
+) -> tuple[TableIO, list[dict[str, Any]], list[str], PartitionSpec, Schema]:
+    io = target.io(target.manager(base))
+    schema = _schema(base)
+    spec = _specs(base)[base.get("default-spec-id", 0)]
+    properties = base.get("properties") or {}
+    options = DataWriteOptions.from_properties(properties, file_format=file_format, target_file_size=target_file_size)
+    data_files, started = write_data_files(
+        io, data, schema=schema, spec=spec, location=base["location"], properties=properties,
+        options=options, sort_order_id=base.get("default-sort-order-id", 0),
+    )  # fmt: skip
+    return io, data_files, started, spec, schema
+
+
+def _added_entries(data_files: list[dict[str, Any]], snapshot_id: int) -> list[dict[str, Any]]:
+    # sequence numbers are inherited from the manifest list (assigned at commit)
+    return [
+        {"status": ADDED, "snapshot_id": snapshot_id, "sequence_number": None, "file_sequence_number": None,
+         "data_file": data_file}
+        for data_file in data_files
+    ]  # fmt: skip
+
+
+def write_files(
+    table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None
+) -> list[dict[str, Any]]:
+    """Write ``data`` as data files of the table's current schema and partition spec,
+    without committing them; returns their manifest ``data_file`` records (plain,
+    picklable dicts holding each file's encoded key metadata) for :func:`append_files`.
+
+    This is the half of an append a distributed writer runs on its workers; the driver
+    then commits every worker's records in one :func:`append_files`.  Nothing is left
+    behind if this raises.
+    """
+    target = _Target.of(table)
+    _, base = target.latest()
+    _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size)
+    return data_files
+
+
+def append_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
+    """Commit data files written by :func:`write_files` as one append snapshot; returns
+    its id (the current one if there are none).  A concurrent commit is not lost: the
+    append is re-applied on top of it.  If this raises, the data files are deleted."""
+    target = _Target.of(table)
+    io: TableIO | None = None
+    written = [f["file_path"] for f in data_files]
+    try:
+        base_location, base = target.latest()
+        io = target.io(target.manager(base))
+        if not data_files:
+            return base.get("current-snapshot-id")
+        _check_data_files(io, data_files)
+        snapshot_id = _new_snapshot_id(base)
+        manifest_location = f"{base['location'].rstrip('/')}/metadata/{uuid.uuid4()}-m0.avro"
+        written.append(manifest_location)
+        manifest = write_manifest(
+            io, manifest_location, _added_entries(data_files, snapshot_id),
+            spec=_specs(base)[base.get("default-spec-id", 0)], schema=_schema(base), content=DATA,
+        )  # fmt: skip
+
+        def build(version: dict[str, Any], manager: EncryptionManager | None) -> _Change:
+            parent = _current_snapshot(version)
+            kept = []
+            if parent is not None:
+                kept = [m for m in _read_manifest_list(target.io(manager), manager, parent) if _has_live_files(m)]
+            return _Change("append", [manifest], kept, added_files=data_files)
+
+        location = _commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=True)
+    except BaseException:
+        _cleanup(io or target.io(None), written)
+        raise
+    target.committed(location)
+    return snapshot_id
+
+
+def _check_data_files(io: TableIO, data_files: list[dict[str, Any]]) -> None:
+    """Fail closed on records handed to :func:`append_files`: data content only, and in
+    an encrypted table each with key metadata that carries the file's stored length."""
+    for data_file in data_files:
+        location = data_file.get("file_path")
+        if data_file.get("content") != DATA:
+            raise ValueError(f"{location}: append_files takes data files only")
+        raw = data_file.get("key_metadata")
+        if not io.encrypted:
+            if raw is not None:
+                raise ValueError(f"{location}: has key metadata, but the table is not encrypted")
+            continue
+        if raw is None:
+            raise FormatError(f"{location}: a data file of an encrypted table must have key metadata")
+        if StandardKeyMetadata.decode(raw).file_length != data_file.get("file_size_in_bytes"):
+            raise FormatError(f"{location}: key metadata file_length differs from file_size_in_bytes")
+
+
+def append(table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None) -> int | None:
+    """Append rows (a pyarrow Table, RecordBatch, RecordBatchReader or iterable of
+    batches) as a new snapshot; returns its id (the current one if ``data`` is empty).
+
+    ``file_format``: "parquet" (default, or ``write.format.default``) or "avro";
+    ``target_file_size``: bytes of Arrow data per file (``write.target-file-size-bytes``).
+    A concurrent commit is not lost: the append is re-applied on top of it.  Whatever a
+    failed append wrote is deleted.
+    """
+    data_files = write_files(table, data, file_format=file_format, target_file_size=target_file_size)
+    return append_files(table, data_files)
+
+
+def overwrite(
+    table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None
+) -> int | None:
+    """Replace all rows of the table with ``data`` in one snapshot (operation
+    "overwrite"): every live data and delete file is marked DELETED and the new data
+    files are added.  Refused with CommitConflictError if another commit lands first.
+    Returns the new snapshot id (None for an empty table overwritten with nothing)."""
+    target = _Target.of(table)
+    base_location, base = target.latest()
+    io, data_files, written, spec, schema = _write_new_data(target, base, data, file_format, target_file_size)
+    return _commit_overwrite(target, base_location, base, io, data_files, written, spec, schema)
+
+
+def overwrite_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
+    """Commit data files written by :func:`write_files` as one overwrite snapshot that
+    replaces every row of the table: the distributed form of :func:`overwrite` (workers
+    write, the driver commits once).  If this raises, the data files are deleted."""
+    target = _Target.of(table)
+    written = [f["file_path"] for f in data_files]
+    io: TableIO | None = None
+    try:
+        base_location, base = target.latest()
+        io = target.io(target.manager(base))
+        _check_data_files(io, data_files)
+    except BaseException:
+        _cleanup(io or target.io(None), written)
+        raise
+    spec = _specs(base)[base.get("default-spec-id", 0)]
+    return _commit_overwrite(target, base_location, base, io, list(data_files), written, spec, _schema(base))
+
+
+def _commit_overwrite(
+    target: _Target,
+    base_location: str,
+    base: dict[str, Any],
+    io: TableIO,
+    data_files: list[dict[str, Any]],
+    written: list[str],
+    spec: PartitionSpec,
+    schema: Schema,
+) -> int | None:
+    """The commit half of an overwrite on top of ``base``: ``data_files`` added, every
+    live file of the current snapshot marked DELETED.  Whatever ``written`` lists (the
+    new data files; the manifests written here join it) is deleted if this raises."""
+    location = base["location"].rstrip("/")
+    commit_id = str(uuid.uuid4())
+    snapshot_id = _new_snapshot_id(base)
+    try:
+        manager = target.manager(base)
+        parent = _current_snapshot(base)
+        if parent is None and not data_files:
+            return None
+        removed: list[dict[str, Any]] = []
+        new_manifests: list[WrittenManifest] = []
+        replaced = 0
+        if data_files:
+            manifest_location = f"{location}/metadata/{commit_id}-m0.avro"
+            written.append(manifest_location)
+            new_manifests.append(write_manifest(
+                io, manifest_location, _added_entries(data_files, snapshot_id), spec=spec, schema=schema, content=DATA
+            ))  # fmt: skip
+        if parent is not None:
+            groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+            for manifest in _read_manifest_list(io, manager, parent):
+                if not _has_live_files(manifest):
+                    continue
+                replaced += 1
+                content = DATA if manifest["content"] == DATA else POSITION_DELETES
+                for entry in _read_entries(io, manifest):
+                    if entry["status"] == DELETED:
+                        continue
+                    entry["status"] = DELETED
+                    entry["snapshot_id"] = snapshot_id
+                    groups.setdefault((content, manifest["partition_spec_id"]), []).append(entry)
+                    removed.append(entry["data_file"])
+            specs = _specs(base)
+            for n, ((content, spec_id), entries) in enumerate(sorted(groups.items(), key=lambda kv: kv[0]), 1):
+                manifest_location = f"{location}/metadata/{commit_id}-m{n}.avro"
+                written.append(manifest_location)
+                new_manifests.append(write_manifest(
+                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=content
+                ))  # fmt: skip
+        change = _Change("overwrite", new_manifests, [], data_files, removed, replaced)
+        committed = _commit_change(
+            target, base_location, base, lambda _version, _manager: change, snapshot_id=snapshot_id, retry=False
+        )
+    except BaseException:
+        _cleanup(io, written)
+        raise
+    target.committed(committed)
+    return snapshot_id
+
+
+# --- delete -----------------------------------------------------------------------------------
+
+
+def _bind_filter(row_filter: Any, schema: Schema) -> tuple[Any, Any]:
+    """(PyIceberg expression, pyarrow compute expression) of a row filter given as a
+    PyIceberg expression or a string such as ``"id > 10 and category = 'a'"``."""
+    from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.expressions.parser import parse
+    from pyiceberg.expressions.visitors import bind
+    from pyiceberg.io.pyarrow import expression_to_pyarrow
+
+    expression = parse(row_filter) if isinstance(row_filter, str) else row_filter
+    if not isinstance(expression, BooleanExpression):
+        raise TypeError(f"row_filter must be a string or a pyiceberg expression, not {type(row_filter).__name__}")
+    return expression, expression_to_pyarrow(bind(schema, expression, case_sensitive=True), schema)
+
+
+def _filter_columns(expression: Any, schema: Schema) -> list[str]:
+    from pyiceberg.expressions.visitors import bind, extract_field_ids
+
+    names = {schema.find_column_name(i) for i in extract_field_ids(bind(schema, expression, case_sensitive=True))}
+    return sorted({name.split(".")[0] for name in names if name is not None})
+
+
+def _metrics_view(data_file: dict[str, Any]) -> types.SimpleNamespace:
+    """A data_file record as PyIceberg's metrics evaluators read a DataFile."""
+
+    def as_map(name: str) -> dict[int, Any]:
+        return {pair["key"]: pair["value"] for pair in data_file.get(name) or ()}
+
+    return types.SimpleNamespace(
+        record_count=data_file["record_count"],
+        value_counts=as_map("value_counts"),
+        null_value_counts=as_map("null_value_counts"),
+        nan_value_counts=as_map("nan_value_counts"),
+        lower_bounds=as_map("lower_bounds"),
+        upper_bounds=as_map("upper_bounds"),
+    )
+
+
+def _read_data_columns(io: TableIO, data_file: dict[str, Any], columns: list[str]) -> pa.Table:
+    """Columns of a data file, decrypted with its key metadata (which an encrypted
+    table requires)."""
+    location = data_file["file_path"]
+    path = io.to_fs_path(location)
+    file_format = data_file["file_format"].upper()
+    if io.encrypted:
+        key = _decode_key(data_file.get("key_metadata"))
+        if key is None:
+            raise FormatError(f"{location}: data file of an encrypted table has no key metadata")
+        if file_format == "PARQUET":
+            from icecrypt.parquet import read_table
+
+            return read_table(path, key, filesystem=io.format_filesystem, columns=columns)
+        if file_format == "AVRO":
+            from icecrypt.avro import read
+
+            return read(path, key, filesystem=io.format_filesystem, columns=columns)
+    elif file_format == "PARQUET":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path, filesystem=io.filesystem, columns=columns)
+    raise ValueError(f"{location}: cannot read {file_format} data files")
+
+
+def _read_dv(io: TableIO, dv_file: dict[str, Any]) -> np.ndarray:
+    content = io.read_bytes(dv_file["file_path"], _decode_key(dv_file.get("key_metadata")))
+    offset, length = dv_file["content_offset"], dv_file["content_size_in_bytes"]
+    return decode_dv(content[offset : offset + length], name=dv_file["file_path"])
+
+
+@dataclass
+class _Vector:
+    """A new deletion vector for one data file."""
+
+    data_file: dict[str, Any]
+    spec_id: int
+    positions: np.ndarray
+
+
+def delete(table: Any, row_filter: Any) -> int | None:
+    """Delete the rows matching ``row_filter``; returns the new snapshot id, or None when
+    no row matched (nothing is committed then).
+
+    A data file all of whose rows are deleted is dropped (its entry becomes DELETED,
+    with its deletion vector).  Otherwise the positions of the matching rows, merged
+    with those of the file's current deletion vector, go into a new deletion vector
+    (a Puffin file in AGS1, one blob per data file) that replaces the old one.  Rows
+    hidden by equality deletes count as live here (a DV on them is harmless); a table
+    with v2 position-delete files is refused (ValueError).  Refused with
+    CommitConflictError if another commit lands first.
+    """
+    from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator, _StrictMetricsEvaluator
+
+    target = _Target.of(table)
+    base_location, base = target.latest()
+    parent = _current_snapshot(base)
+    if parent is None:
+        return None
+    schema = _schema(base)
+    expression, arrow_filter = _bind_filter(row_filter, schema)
+    may_match = _InclusiveMetricsEvaluator(schema, expression).eval
+    must_match = _StrictMetricsEvaluator(schema, expression).eval
+    columns = _filter_columns(expression, schema)
+    manager = target.manager(base)
+    io = target.io(manager)
+    manifests = [m for m in _read_manifest_list(io, manager, parent) if _has_live_files(m)]
+    live: dict[str, list[dict[str, Any]]] = {}
+    dv_of: dict[str, dict[str, Any]] = {}  # data file path -> its DV's data_file record
+    for manifest in manifests:
+        entries = [e for e in _read_entries(io, manifest) if e["status"] != DELETED]
+        live[manifest["manifest_path"]] = entries
+        for entry in entries:
+            data_file = entry["data_file"]
+            if data_file["content"] != POSITION_DELETES:
+                continue
+            if not _is_dv(data_file) or data_file.get("referenced_data_file") is None:
+                raise ValueError(f"{data_file['file_path']}: v2 position-delete files are not supported by delete()")
+            dv_of[data_file["referenced_data_file"]] = data_file
+
+    dropped: set[tuple[str, int | None]] = set()
+    vectors: list[_Vector] = []
+    for manifest in manifests:
+        if manifest["content"] != DATA:
+            continue
+        for entry in live[manifest["manifest_path"]]:
+            data_file = entry["data_file"]
+            view = _metrics_view(data_file)
+            if not may_match(view):
+                continue
+            old = dv_of.get(data_file["file_path"])
+            if not must_match(view):
+                rows = _read_data_columns(io, data_file, columns)
+                rows = rows.append_column("__pos", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+                matched = rows.filter(arrow_filter).column("__pos").to_numpy()
+                previous = _read_dv(io, old) if old is not None else np.empty(0, dtype=np.int64)
+                positions = np.union1d(previous, matched)
+                if positions.size == previous.size:
+                    continue  # nothing new to delete in this file
+                if positions.size < data_file["record_count"]:
+                    vectors.append(_Vector(data_file, manifest["partition_spec_id"], positions))
+                    if old is not None:
+                        dropped.add(_entry_key(old))
+                    continue
+            dropped.add(_entry_key(data_file))
+            if old is not None:
+                dropped.add(_entry_key(old))
+    if not dropped and not vectors:
+        return None
+    return _commit_delete(target, base_location, base, io, schema, manifests, live, dropped, vectors)
+
+
+def _dv_record(location: str, length: int, key: StandardKeyMetadata | None, vector: _Vector, placement: Any) -> dict:
+    return {
+        "content": POSITION_DELETES, "file_path": location, "file_format": "PUFFIN",
+        "partition": vector.data_file["partition"], "record_count": placement.cardinality,
+        "file_size_in_bytes": length, "column_sizes": None, "value_counts": None, "null_value_counts": None,
+        "nan_value_counts": None, "lower_bounds": None, "upper_bounds": None,
+        "key_metadata": key.encode() if key is not None else None, "split_offsets": None,
+        "equality_ids": None, "sort_order_id": None, "first_row_id": None,
+        "referenced_data_file": vector.data_file["file_path"], "content_offset": placement.offset,
+        "content_size_in_bytes": placement.length,
+    }  # fmt: skip
+
+
+def _commit_delete(
+    target: _Target,
+    base_location: str,
+    base: dict[str, Any],
+    io: TableIO,
+    schema: Schema,
+    manifests: list[dict[str, Any]],
+    live: dict[str, list[dict[str, Any]]],
+    dropped: set[tuple[str, int | None]],
+    vectors: list[_Vector],
+) -> int:
+    location = base["location"].rstrip("/")
+    commit_id = str(uuid.uuid4())
+    snapshot_id = _new_snapshot_id(base)
+    specs = _specs(base)
+    written: list[str] = []
+    names = (f"{location}/metadata/{commit_id}-m{n}.avro" for n in range(1 << 30))
+    try:
+        new_manifests: list[WrittenManifest] = []
+        kept: list[dict[str, Any]] = []
+        removed: list[dict[str, Any]] = []
+        for manifest in manifests:
+            entries = live[manifest["manifest_path"]]
+            if not any(_entry_key(e["data_file"]) in dropped for e in entries):
+                kept.append(manifest)
+                continue
+            rewritten = []
+            for entry in entries:
+                entry = dict(entry)
+                if _entry_key(entry["data_file"]) in dropped:
+                    entry["status"] = DELETED
+                    entry["snapshot_id"] = snapshot_id
+                    removed.append(entry["data_file"])
+                else:
+                    entry["status"] = EXISTING
+                rewritten.append(entry)
+            written.append(manifest_location := next(names))
+            content = DATA if manifest["content"] == DATA else POSITION_DELETES
+            new_manifests.append(write_manifest(
+                io, manifest_location, rewritten, spec=specs[manifest["partition_spec_id"]], schema=schema,
+                content=content,
+            ))  # fmt: skip
+        added: list[dict[str, Any]] = []
+        if vectors:
+            written.append(puffin_location := f"{location}/data/00000-0-{commit_id}-00001.puffin")
+            content_bytes, placements = puffin_file(
+                [DeletionVector(v.data_file["file_path"], v.positions) for v in vectors]
+            )
+            length, key = io.write_bytes(puffin_location, content_bytes)
+            by_spec: dict[int, list[dict[str, Any]]] = {}
+            for vector, placement in zip(vectors, placements):
+                record = _dv_record(puffin_location, length, key, vector, placement)
+                added.append(record)
+                by_spec.setdefault(vector.spec_id, []).append(_added_entries([record], snapshot_id)[0])
+            for spec_id, entries in sorted(by_spec.items()):
+                written.append(manifest_location := next(names))
+                new_manifests.append(write_manifest(
+                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=POSITION_DELETES
+                ))  # fmt: skip
+        replaced = len(manifests) - len(kept)
+        change = _Change("delete", new_manifests, kept, added, removed, replaced)
+        committed = _commit_change(
+            target, base_location, base, lambda _version, _manager: change, snapshot_id=snapshot_id, retry=False
+        )
+    except BaseException:
+        _cleanup(io, written)
+        raise
+    target.committed(committed)
+    return snapshot_id
+
+
+# --- expire -----------------------------------------------------------------------------------
+
+
+def _referenced_files(
+    io: TableIO, manager: EncryptionManager | None, snapshot: dict[str, Any], cache: dict, *, live_only: bool
+) -> set[str]:
+    """Every file a snapshot references: manifest list, manifests, data and delete files
+    (with ``live_only``, data and delete files only if not DELETED there)."""
+    found = {snapshot["manifest-list"]}
+    for manifest in _read_manifest_list(io, manager, snapshot):
+        path = manifest["manifest_path"]
+        found.add(path)
+        if path not in cache:
+            cache[path] = _read_entries(io, manifest)
+        for entry in cache[path]:
+            if not live_only or entry["status"] != DELETED:
+                found.add(entry["data_file"]["file_path"])
+    return found
+
+
+def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
+    """Remove the snapshots committed before ``older_than_ms`` (ms since the epoch),
+    except the current one and every branch or tag head; then delete the files and
+    ``encryption-keys`` entries only they needed.  Returns the removed snapshot ids.
+
+    Files are deleted after the commit, and only those no remaining snapshot lists as
+    live; keys go as :func:`icecrypt.keys.manager.removable_keys` decides (a KEK stays
+    while a writer may still choose it).
+    """
+    target = _Target.of(table)
+    for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
+        base_location, base = target.latest()
+        heads = {ref["snapshot-id"] for ref in (base.get("refs") or {}).values()}
+        if base.get("current-snapshot-id") is not None:
+            heads.add(base["current-snapshot-id"])
+        snapshots = base.get("snapshots") or []
+        expired_ids = {s["snapshot-id"] for s in snapshots if s["timestamp-ms"] < older_than_ms} - heads
+        if not expired_ids:
+            return []
+        manager = target.manager(base)
+        io = target.io(manager)
+        cache: dict[str, list[dict[str, Any]]] = {}
+        still_needed: set[str] = set()
+        candidates: set[str] = set()
+        for snapshot in snapshots:
+            if snapshot["snapshot-id"] in expired_ids:
+                candidates |= _referenced_files(io, manager, snapshot, cache, live_only=False)
+            else:
+                still_needed |= _referenced_files(io, manager, snapshot, cache, live_only=True)
+
+        metadata = copy.deepcopy(base)
+        metadata["snapshots"] = [s for s in snapshots if s["snapshot-id"] not in expired_ids]
+        metadata["snapshot-log"] = [e for e in metadata.get("snapshot-log") or [] if e["snapshot-id"] not in expired_ids]
+        for name in ("statistics", "partition-statistics"):
+            if name in metadata:
+                metadata[name] = [e for e in metadata[name] if e.get("snapshot-id") not in expired_ids]
+        metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
+        _log_previous(metadata, base, base_location)
+        if manager is not None:
+            manager.remove_keys(removable_keys(base, expired_ids))
+            metadata = manager.apply_to_metadata(metadata)
+        try:
+            location = _commit.commit_metadata(target.filesystem, base_location, metadata)
+        except (_commit.VersionExistsError, CommitConflictError):
+            if attempt > DEFAULT_COMMIT_RETRIES:
+                raise CommitConflictError(
+                    f"{target.metadata_location}: snapshot expiry kept losing to concurrent commits"
+                ) from None
+            _backoff(attempt)
+            continue
+        target.committed(location)
+        for path in sorted(candidates - still_needed):
+            try:
+                io.remove(path)
+            except OSError:
+                pass  # an orphan file is harmless; the commit stands
+        return sorted(expired_ids)
+    raise AssertionError("unreachable")
+
+
+def rotate_keys(
+    table: Any,
+    *,
+    new_kek: bool = True,
+    new_master_key_id: str | None = None,
+    new_kms: Any = None,
+) -> dict[str, Any]:
+    """Rotate an encrypted table's keys in one metadata commit (no new snapshot).
+
+    ``new_kek``: a fresh KEK wraps the manifest-list keys of later commits (older entries
+    keep theirs; they stay readable).  ``new_master_key_id``: every KEK is re-wrapped
+    under that KMS master key (held by ``new_kms``, default the table's KMS) and
+    ``encryption.key-id`` changes with it.  Data files and manifests are never rewritten:
+    only ``encryption-keys`` and the table property change.  Returns a summary with the
+    new KEK id and the ids of the re-wrapped KEKs (ids only, never key bytes).
+    """
+    if not new_kek and new_master_key_id is None:
+        raise ValueError("nothing to rotate: pass new_kek=True and/or new_master_key_id")
+    target = _Target.of(table)
+    for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
+        base_location, base = target.latest()
+        manager = target.manager(base)
+        if manager is None:
+            raise ValueError(f"{base_location}: the table is not encrypted (no encryption.key-id); no keys to rotate")
+        summary: dict[str, Any] = {"kek_id": None, "rewrapped_kek_ids": [], "table_key_id": manager.table_key_id}
+        # Re-wrap first: the new KEK is then created directly under the new master key.
+        if new_master_key_id is not None:
+            summary["rewrapped_kek_ids"] = [e.key_id for e in manager.rotate_master_key(new_master_key_id, new_kms)]
+            summary["table_key_id"] = new_master_key_id
+        if new_kek:
+            summary["kek_id"] = manager.rotate_kek().key_id
+        metadata = manager.apply_to_metadata(copy.deepcopy(base))
+        metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
+        _log_previous(metadata, base, base_location)
+        try:
+            location = _commit.commit_metadata(target.filesystem, base_location, metadata)
+        except (_commit.VersionExistsError, CommitConflictError):
+            if attempt > DEFAULT_COMMIT_RETRIES:
+                raise CommitConflictError(
+                    f"{target.metadata_location}: key rotation kept losing to concurrent commits"
+                ) from None
+            _backoff(attempt)
+            continue
+        if new_kms is not None:
+            table.kms = new_kms  # the refresh below unwraps the KEKs through the new KMS
+        target.committed(location)
+        return summary
+    raise AssertionError("unreachable")

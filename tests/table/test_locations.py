@@ -1,0 +1,98 @@
+"""Recorded locations -> filesystem paths, and finding a table's metadata file."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow.fs as pafs
+import pytest
+
+from icecrypt.table import EncryptedTable, Locations
+from icecrypt.table._metadata import resolve_metadata_file
+
+
+def test_location_map_longest_prefix_on_boundaries():
+    loc = Locations(
+        location_map={
+            "s3://b/t": "/data/t",
+            "s3://b/t/data": "/fast/data",
+            "s3://b/x/": "/x",
+        }
+    )
+    assert (
+        loc.to_fs_path("s3://b/t/metadata/v1.metadata.json")
+        == "/data/t/metadata/v1.metadata.json"
+    )
+    assert loc.to_fs_path("s3://b/t/data/f.parquet") == "/fast/data/f.parquet"
+    assert loc.to_fs_path("s3://b/x/y") == "/x/y"
+    with pytest.raises(ValueError, match="s3://b/tt/f.*location_map"):
+        loc.to_fs_path(
+            "s3://b/tt/f"
+        )  # not a path boundary: unmapped, and local cannot read s3
+
+
+def test_uris_on_local_and_object_store_filesystems():
+    local = Locations()
+    assert local.to_fs_path("file:///tmp/t/a") == "/tmp/t/a"
+    assert local.to_fs_path("file:/tmp/t/a") == "/tmp/t/a"
+    assert local.to_fs_path("relative/p").endswith("/relative/p")
+    remote = Locations(pafs.SubTreeFileSystem("/tmp", pafs.LocalFileSystem()))
+    assert (
+        remote.to_fs_path("s3://bucket/warehouse/t/x.avro")
+        == "bucket/warehouse/t/x.avro"
+    )
+    assert remote.to_fs_path("bucket/key") == "bucket/key"
+
+
+def test_locations_pickle():
+    loc = Locations(pafs.LocalFileSystem(), {"s3://b/t": "/data/t"})
+    again = pickle.loads(pickle.dumps(loc))
+    assert again.to_fs_path("s3://b/t/f") == "/data/t/f"
+    assert isinstance(again.filesystem, pafs.LocalFileSystem)
+
+
+def test_bad_location_map():
+    with pytest.raises(TypeError):
+        Locations(location_map={"": "/x"})
+
+
+def test_resolve_directory_hint_and_probe(tmp_path):
+    fs = pafs.LocalFileSystem()
+    meta = tmp_path / "t" / "metadata"
+    meta.mkdir(parents=True)
+    for v in (1, 2, 3):
+        (meta / f"v{v}.metadata.json").write_text("{}")
+    (meta / "version-hint.text").write_text("2")  # lags behind v3
+    assert resolve_metadata_file(fs, str(tmp_path / "t")) == str(
+        meta / "v3.metadata.json"
+    )
+    assert resolve_metadata_file(fs, str(meta)) == str(meta / "v3.metadata.json")
+    (meta / "version-hint.text").unlink()
+    assert resolve_metadata_file(fs, str(tmp_path / "t")) == str(
+        meta / "v3.metadata.json"
+    )
+    assert resolve_metadata_file(fs, str(meta / "v1.metadata.json")) == str(
+        meta / "v1.metadata.json"
+    )
+    with pytest.raises(FileNotFoundError, match="no table metadata"):
+        resolve_metadata_file(fs, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_metadata_file(fs, str(tmp_path / "nope"))
+
+
+def test_gzipped_metadata_and_bad_json(tmp_path, kms):
+    import gzip
+
+    from tablelib import expected, location_map, metadata_path
+
+    name = "enc_parquet_dek16"
+    target = tmp_path / "00009-x.metadata.json.gz"
+    target.write_bytes(gzip.compress(metadata_path(name).read_bytes()))
+    table = EncryptedTable.load(target, kms=kms, location_map=location_map(name))
+    assert table.scan().count() == expected(name)["expected"]["row_count"]
+    bad = tmp_path / "v1.metadata.json"
+    bad.write_text("{not json")
+    from icecrypt.errors import FormatError
+
+    with pytest.raises(FormatError, match="not valid JSON"):
+        EncryptedTable.load(bad, kms=kms)
