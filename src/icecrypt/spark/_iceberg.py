@@ -1,0 +1,476 @@
+"""``icecrypt.iceberg``: Spark reads and writes of encrypted Iceberg tables.
+
+::
+
+    kms = {"encryption.kms-type": "local", "encryption.kms.local.keystore": "/secure/keystore.json"}
+    df = (spark.read.format("icecrypt.iceberg").options(**kms)
+          .option("snapshot-id", "4487484300036148224")        # time travel (optional)
+          .option("columns", "id,amount")                       # projection (optional)
+          .option("filter", "amount > 100 and category = 'a'")  # Iceberg row filter (optional)
+          .load("/warehouse/db/events"))                       # table directory or metadata.json
+    df.write.format("icecrypt.iceberg").options(**kms).mode("append").save("/warehouse/db/events")
+
+Reading — where each step runs (PySpark 4.x Python Data Source API):
+
+* ``DataSource.schema()`` (a Python worker on the driver, at ``load()``): the table's
+  ``metadata.json`` only.  The schema of the snapshot read (time travel reads with the
+  snapshot's schema, as Iceberg does) becomes the Spark schema, field ids kept as
+  ``parquet.field.id`` metadata.
+* ``reader()`` and ``partitions()`` (the planning worker on the driver): the reader is
+  pickled for the tasks *before* ``partitions()`` is called, so planning happens there:
+  KMS → KEK → manifest list → manifests → one
+  :class:`TaskPartition` per :class:`~icecrypt.table.FileScanTask` (large files split at
+  row groups or Avro blocks, option ``split-size``).
+* ``read()`` (executors): :func:`icecrypt.table.read_task` decrypts and authenticates the
+  task's data and delete files with the key metadata the task carries.  Executors never
+  call the KMS.
+
+Keys travel as in Iceberg Java: inside the tasks (the pickled partitions), never in the
+options (KMS properties only), plans, ``repr``\\ s or messages.
+
+Projection: PySpark 4.3 passes Python data sources the full schema (no column pruning),
+so projection is the ``columns`` option (or a user schema naming fewer columns).
+
+Filters: the ``filter`` option is an Iceberg row filter (PyIceberg's syntax; decimal
+literals with the column's scale), applied exactly by the scan: it prunes manifests and
+files (partition values, column statistics), then rows.  Spark's own filters
+(``df.where(...)``) are evaluated by Spark after the scan and are not pushed: PySpark 4.3
+offers ``DataSourceReader.pushFilters`` (when ``spark.sql.python.filterPushdown.enabled``
+is true), but its JVM side keeps the read plan of a pushdown on the relation, which every
+DataFrame derived from the same ``load()`` shares, so a later query without pushable
+filters (``df.count()`` after ``df.where(...).count()``) would read the filtered plan and
+silently lose rows (measured with 4.3.0; Spark's master branch scopes the plan to the
+scan).  This reader therefore implements no ``pushFilters``; with the setting on, Spark's
+default (no filter pushed) applies and results stay right.
+
+Writing: ``writer()`` (driver) loads the table — or, with option ``table-key-id``, creates
+a missing one, encrypted under that KMS master key — and checks the DataFrame's columns
+against the table schema.  Each task writes encrypted data files with
+:func:`icecrypt.table._write.write_files` (a fresh DEK per file, no commit) and returns
+their manifest records; ``commit()`` makes one snapshot of all of them (``append_files``
+or ``overwrite_files``); ``abort()`` deletes the tasks' files (and a table this job
+created that is still empty).  A plaintext table is read or written only with option
+``encryption=none``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import posixpath
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyiceberg.expressions import BooleanExpression
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from icecrypt.errors import IcecryptError
+from icecrypt.keys import ENCRYPTION_TABLE_KEY
+from icecrypt.spark import _keys
+from icecrypt.spark._common import (
+    OPT_BATCH_SIZE,
+    OPT_PATH,
+    columns_option,
+    encrypted,
+    file_error,
+    positive_int,
+    resolve,
+    split_size,
+)
+from icecrypt.spark._schema import Projection, spark_schema
+from icecrypt.table import (
+    EncryptedTable,
+    FileScanTask,
+    Locations,
+    PlaintextFileError,
+    TableScan,
+    read_task,
+)
+from icecrypt.table._scan import parse_row_filter
+
+__all__ = ["IcebergDataSource", "IcebergReader", "IcebergWriter", "TaskDataFiles", "TaskPartition"]
+
+NAME = "icecrypt.iceberg"
+
+# --- options (Spark lower-cases their names) ---------------------------------------------
+#: reads: the snapshot to read (time travel); default the current one
+OPT_SNAPSHOT_ID = "snapshot-id"
+#: reads and writes: JSON object of recorded location prefix -> where the files are now
+OPT_LOCATION_MAP = "location-map"
+#: reads: an Iceberg row filter, e.g. ``id > 5 and category = 'a'``
+OPT_FILTER = "filter"
+#: writes: create the table if it does not exist, encrypted under this KMS master key
+OPT_TABLE_KEY_ID = "table-key-id"
+#: writes: data file format, ``parquet`` or ``avro`` (default: the table's write.format.default)
+OPT_WRITE_FORMAT = "write-format"
+#: writes: bytes of Arrow data per data file (default: the table's write.target-file-size-bytes)
+OPT_TARGET_FILE_SIZE = "target-file-size-bytes"
+
+#: options of this source that are not KMS properties (``_common`` strips its own)
+_OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_LOCATION_MAP, OPT_FILTER, OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT,
+                          OPT_TARGET_FILE_SIZE})
+_KMS_PREFIX = "encryption.kms"
+
+
+# --- options ----------------------------------------------------------------------------------
+
+
+def _location(options: Mapping[str, str], action: str) -> str:
+    location = options.get(OPT_PATH)
+    if not location:
+        raise ValueError(f"{NAME}: no table given: use .{action}(<table directory or metadata.json>)")
+    return str(location)
+
+
+def _location_map(options: Mapping[str, str]) -> dict[str, str] | None:
+    """Option ``location-map``: a JSON object of prefix -> replacement."""
+    raw = options.get(OPT_LOCATION_MAP)
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        mapping = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{NAME}: option {OPT_LOCATION_MAP} is not JSON ({exc}); expected an object such as "
+                         '{"s3://bucket/table": "/data/table"}') from None
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and k and isinstance(v, str)
+                                                for k, v in mapping.items()):
+        raise ValueError(f"{NAME}: option {OPT_LOCATION_MAP} must be a JSON object mapping location prefixes "
+                         "to strings")
+    return mapping
+
+
+def _snapshot_id(options: Mapping[str, str]) -> int | None:
+    raw = options.get(OPT_SNAPSHOT_ID)
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"{NAME}: option {OPT_SNAPSHOT_ID}={raw!r} is not a snapshot id (an integer)") from None
+
+
+def _kms_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The options without this source's own (the rest are KMS and storage properties)."""
+    return {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+
+
+def _has_kms(options: Mapping[str, str]) -> bool:
+    return any(name.startswith(_KMS_PREFIX) for name in options)
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+
+def _open_table(options: Mapping[str, str], location: str) -> EncryptedTable:
+    """The table at ``location`` (a table directory or a ``metadata.json``, path or URI),
+    read through the file system the (mapped) location names, with the options' KMS.
+
+    Unless ``encryption=none`` is given, the KMS options are required and a table
+    without ``encryption.key-id`` is refused (a plaintext table is never taken for an
+    encrypted one).  A missing table is a FileNotFoundError.
+    """
+    location_map = _location_map(options)
+    filesystem, _, _ = resolve(Locations(None, location_map).map_location(location), options)
+    want_encrypted = encrypted(options)
+    if want_encrypted and not _has_kms(options):
+        raise ValueError(f"{NAME}: no KMS given: set the KMS options (encryption.kms-type, ... or "
+                         "encryption.kms-impl) that unwrap the table's keys; a plaintext table is read or written "
+                         "only with option encryption=none")
+    kms = _keys.kms_client(_kms_options(options)) if _has_kms(options) else None
+    try:
+        table = EncryptedTable.load(location, kms=kms, filesystem=filesystem, location_map=location_map)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        raise file_error(exc, f"{NAME}: loading table {location}") from exc
+    if want_encrypted and not table.encrypted:
+        raise PlaintextFileError(f"{NAME}: table {location} is not encrypted (its metadata has no "
+                                 f"{ENCRYPTION_TABLE_KEY}); pass option encryption=none to read or write a "
+                                 "plaintext table")
+    return table
+
+
+def _new_scan(table: EncryptedTable, options: Mapping[str, str], columns: Sequence[str] | None,
+              row_filter: BooleanExpression | str | None) -> TableScan:
+    """The scan the options describe (nothing is read until it is planned)."""
+    split = split_size(options, default=0, minimum=1)
+    batch_size = positive_int(options, OPT_BATCH_SIZE, 1) if options.get(OPT_BATCH_SIZE) else None
+    try:
+        return table.scan(columns=columns, row_filter=row_filter, snapshot_id=_snapshot_id(options),
+                          split_size=split or None, batch_size=batch_size)
+    except KeyError as exc:  # an unknown snapshot id
+        raise LookupError(f"{NAME}: {exc.args[0] if exc.args else exc}") from None
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+class TaskPartition(InputPartition):
+    """One file scan task.  The task holds the key metadata of its files (they travel
+    with it to the executor, as in Iceberg Java); its repr never shows them."""
+
+    def __init__(self, index: int, task: FileScanTask) -> None:
+        super().__init__(index)
+        self.task = task
+
+    def __repr__(self) -> str:
+        task = self.task
+        return (f"TaskPartition({self.value}, {task.file.path}, bytes {task.start}+{task.length}, "
+                f"{len(task.deletes)} delete files)")
+
+
+class IcebergReader(DataSourceReader):
+    """Plans the scan on the driver (``partitions``), reads one task per partition."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options = dict(options)
+        self.location = _location(self.options, "load")
+        table = _open_table(self.options, self.location)
+        self.columns = list(schema.fieldNames())
+        self.row_filter = parse_row_filter(self.options.get(OPT_FILTER))
+        try:
+            scan = _new_scan(table, self.options, self.columns, self.row_filter)
+        except ValueError as exc:
+            raise ValueError(f"{NAME}: table {self.location}: {exc}") from None
+        self.projection = Projection(scan.arrow_schema, schema, f"{NAME}: table {self.location}")
+        self.filesystem = table.filesystem
+        self._table: EncryptedTable | None = table  # the planner's, left out of the pickled reader
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_table", None)
+        return state
+
+    def partitions(self) -> list[InputPartition]:
+        table = getattr(self, "_table", None) or _open_table(self.options, self.location)
+        try:
+            tasks = _new_scan(table, self.options, self.columns, self.row_filter).plan_files()
+        except Exception as exc:
+            raise file_error(exc, f"{NAME}: planning the scan of table {self.location}") from exc
+        return [TaskPartition(index, task) for index, task in enumerate(tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, TaskPartition):
+            return  # the placeholder partition Spark adds when the scan planned no task
+        apply = self.projection.apply
+        try:
+            for batch in read_task(partition.task, self.filesystem):
+                yield apply(batch)
+        except Exception as exc:
+            raise file_error(exc, f"{NAME}: task {partition.value} of table {self.location}") from exc
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+class TaskDataFiles(WriterCommitMessage):
+    """A write task's commit message: the manifest records of the data files it wrote,
+    with their key metadata (as Iceberg Java's task commits carry them; never shown)."""
+
+    def __init__(self, data_files: Sequence[dict[str, Any]]) -> None:
+        self.data_files = tuple(data_files)
+
+    def __repr__(self) -> str:
+        return f"TaskDataFiles({[f['file_path'] for f in self.data_files]!r})"
+
+
+def _castable(source: pa.DataType, target: pa.DataType) -> bool:
+    try:
+        pa.array([], type=source).cast(target)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _column_names(table: EncryptedTable, schema: StructType, location: str) -> dict[str, str]:
+    """DataFrame column -> table column (the exact name, else the one name that matches
+    ignoring case).  Checks that every column exists with a castable type and that no
+    required column is missing; returns only the names that differ."""
+    target = table.scan().arrow_schema
+    incoming = to_arrow_schema(schema, timezone="UTC")
+    by_lower: dict[str, list[str]] = {}
+    for name in target.names:
+        by_lower.setdefault(name.lower(), []).append(name)
+    renames: dict[str, str] = {}
+    problems: list[str] = []
+    seen: set[str] = set()
+    for field in incoming:
+        candidates = [field.name] if field.name in target.names else by_lower.get(field.name.lower(), [])
+        if len(candidates) != 1:
+            problems.append(f"the table has no column {field.name!r}")
+            continue
+        name = candidates[0]
+        if name in seen:
+            problems.append(f"column {name!r} is given twice")
+        seen.add(name)
+        if name != field.name:
+            renames[field.name] = name
+        if not _castable(field.type, target.field(name).type):
+            problems.append(f"column {field.name!r} is {schema[field.name].dataType.simpleString()}, which cannot be "
+                            f"written as {target.field(name).type}")
+    missing = [field.name for field in target if not field.nullable and field.name not in seen]
+    if missing:
+        problems.append(f"required column(s) {', '.join(map(repr, missing))} missing")
+    if problems:
+        raise ValueError(f"{NAME}: the DataFrame does not fit table {location}: {'; '.join(problems)} "
+                         f"(table columns: {', '.join(target.names)})")
+    return renames
+
+
+class IcebergWriter(DataSourceArrowWriter):
+    """Executors write encrypted data files, the driver commits them as one snapshot."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        self.options = dict(options)
+        self.overwrite = overwrite
+        self.location = _location(self.options, "save")
+        self.file_format = self.options.get(OPT_WRITE_FORMAT) or None
+        if self.file_format is not None and self.file_format.lower() not in ("parquet", "avro"):
+            raise ValueError(f"{NAME}: option {OPT_WRITE_FORMAT}={self.file_format!r} must be parquet or avro")
+        self.target_file_size = positive_int(self.options, OPT_TARGET_FILE_SIZE, 1) \
+            if self.options.get(OPT_TARGET_FILE_SIZE) else None
+        table, self.created = self._open_or_create(schema)
+        self.encrypted = table.encrypted
+        self.metadata_location = table.metadata_location
+        self.filesystem = table.filesystem
+        self.location_map = table.location_map or None
+        self.renames = _column_names(table, schema, self.location)
+
+    def _open_or_create(self, schema: StructType) -> tuple[EncryptedTable, bool]:
+        key_id = (self.options.get(OPT_TABLE_KEY_ID) or "").strip() or None
+        try:
+            table = _open_table(self.options, self.location)
+        except FileNotFoundError as exc:
+            if key_id is None:
+                raise FileNotFoundError(
+                    f"{NAME}: no table at {self.location} ({exc}); create it first (EncryptedTable.create) or pass "
+                    f"option {OPT_TABLE_KEY_ID}=<KMS master key id> to create it encrypted from the DataFrame's schema"
+                ) from None
+            return self._create(schema, key_id), True
+        if key_id is not None and table.properties.get(ENCRYPTION_TABLE_KEY) != key_id:
+            raise ValueError(f"{NAME}: table {self.location} exists and is not encrypted under master key {key_id!r} "
+                             f"(option {OPT_TABLE_KEY_ID})")
+        return table, False
+
+    def _create(self, schema: StructType, key_id: str) -> EncryptedTable:
+        if _location_map(self.options):
+            raise ValueError(f"{NAME}: option {OPT_LOCATION_MAP} is for existing tables; a new table is created at "
+                             "the location given to save()")
+        filesystem, _, _ = resolve(self.location, self.options)
+        try:
+            return EncryptedTable.create(self.location, to_arrow_schema(schema, timezone="UTC"),
+                                         kms=_keys.kms_client(_kms_options(self.options)), table_key_id=key_id,
+                                         filesystem=filesystem)
+        except Exception as exc:
+            raise file_error(exc, f"{NAME}: creating table {self.location}") from exc
+
+    def _table(self) -> EncryptedTable:
+        """The table's newest version (what write_files and the commits build on)."""
+        kms = _keys.kms_client(_kms_options(self.options)) if self.encrypted else None
+        table = EncryptedTable.load(self.metadata_location, kms=kms, filesystem=self.filesystem,
+                                    location_map=self.location_map).refresh()
+        if self.encrypted and not table.encrypted:  # changed since the job started: never write plaintext
+            raise PlaintextFileError(f"{NAME}: table {self.location} is no longer encrypted (refused)")
+        return table
+
+    # --- tasks -------------------------------------------------------------------------------
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskDataFiles:
+        from icecrypt.table._write import write_files
+
+        renames = self.renames
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for batch in iterator:
+                yield batch.rename_columns([renames.get(n, n) for n in batch.schema.names]) if renames else batch
+
+        try:
+            data_files = write_files(self._table(), batches(), file_format=self.file_format,
+                                     target_file_size=self.target_file_size)
+        except Exception as exc:
+            raise file_error(exc, f"{NAME}: writing data files of table {self.location}") from exc
+        return TaskDataFiles(data_files)
+
+    # --- driver -------------------------------------------------------------------------------
+
+    def commit(self, messages: list[TaskDataFiles | None]) -> None:
+        from icecrypt.table._write import append_files, overwrite_files
+
+        data_files = [f for message in messages if message is not None for f in message.data_files]
+        commit = overwrite_files if self.overwrite else append_files
+        try:
+            commit(self._table(), data_files)  # deletes the data files if it fails
+        except Exception as exc:
+            raise file_error(exc, f"{NAME}: committing to table {self.location}") from exc
+
+    def abort(self, messages: list[TaskDataFiles | None]) -> None:
+        locations = Locations(self.filesystem, self.location_map)
+        for message in messages:
+            for data_file in message.data_files if message is not None else ():
+                _remove(self.filesystem, locations.to_fs_path(data_file["file_path"]))
+        if self.created:
+            self._drop_if_empty()
+
+    def _drop_if_empty(self) -> None:
+        """Remove the metadata of the table this job created if nothing was committed."""
+        with contextlib.suppress(Exception):  # the job's own error matters more
+            table = self._table()
+            if table.snapshots():
+                return
+            metadata_dir = posixpath.dirname(table.metadata_location)
+            for info in self.filesystem.get_file_info(pafs.FileSelector(metadata_dir)):
+                name = posixpath.basename(info.path)
+                if info.type == pafs.FileType.File and (name.endswith(".metadata.json") or name == "version-hint.text"):
+                    _remove(self.filesystem, info.path)
+            if not self.filesystem.get_file_info(pafs.FileSelector(metadata_dir)):
+                self.filesystem.delete_dir(metadata_dir)
+
+    def __repr__(self) -> str:
+        return f"<IcebergWriter {self.location} {'overwrite' if self.overwrite else 'append'}>"
+
+
+def _remove(filesystem: pafs.FileSystem, path: str) -> None:
+    try:
+        filesystem.delete_file(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+            raise IcecryptError(f"{NAME}: cannot remove {path}: {exc}") from exc
+
+
+# --- the data source ---------------------------------------------------------------------------
+
+
+class IcebergDataSource(DataSource):
+    """``spark.read.format("icecrypt.iceberg")`` / ``df.write.format("icecrypt.iceberg")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        options = dict(self.options)
+        location = _location(options, "load")
+        table = _open_table(options, location)
+        try:  # the filter is checked here too, so that load() reports a bad one
+            scan = _new_scan(table, options, columns_option(options), options.get(OPT_FILTER) or None)
+        except ValueError as exc:
+            raise ValueError(f"{NAME}: table {location}: {exc}") from None
+        return spark_schema(scan.arrow_schema)
+
+    def reader(self, schema: StructType) -> IcebergReader:
+        return IcebergReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> IcebergWriter:
+        return IcebergWriter(self.options, schema, overwrite)

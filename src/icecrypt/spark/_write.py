@@ -1,0 +1,198 @@
+"""The write side shared by the data sources: one encrypted file per task, keys recorded
+in the key manifest at commit.
+
+* ``writer()`` runs on the driver: it checks the options, refuses a write that has
+  nowhere to record keys (option ``keys.manifest``) and makes the job's KEK (one KMS
+  call).  Nothing secret is kept on the writer, which Spark pickles to the tasks.
+* ``write()`` runs in each task: a fresh DEK and AAD prefix, one file named
+  ``part-<partition>-<job id>-<task attempt>.<ext>`` (written atomically by the format
+  module), and a commit message holding the file's key metadata wrapped under the job's
+  KEK.
+* ``commit()`` runs on the driver: it unwraps the tasks' key metadata, merges it into the
+  key manifest (replacing the directory's previous files on overwrite) and removes files
+  of this job that no committed task reported (attempts Spark discarded).
+* ``abort()`` removes every file of the job.
+
+Overwrite: the manifest first gains the new files' keys, then the directory's previous
+data files are deleted, then their keys are dropped, so the directory is readable at
+every step; only Spark's two save modes exist for Python data sources (append,
+overwrite).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from icecrypt.errors import IcecryptError
+from icecrypt.keys import StandardKeyMetadata
+from icecrypt.spark import _keys
+from icecrypt.spark._common import OPT_JOB_ID, OPT_KEYS_MANIFEST, encrypted, file_error, output_location, resolve
+from icecrypt.spark._schema import arrow_for_write
+
+__all__ = ["EncryptedFileWriter", "TaskFiles", "read_manifest"]
+
+_JOB_ID = re.compile(r"[0-9a-f]{32}\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenFile:
+    """One file a task wrote: its URI and its key metadata wrapped by the job's KEK."""
+
+    uri: str
+    wrapped_key: bytes
+
+
+class TaskFiles(WriterCommitMessage):
+    """A task's commit message: the files it wrote (no key bytes in clear)."""
+
+    def __init__(self, files: tuple[WrittenFile, ...]) -> None:
+        self.files = files
+
+    def __repr__(self) -> str:
+        return f"TaskFiles({[f.uri for f in self.files]!r})"
+
+
+def read_manifest(options: Mapping[str, str]) -> tuple[pafs.FileSystem, str, dict[str, StandardKeyMetadata]]:
+    """The manifest's file system, path, and keys (empty if it does not exist yet)."""
+    from icecrypt.keys.manifest import read_key_manifest
+
+    filesystem, path, _ = resolve(options[OPT_KEYS_MANIFEST], options)
+    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+        return filesystem, path, {}
+    return filesystem, path, dict(read_key_manifest(path, _keys.kms_client(options), filesystem=filesystem))
+
+
+class EncryptedFileWriter(DataSourceArrowWriter):
+    """Base of the Avro and Parquet writers; a subclass writes one file (:meth:`write_file`)."""
+
+    #: file name extension, with the dot
+    extension = ""
+    #: data source name, for messages
+    source = ""
+
+    def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool) -> None:
+        self.options = dict(options)
+        self.overwrite = overwrite
+        if not encrypted(self.options):
+            raise ValueError(f"{self.source} always writes encrypted files (encryption=none is for reads only)")
+        if not self.options.get(OPT_KEYS_MANIFEST):
+            raise ValueError(
+                f"{self.source}: option {OPT_KEYS_MANIFEST} is required to write: it is where the key metadata "
+                "of the written files is recorded (without it the files could never be read)"
+            )
+        job_id = self.options.get(OPT_JOB_ID) or uuid.uuid4().hex
+        if not _JOB_ID.match(job_id):
+            raise ValueError(f"option {OPT_JOB_ID}={job_id!r} must be 32 lower-case hex digits")
+        self.job_id = job_id
+        filesystem, directory, prefix = output_location(self.options)
+        self.filesystem = filesystem
+        self.directory = directory
+        self.prefix = prefix
+        filesystem.create_dir(directory, recursive=True)
+        self.kek = _keys.new_job_kek(self.options)
+
+    # --- subclass hook ------------------------------------------------------------------
+
+    def write_file(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema, path: str,
+                   key_metadata: StandardKeyMetadata) -> StandardKeyMetadata:
+        """Write ``batches`` to ``path`` encrypted with ``key_metadata``; return it with file_length."""
+        raise NotImplementedError
+
+    # --- tasks ----------------------------------------------------------------------------
+
+    def _task_path(self) -> str:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()  # the task attempt id keeps retried attempts' files apart
+        partition, attempt = (context.partitionId(), context.taskAttemptId()) if context else (0, 0)
+        return f"{self.directory.rstrip('/')}/part-{partition:05d}-{self.job_id}-{attempt}{self.extension}"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskFiles:
+        first = next(iterator, None)
+        while first is not None and first.num_rows == 0:
+            first = next(iterator, None)
+        if first is None:
+            return TaskFiles(())
+        schema = arrow_for_write(first.schema)
+        batches = (batch.cast(schema) for batch in _chain(first, iterator))
+
+        path = self._task_path()
+        uri = self.prefix + path
+        try:
+            key_metadata = self.write_file(batches, schema, path, _keys.new_file_key(self.options))
+            wrapped = _keys.seal_key(self.options, self.kek, key_metadata)
+        except Exception as exc:
+            _remove(self.filesystem, path)
+            raise file_error(exc, f"{self.source}: writing {uri}", path) from exc
+        return TaskFiles((WrittenFile(uri, wrapped),))
+
+    # --- driver -----------------------------------------------------------------------------
+
+    def _job_files(self) -> list[str]:
+        """Paths of files of this job in the output directory (committed or not)."""
+        infos = self.filesystem.get_file_info(pafs.FileSelector(self.directory, allow_not_found=True))
+        marker = f"-{self.job_id}-"
+        return [info.path for info in infos if info.type == pafs.FileType.File
+                and posixpath.basename(info.path).startswith("part-") and marker in posixpath.basename(info.path)]
+
+    def _previous_files(self, keep: set[str]) -> list[str]:
+        """Data files of the output directory that this job did not write (for overwrite)."""
+        infos = self.filesystem.get_file_info(pafs.FileSelector(self.directory, recursive=True, allow_not_found=True))
+        root = self.directory.rstrip("/") + "/"
+        return [info.path for info in infos
+                if info.type == pafs.FileType.File and info.path.endswith(self.extension)
+                and info.path not in keep
+                and not any(part.startswith(("_", ".")) for part in info.path[len(root):].split("/"))]
+
+    def commit(self, messages: list[TaskFiles | None]) -> None:
+        from icecrypt.keys.manifest import write_key_manifest
+
+        written = {f.uri: f for message in messages if message is not None for f in message.files}
+        keys = {uri: _keys.open_key(self.options, self.kek, f.wrapped_key) for uri, f in written.items()}
+        manager = _keys.manifest_manager(self.options)
+        manifest_fs, manifest_path, existing = read_manifest(self.options)
+        merged = {**existing, **keys}
+        write_key_manifest(manifest_path, merged, manager, filesystem=manifest_fs)
+        committed = {uri[len(self.prefix):] for uri in written}
+        for path in self._job_files():
+            if path not in committed:  # an attempt Spark discarded
+                _remove(self.filesystem, path)
+        if self.overwrite:
+            previous = self._previous_files(committed)
+            for path in previous:
+                _remove(self.filesystem, path)
+            gone = {_keys.canonical(self.prefix + path) for path in previous}
+            remaining = {name: km for name, km in merged.items() if _keys.canonical(name) not in gone}
+            if len(remaining) != len(merged):
+                write_key_manifest(manifest_path, remaining, manager, filesystem=manifest_fs)
+
+    def abort(self, messages: list[TaskFiles | None]) -> None:
+        for path in self._job_files():
+            _remove(self.filesystem, path)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.prefix}{self.directory} job={self.job_id}>"
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest
+
+
+def _remove(filesystem: pafs.FileSystem, path: str) -> None:
+    try:
+        filesystem.delete_file(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+            raise IcecryptError(f"cannot remove {path}: {exc}") from exc
