@@ -1,135 +1,251 @@
 """The main job of the quick start (``make demo``), on the embedded default.
 
-A local keystore KMS holds the master key; an encryption manager makes a per-file data
-key (DEK + AAD prefix), the file is encrypted as AGS1, its key metadata (with the
-trusted ``file_length``) is wrapped by a key-encryption key exactly as Iceberg wraps a
-manifest list's key, and everything is then read back the way a reader would: from the
-keystore and the saved ``encryption-keys`` list alone.
+A local keystore KMS and a local warehouse: a few million generated orders go into an
+encrypted Iceberg table in several commits (natively encrypted Parquet data files, AGS1
+manifests and manifest lists, the manifest-list keys wrapped by a KEK, the KEK by the
+master key), PySpark reads it back (``icecrypt.iceberg``), every file is verified, the KEK
+and then the master key are rotated, and the table is read again through the new master
+key only.  An encrypted Avro dataset written and read by PySpark (``icecrypt.avro``)
+and a one-byte tamper drill close it.
 
-    python -m icecrypt.demo [--dir demo-output] [--rows 2000000]
+    python -m icecrypt.demo [--dir demo-output] [--rows 3000000] [--commits 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import random
 import shutil
+import sys
 import time
 
-from icecrypt import AuthenticationError, ags1, cli, openssl_version
-from icecrypt.keys import EncryptedKey, EncryptionManager
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from icecrypt import openssl_version
 from icecrypt.kms.local import LocalKms
 
-MASTER_KEY_ID = "demo-master"
-CHUNK = 4 * ags1.PLAIN_BLOCK_SIZE  # a few blocks: the data stays in cache between read and write
+MASTER_KEY_IDS = ("demo-master-1", "demo-master-2")  # the second is added at rotation
+COUNTRIES = np.array(["DE", "FR", "US", "JP", "BR", "IN", "NG", "SE", "CA", "AU"])
+STATUSES = np.array(["paid", "shipped", "returned", "cancelled"])
+
+SCHEMA = pa.schema([
+    pa.field("order_id", pa.int64(), nullable=False),
+    pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("customer", pa.string(), nullable=False),
+    pa.field("country", pa.string(), nullable=False),
+    pa.field("amount", pa.decimal128(12, 2), nullable=False),
+    pa.field("quantity", pa.int32(), nullable=False),
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("note", pa.string()),
+])  # fmt: skip
 
 
-def generate_csv(path: str, rows: int, seed: int = 7) -> int:
-    """Orders as CSV: id, timestamp, customer, country, amount, status."""
-    rng = random.Random(seed)
-    countries = ["DE", "FR", "US", "JP", "BR", "IN", "NG", "SE", "CA", "AU"]
-    statuses = ["paid", "shipped", "returned", "cancelled"]
-    start = 1_700_000_000_000
-    with open(path, "w", encoding="ascii") as f:
-        f.write("order_id,ts_ms,customer,country,amount,status\n")
-        for base in range(0, rows, 50_000):
-            lines = [
-                f"{i},{start + i * 37},cust-{rng.randrange(1_000_000):06d},{rng.choice(countries)},"
-                f"{rng.randrange(100, 500_000) / 100:.2f},{rng.choice(statuses)}\n"
-                for i in range(base, min(base + 50_000, rows))
-            ]
-            f.write("".join(lines))
-    return os.path.getsize(path)
+def generate_orders(first: int, rows: int, seed: int) -> pa.Table:
+    """``rows`` orders with ids from ``first``: realistic shapes, skewed countries, nulls."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(first, first + rows, dtype=np.int64)
+    ts = 1_700_000_000_000_000 + ids * 37_000 + rng.integers(0, 30_000, rows)
+    customers = pc.binary_join_element_wise("cust-", pa.array(rng.integers(0, 1_000_000, rows).astype(str)), "")
+    country = COUNTRIES[np.minimum(rng.geometric(0.25, rows) - 1, len(COUNTRIES) - 1)]
+    cents = rng.integers(100, 500_000, rows)
+    notes = pa.array(np.where(ids % 9 == 0, "gift wrap", ""), pa.string())
+    notes = pc.if_else(pc.equal(notes, ""), pa.scalar(None, pa.string()), notes)
+    return pa.table(
+        [
+            ids,
+            pa.array(ts, pa.timestamp("us", tz="UTC")),
+            customers,
+            pa.array(country),
+            _cents_to_decimal(cents),
+            pa.array(rng.integers(1, 20, rows).astype(np.int32)),
+            pa.array(STATUSES[rng.integers(0, len(STATUSES), rows)]),
+            notes,
+        ],
+        schema=SCHEMA,
+    )
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+def _cents_to_decimal(cents: np.ndarray) -> pa.Array:
+    """Integer cents -> decimal(12, 2), exactly (decimal arithmetic, no floats)."""
+    whole = pa.array(cents.astype(np.int32)).cast(pa.decimal128(10, 0))
+    return pc.divide(whole, pa.scalar(100, pa.decimal128(3, 0))).cast(pa.decimal128(12, 2))
+
+
+def start_spark():
+    """A local Spark session on every core whose Python workers run this interpreter."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[*]").appName("icecrypt-demo")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "4").config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    import icecrypt.spark
+
+    icecrypt.spark.register(spark)
+    return spark
+
+
+def file_heads(root: str) -> dict[str, int]:
+    """How many files under ``root`` start with each 4-byte magic."""
+    heads: dict[str, int] = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith((".parquet", ".avro", ".puffin")):
+                with open(os.path.join(folder, name), "rb") as f:
+                    magic = f.read(4).decode("ascii", "replace")
+                heads[magic] = heads.get(magic, 0) + 1
+    return heads
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="demo-output", help="work directory (recreated)")
-    parser.add_argument("--rows", type=int, default=2_000_000, help="rows of generated data")
+    parser.add_argument("--rows", type=int, default=3_000_000, help="rows of generated orders")
+    parser.add_argument("--commits", type=int, default=3, help="appends that write them")
     args = parser.parse_args(argv)
+
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    from icecrypt import avro
+    from icecrypt.keys import EncryptionManager, write_key_manifest
+    from icecrypt.table import EncryptedTable
 
     work = os.path.abspath(args.dir)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     keystore = os.path.join(work, "keystore.json")
-    plain = os.path.join(work, "orders.csv")
-    encrypted = os.path.join(work, "orders.csv.ags1")
-    keys_json = os.path.join(work, "encryption-keys.json")
-    restored = os.path.join(work, "orders.restored.csv")
+    location = os.path.join(work, "warehouse", "sales", "orders")
     print(f"icecrypt demo in {work} ({openssl_version()})")
+    ok = True
 
-    # 1. The embedded KMS: a 0600 keystore file holding the master key.
-    kms = LocalKms.create_keystore(keystore, key_ids=(MASTER_KEY_ID,))
-    print(f"1. keystore {os.path.basename(keystore)} (mode {oct(os.stat(keystore).st_mode & 0o777)}), master key {MASTER_KEY_ID!r}")
+    # 1. The embedded KMS: a 0600 keystore file with two master keys.
+    kms = LocalKms.create_keystore(keystore, key_ids=MASTER_KEY_IDS[:1])
+    kms_options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": keystore}
+    print(f"1. keystore {os.path.basename(keystore)} (mode {oct(os.stat(keystore).st_mode & 0o777)}), "
+          f"master key {MASTER_KEY_IDS[0]!r}")
 
-    size = generate_csv(plain, args.rows)
-    print(f"2. generated {args.rows:,} orders: {size / 1e6:,.1f} MB of CSV")
+    # 2. An encrypted, partitioned format-version 3 table, filled in several commits.
+    spec = PartitionSpec(PartitionField(source_id=4, field_id=1000, transform=IdentityTransform(), name="country"))
+    table = EncryptedTable.create(location, SCHEMA, kms=kms, table_key_id=MASTER_KEY_IDS[0], partition_spec=spec)
+    per_commit = -(-args.rows // args.commits)
+    generated = write_seconds = 0.0
+    expected_total = 0
+    for i in range(args.commits):
+        rows = min(per_commit, args.rows - i * per_commit)
+        t0 = time.perf_counter()
+        batch = generate_orders(i * per_commit, rows, seed=i)
+        generated += time.perf_counter() - t0
+        expected_total += rows
+        t0 = time.perf_counter()
+        table.append(batch)
+        write_seconds += time.perf_counter() - t0
+        del batch
+    heads = file_heads(location)
+    print(f"2. {args.rows:,} orders appended in {args.commits} commits: {args.rows / write_seconds:,.0f} rows/s "
+          f"(generation {generated:.1f} s apart); files by magic: {heads}")
+    ok &= set(heads) <= {"PARE", "AGS1"}
 
-    # 3. A fresh data key for the file, and the file encrypted as AGS1.
-    manager = EncryptionManager(kms, MASTER_KEY_ID)
-    file_key = manager.new_file_key()
-    buf = memoryview(bytearray(CHUNK))
-    t0 = time.perf_counter()
-    with open(plain, "rb", buffering=0) as src, ags1.open_writer(
-        encrypted, file_key.encryption_key, file_key.aad_prefix
-    ) as writer:
-        while n := src.readinto(buf):
-            writer.write(buf[:n])
-    enc_seconds = time.perf_counter() - t0
-    file_key = file_key.with_file_length(writer.ciphertext_length)
-    print(f"3. encrypted with a per-file {len(file_key.encryption_key) * 8}-bit DEK: "
-          f"{writer.ciphertext_length:,} bytes, {size / enc_seconds / 1e9:.2f} GB/s file to file (fsync'ed)")
+    # 3. The key chain of the current snapshot, as recorded in metadata.json.
+    current = next(s for s in table.metadata["snapshots"] if s["snapshot-id"] == table.current_snapshot_id)
+    keys = {k["key-id"]: k for k in table.metadata.get("encryption-keys", [])}
+    ml_key = keys[current["key-id"]]
+    print(f"3. snapshot {table.current_snapshot_id}: manifest-list key {ml_key['key-id']} -> KEK "
+          f"{ml_key['encrypted-by-id']} -> master key {table.properties['encryption.key-id']!r}")
 
-    # 4. The key metadata wrapped by a KEK, the KEK by the master key (Iceberg's envelope).
-    entry = manager.wrap_manifest_list_key_metadata(file_key)
-    with open(keys_json, "w", encoding="utf-8") as f:
-        json.dump({"encryption-keys": [k.to_json() for k in manager.encryption_keys], "key-id": entry.key_id}, f, indent=1)
-    print(f"4. key metadata wrapped: entry {entry.key_id} -> KEK {entry.encrypted_by_id} -> KMS key {MASTER_KEY_ID!r}")
-
-    # 5. Inspect the file from the command line: no key needed.
-    print("5. icecrypt inspect:")
-    cli.main(["inspect", encrypted])
-
-    # 6. Read it back as a reader would: keystore + encryption-keys list only.
-    with open(keys_json, encoding="utf-8") as f:
-        saved = json.load(f)
-    reader_kms = LocalKms(keystore)
-    reader_manager = EncryptionManager(reader_kms, MASTER_KEY_ID, [EncryptedKey.from_json(k) for k in saved["encryption-keys"]])
-    key_metadata = reader_manager.unwrap_manifest_list_key_metadata(saved["key-id"])
-    t0 = time.perf_counter()
-    with ags1.open_reader(
-        encrypted, key_metadata.encryption_key, key_metadata.aad_prefix, key_metadata.file_length
-    ) as reader, open(restored, "wb", buffering=0) as out:
-        while n := reader.readinto(buf):
-            out.write(buf[:n])
-    dec_seconds = time.perf_counter() - t0
-    same = sha256_file(plain) == sha256_file(restored)
-    print(f"6. decrypted through KMS -> KEK -> key metadata: {size / dec_seconds / 1e9:.2f} GB/s file to file, "
-          f"round trip {'verified (sha256 equal)' if same else 'FAILED'}")
-
-    # 7. Tampering is caught: one flipped bit in the middle of the file.
-    damaged = bytearray(open(encrypted, "rb").read())
-    damaged[len(damaged) // 2] ^= 0x01
+    # 4. PySpark reads the table: every file decrypted in the executors.
+    spark = start_spark()
     try:
-        ags1.decrypt(bytes(damaged), key_metadata.encryption_key, key_metadata.aad_prefix, key_metadata.file_length)
-        caught = "NOT DETECTED"
-    except AuthenticationError as exc:
-        caught = f"rejected ({exc})"
-    print(f"7. one flipped bit: {caught}")
-    print(f"summary: {args.rows:,} rows, {size / 1e6:,.1f} MB, encrypt {args.rows / enc_seconds:,.0f} rows/s, "
-          f"decrypt {args.rows / dec_seconds:,.0f} rows/s")
-    return 0 if same and caught.startswith("rejected") else 1
+        t0 = time.perf_counter()
+        df = spark.read.format("icecrypt.iceberg").options(**kms_options).load(location)
+        count = df.count()
+        by_country = {r["country"]: r["n"] for r in df.groupBy("country").count().withColumnRenamed("count", "n").collect()}
+        spark_seconds = time.perf_counter() - t0
+        top = sorted(by_country.items(), key=lambda kv: -kv[1])[:3]
+        print(f"4. PySpark (local[*]) read {count:,} rows, count + groupBy in {spark_seconds:.1f} s "
+              f"({count / spark_seconds:,.0f} rows/s); top countries {top}")
+        ok &= count == expected_total
+
+        # 5. Authenticate every reachable file of every snapshot.
+        t0 = time.perf_counter()
+        report = table.verify()
+        verify_seconds = time.perf_counter() - t0
+        print(f"5. verify: {report.summary()} in {verify_seconds:.1f} s")
+        ok &= report.ok
+
+        # 5b. Files outside a table: encrypted Avro files written from Python, their keys in a
+        #     key manifest (wrapped by a KEK under the master key), split and read by PySpark.
+        avro_dir = os.path.join(work, "avro")
+        os.makedirs(avro_dir)
+        avro_rows = min(args.rows, 400_000)
+        sample = table.scan(row_filter=f"order_id < {avro_rows}").to_arrow()
+        t0 = time.perf_counter()
+        written = {}
+        for i, part in enumerate(sample.to_batches(max_chunksize=-(-avro_rows // 4))):
+            path = os.path.join(avro_dir, f"orders-{i}.avro")
+            written[path] = avro.write([part], path)
+        avro_seconds = time.perf_counter() - t0
+        manifest = os.path.join(avro_dir, "_icecrypt_keys.json")
+        write_key_manifest(manifest, written, EncryptionManager(kms, MASTER_KEY_IDS[0]))
+        t0 = time.perf_counter()
+        avro_df = (spark.read.format("icecrypt.avro").options(**kms_options)
+                   .option("keys.manifest", manifest).option("split-size", "1m").load(avro_dir))
+        avro_count = avro_df.count()
+        partitions = avro_df.rdd.getNumPartitions()
+        read_seconds = time.perf_counter() - t0
+        print(f"5b. {len(written)} encrypted Avro files ({avro_rows:,} rows, {avro_rows / avro_seconds:,.0f} rows/s written); "
+              f"PySpark read them in {partitions} splits: {avro_count:,} rows, {avro_count / read_seconds:,.0f} rows/s")
+        ok &= avro_count == sample.num_rows == avro_rows
+
+        # 6. Rotate the KEK, append, then move every KEK under a new master key and
+        #    retire the old one from the keystore.
+        kek = table.rotate_keys()["kek_id"]
+        table.append(generate_orders(args.rows, 1000, seed=99))
+        kms.add_key(MASTER_KEY_IDS[1])
+        moved = table.rotate_keys(new_kek=False, new_master_key_id=MASTER_KEY_IDS[1])
+        kms.remove_key(MASTER_KEY_IDS[0])
+        print(f"6. new KEK {kek}; appended 1,000 rows; {len(moved['rewrapped_kek_ids'])} KEK(s) re-wrapped under "
+              f"{MASTER_KEY_IDS[1]!r}, {MASTER_KEY_IDS[0]!r} removed from the keystore (no data file rewritten)")
+
+        # 7. Read again: only the new master key exists now.
+        t0 = time.perf_counter()
+        again = spark.read.format("icecrypt.iceberg").options(**kms_options).load(location).count()
+        print(f"7. after rotation PySpark reads {again:,} rows in {time.perf_counter() - t0:.1f} s "
+              f"(keystore now holds {LocalKms(keystore).key_ids})")
+        ok &= again == expected_total + 1000
+        python_rows = EncryptedTable.load(location, kms=LocalKms(keystore)).scan(columns=["order_id"]).to_arrow().num_rows
+        ok &= python_rows == again
+    finally:
+        spark.stop()
+
+    # 8. Tamper drill on a copy: one flipped byte in a manifest is found and named.
+    copy = os.path.join(work, "tampered")
+    shutil.copytree(location, copy)
+    manifest = next(os.path.join(copy, "metadata", n) for n in sorted(os.listdir(os.path.join(copy, "metadata")))
+                    if n.endswith("-m0.avro") or (n.endswith(".avro") and not n.startswith("snap-")))
+    with open(manifest, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    damaged = EncryptedTable.load(copy, kms=LocalKms(keystore), location_map={location: copy}).verify()
+    print(f"8. one flipped byte in {os.path.basename(manifest)}: "
+          f"{'found: ' + str(damaged.problems[0]) if not damaged.ok else 'NOT DETECTED'}")
+    ok &= not damaged.ok
+    print(f"summary: {expected_total + 1000:,} rows, append {args.rows / write_seconds:,.0f} rows/s, "
+          f"Spark read {count / spark_seconds:,.0f} rows/s, verify {report.rows_checked / verify_seconds:,.0f} rows/s: "
+          f"{'all checks passed' if ok else 'SOMETHING FAILED'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

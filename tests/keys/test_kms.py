@@ -192,3 +192,28 @@ def test_local_master_key_rotation(tmp_path):
     reader = EncryptionManager(LocalKms(path), "master-2", manager.encryption_keys)
     assert reader.unwrap_manifest_list_key_metadata(entry.key_id).key_length == 16
     assert "master-2" in repr(kms) and str(path) in repr(kms)
+    # Retiring the old master key: the re-wrapped chain still opens, the old wrap does not.
+    old_wrap = kms.wrap_key(bytes(16), "master")
+    kms.remove_key("master")
+    assert kms.key_ids == ["master-2"] and LocalKms(path).key_ids == ["master-2"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    reader = EncryptionManager(LocalKms(path), "master-2", manager.encryption_keys)
+    assert reader.unwrap_manifest_list_key_metadata(entry.key_id).key_length == 16
+    with pytest.raises(KmsKeyNotFoundError):
+        kms.unwrap_key(old_wrap, "master")
+    with pytest.raises(KmsKeyNotFoundError):
+        kms.remove_key("master")
+
+
+def test_local_client_follows_keystore_rotated_by_another_process(tmp_path):
+    path = tmp_path / "ks.json"
+    LocalKms.create_keystore(path, key_ids=("old",))
+    long_lived = LocalKms(path)  # e.g. cached in a Spark worker
+    wrapped_old = long_lived.wrap_key(SECRET, "old")
+    admin = LocalKms(path)
+    admin.add_key("new")
+    wrapped_new = long_lived.wrap_key(SECRET, "new")  # the new key is seen without reloading by hand
+    admin.remove_key("old")
+    with pytest.raises(KmsKeyNotFoundError):
+        long_lived.unwrap_key(wrapped_old, "old")  # a retired key stops working at once
+    assert long_lived.unwrap_key(wrapped_new, "new") == SECRET

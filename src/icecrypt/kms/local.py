@@ -77,6 +77,7 @@ class LocalKms(KeyManagementClient):
         self._path: Path | None = None
         self._keys: dict[str, GcmKey] = {}
         self._created: dict[str, int] = {}
+        self._stamp: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of what was loaded
         if keystore is not None:
             self._load(Path(keystore))
 
@@ -126,6 +127,22 @@ class LocalKms(KeyManagementClient):
             if key_id in document["keys"]:
                 raise KmsError(f"keystore {path} already has a master key {key_id!r}", backend=_BACKEND)
             document["keys"][key_id] = _new_entry(key_length)
+            _write_keystore(path, document, overwrite=True)
+            self._load(path)
+
+    def remove_key(self, key_id: str) -> None:
+        """Remove master key ``key_id`` from the keystore file (retire it after a rotation).
+
+        Whatever it wrapped can no longer be unwrapped: re-wrap first (e.g.
+        ``EncryptionManager.rotate_master_key``).  The file is re-read, reduced and
+        atomically replaced; an unknown id is :class:`KmsKeyNotFoundError`.
+        """
+        with self._lock:
+            path = self._require_path()
+            document = self._read_document(path)
+            if key_id not in document["keys"]:
+                raise _error(KmsKeyNotFoundError, f"keystore {path} has no master key {key_id!r}")
+            del document["keys"][key_id]
             _write_keystore(path, document, overwrite=True)
             self._load(path)
 
@@ -197,7 +214,16 @@ class LocalKms(KeyManagementClient):
             )
         return document
 
+    @staticmethod
+    def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def _load(self, path: Path) -> None:
+        stamp = self._file_stamp(path)
         document = self._read_document(path)
         keys: dict[str, GcmKey] = {}
         created: dict[str, int] = {}
@@ -215,12 +241,18 @@ class LocalKms(KeyManagementClient):
             self._path = path
             self._keys = keys
             self._created = created
+            self._stamp = stamp
 
     # --- wrapping ----------------------------------------------------------------------
 
     def _master(self, key_id: str) -> GcmKey:
         with self._lock:
-            self._require_path()
+            path = self._require_path()
+            # Another process may have rotated the keystore (added or retired a master key,
+            # always by replacing the file): follow it, so long-lived clients (Spark
+            # workers) neither miss a new key nor keep using a removed one.
+            if self._file_stamp(path) != self._stamp:
+                self._load(path)
             key = self._keys.get(key_id)
         if key is None:
             raise _error(KmsKeyNotFoundError, f"local keystore {self._path} has no master key {key_id!r}")

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from icecrypt._atomic import AtomicFile
-from icecrypt.errors import CommitConflictError, FormatError
+from icecrypt.errors import CommitConflictError
 
 __all__ = [
     "VERSION_HINT",
@@ -84,16 +84,10 @@ def serialize_metadata(metadata: Mapping[str, Any]) -> bytes:
 
 
 def read_metadata(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]:
-    """Parse a ``metadata.json``, keeping field order."""
-    with filesystem.open_input_file(path) as f:
-        data = f.read()
-    try:
-        result = json.loads(data)
-    except ValueError as exc:
-        raise FormatError(f"{path}: table metadata is not valid JSON ({exc})") from None
-    if not isinstance(result, dict):
-        raise FormatError(f"{path}: table metadata is not a JSON object")
-    return result
+    """Parse a ``metadata.json``, keeping field order (the reader's parser, one for both)."""
+    from icecrypt.table._metadata import read_metadata_file
+
+    return read_metadata_file(filesystem, path)
 
 
 def _local_path(filesystem: pafs.FileSystem, path: str) -> str | None:
