@@ -154,6 +154,22 @@ def open_reader(
     return Ags1Reader(source, key, aad_prefix, length, **options)
 
 
+def seek_position(current: int, size: int, offset: int, whence: int) -> int:
+    """The position a ``seek(offset, whence)`` moves to in a stream of ``size`` bytes at
+    ``current`` (io semantics: past the end is allowed, before the start is not)."""
+    if whence == io.SEEK_SET:
+        pos = offset
+    elif whence == io.SEEK_CUR:
+        pos = current + offset
+    elif whence == io.SEEK_END:
+        pos = size + offset
+    else:
+        raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+    if pos < 0:
+        raise ValueError(f"negative seek position {pos}")
+    return pos
+
+
 def _as_key(key: KeyLike) -> _gcm.GcmKey:
     return key if isinstance(key, _gcm.GcmKey) else _gcm.GcmKey(key)
 
@@ -497,18 +513,8 @@ class Ags1Reader(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._checkClosed()
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._size + offset
-        else:
-            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-        if pos < 0:
-            raise ValueError(f"negative seek position {pos}")
-        self._pos = pos
-        return pos
+        self._pos = seek_position(self._pos, self._size, offset, whence)
+        return self._pos
 
     def tell(self) -> int:
         self._checkClosed()

@@ -181,18 +181,8 @@ class _EncryptedInputFile:
         with _guard.call():
             if self._reader.closed:
                 raise ValueError(f"{self.name}: I/O operation on closed file")
-            if whence == io.SEEK_SET:
-                pos = offset
-            elif whence == io.SEEK_CUR:
-                pos = self._pos + offset
-            elif whence == io.SEEK_END:
-                pos = self._size + offset
-            else:
-                raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-            if pos < 0:
-                raise ValueError(f"negative seek position {pos}")
-            self._pos = pos
-            return pos
+            self._pos = ags1.seek_position(self._pos, self._size, offset, whence)
+            return self._pos
 
     def tell(self) -> int:
         return self._pos
