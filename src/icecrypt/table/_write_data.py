@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import posixpath
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -66,7 +65,7 @@ from pyiceberg.types import (
     TimeType,
 )
 
-from icecrypt._atomic import fsync_directory
+from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
 from icecrypt.table._manifest_write import DATA, to_internal
 from icecrypt.table._write_io import TableIO
 from icecrypt.table._write_schema import arrow_write_schema
@@ -298,9 +297,9 @@ class _ParquetFile:
             )  # fmt: skip
         else:
             # Plaintext tables only (the benchmark baseline): the same writer settings and
-            # the same temporary file + rename (+ fsync locally) as icecrypt.parquet, so
-            # the two variants differ by encryption alone.
-            self._target = PlainTarget(io, path)
+            # the very output target icecrypt.parquet publishes through (temporary file,
+            # fsync, rename), so the two variants differ by encryption alone.
+            self._target = _AtomicTarget(path, io.format_filesystem)
             self._writer = pq.ParquetWriter(
                 self._target.stream, schema, metadata_collector=self._collector, **options.parquet_options
             )
@@ -314,7 +313,12 @@ class _ParquetFile:
             key = self._writer.close()
             return key.file_length, key, self._collector[0]
         self._writer.close()
-        return self._target.commit(), None, self._collector[0]
+        try:
+            length = self._target.commit()
+        except BaseException:
+            self._target.discard()
+            raise
+        return length, None, self._collector[0]
 
     def abort(self) -> None:
         if self.key is not None:
@@ -323,46 +327,6 @@ class _ParquetFile:
         with contextlib.suppress(Exception):
             self._writer.close()
         self._target.discard()
-
-
-class PlainTarget:
-    """A plaintext file written under a temporary name and renamed into place."""
-
-    def __init__(self, io: TableIO, path: str) -> None:
-        self._fs = io.filesystem
-        self._local = io.format_filesystem is None
-        self.path = path
-        directory, base = posixpath.split(path)
-        self._tmp: str | None = posixpath.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
-        self.stream = self._fs.open_output_stream(self._tmp)
-
-    def commit(self) -> int:
-        try:
-            length = self.stream.tell()
-            self.stream.close()
-            if self._local:
-                fd = os.open(self._tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(self._tmp, self.path)
-                fsync_directory(posixpath.dirname(self.path))
-            else:
-                self._fs.move(self._tmp, self.path)
-        except BaseException:
-            self.discard()
-            raise
-        self._tmp = None
-        return length
-
-    def discard(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stream.close()
-        if self._tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.delete_file(self._tmp)
-            self._tmp = None
 
 
 def _map_records(values: dict[int, Any]) -> list[dict[str, Any]] | None:
