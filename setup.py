@@ -11,6 +11,7 @@ OpenSSL selection (see README "Building"):
 
 import os
 import subprocess
+import sys
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -20,6 +21,15 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 def _c_string(value):
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _hide_static_symbols():
+    """Linker flags that keep the static OpenSSL's symbols out of the module's dynamic symbol
+    table (it must share processes with pyarrow's and the system's OpenSSL): the module
+    exports only its init function."""
+    if sys.platform == "darwin":
+        return ["-Wl,-exported_symbol,_PyInit__gcm"]
+    return ["-Wl,--exclude-libs,ALL"]
 
 
 def openssl_options():
@@ -43,7 +53,7 @@ def openssl_options():
             extra_objects=[archive],
             # Keep OpenSSL's symbols out of the module's dynamic symbol table, so it can
             # share a process with pyarrow's and the system's OpenSSL.
-            extra_link_args=["-Wl,--exclude-libs,ALL"],
+            extra_link_args=_hide_static_symbols(),
             libraries=["pthread", "dl"],
             define_macros=[("ICECRYPT_OPENSSL_LINKAGE", _c_string("static")), ("ICECRYPT_OPENSSL_PREFIX", _c_string(prefix))],
         )

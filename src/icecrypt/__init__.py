@@ -21,7 +21,7 @@ from icecrypt.errors import (
     KmsUnavailableError,
 )
 
-__version__ = "0.1.0"
+from icecrypt._version import __version__
 
 __all__ = [
     "AuthenticationError",

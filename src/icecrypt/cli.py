@@ -29,13 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     from icecrypt import __version__
+    from icecrypt._gcm import OPENSSL_LINKAGE, openssl_version
 
     parser = argparse.ArgumentParser(
         prog="icecrypt",
         description="Apache Iceberg table encryption (AGS1 streams, key metadata, keys), "
         "byte-compatible with Iceberg Java.",
     )
-    parser.add_argument("--version", action="version", version=f"icecrypt {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"icecrypt {__version__} ({openssl_version()}, {OPENSSL_LINKAGE})",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
