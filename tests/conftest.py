@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from vectorlib import VECTORS_DIR, load_manifest
 
 # Fixtures of the key servers and devices (tests/servers/*), shared by tests and benchmarks.
-pytest_plugins = ["kms_fixtures_devices", "kms_fixtures_cloud", "spark_fixtures"]
+pytest_plugins = ["kms_fixtures_devices", "kms_fixtures_cloud", "kms_fixtures_services", "spark_fixtures"]
 
 settings.register_profile("default", deadline=None, max_examples=60)
 settings.register_profile(

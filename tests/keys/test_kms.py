@@ -128,6 +128,19 @@ def test_local_kms_wraps_with_version_and_key_id_bound(tmp_path):
         kms.wrap_key(SECRET, "c")
 
 
+def test_local_kms_reads_an_unchanged_keystore_once(tmp_path, monkeypatch):
+    """Wraps and unwraps use the loaded keys until the file changes (a bug once compared
+    the file's stamp with a key's creation time, so every call re-read the keystore)."""
+    LocalKms.create_keystore(tmp_path / "ks.json", ("a",))
+    kms = LocalKms(tmp_path / "ks.json")
+    reads = []
+    original = LocalKms._read_document
+    monkeypatch.setattr(LocalKms, "_read_document", staticmethod(lambda path: reads.append(path) or original(path)))
+    for _ in range(3):
+        assert kms.unwrap_key(kms.wrap_key(SECRET, "a"), "a") == SECRET
+    assert reads == []
+
+
 def test_local_keystore_refuses_loose_permissions(tmp_path):
     path = tmp_path / "ks.json"
     LocalKms.create_keystore(path)

@@ -119,7 +119,7 @@ def map_aws_error(exc: BaseException, operation: str, wrapping_key_id: str) -> K
     if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         return KmsAccessDeniedError(f"{where}: {exc}", backend=_BACKEND)
     if isinstance(exc, bx.NoRegionError):
-        return KmsError(f"{where}: no region: set {CLIENT_REGION} or AWS_REGION", backend=_BACKEND)
+        return KmsError(f"{where}: no region: set {CLIENT_REGION} or AWS_DEFAULT_REGION", backend=_BACKEND)
     if isinstance(exc, bx.ParamValidationError):
         # Its text can quote parameter values, which include the plaintext key.
         return KmsError(f"{where}: invalid request parameters", backend=_BACKEND)
@@ -186,7 +186,7 @@ class AwsKms(KeyManagementClient):
                 config=config,
             )
         except bx.NoRegionError:
-            raise KmsError(f"no AWS region: set {CLIENT_REGION} or AWS_REGION", backend=_BACKEND) from None
+            raise KmsError(f"no AWS region: set {CLIENT_REGION} or AWS_DEFAULT_REGION", backend=_BACKEND) from None
         except (bx.BotoCoreError, ValueError) as exc:
             raise KmsError(f"cannot create the AWS KMS client: {exc}", backend=_BACKEND) from exc
         self._owns_client = True

@@ -135,7 +135,7 @@ class LocalKms(KeyManagementClient):
 
         Whatever it wrapped can no longer be unwrapped: re-wrap first (e.g.
         ``EncryptionManager.rotate_master_key``).  The file is re-read, reduced and
-        atomically replaced; an unknown id is :class:`KmsKeyNotFoundError`.
+        atomically replaced; an unknown id is :class:`~icecrypt.KmsKeyNotFoundError`.
         """
         with self._lock:
             path = self._require_path()
@@ -235,8 +235,8 @@ class LocalKms(KeyManagementClient):
                 keys[key_id] = GcmKey(base64.b64decode(entry["material"], validate=True))
             except (binascii.Error, ValueError):
                 raise KmsError(f"{bad} (material must be base64 of 16, 24 or 32 bytes)", backend=_BACKEND) from None
-            stamp = entry.get("created-ms")
-            created[key_id] = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else 0
+            created_ms = entry.get("created-ms")
+            created[key_id] = created_ms if isinstance(created_ms, int) and not isinstance(created_ms, bool) else 0
         with self._lock:
             self._path = path
             self._keys = keys

@@ -1,5 +1,6 @@
-"""Session fixtures for the remote KMS tests: a moto server (AWS KMS) and an OpenBao dev
-server (Vault transit), each started once per session on 127.0.0.1 and stopped by PID.
+"""Session fixtures of the remote KMS services, for every test (the KMS tests, the docs' examples):
+a moto server (AWS KMS) and an OpenBao dev server (Vault transit), each started once per
+session on 127.0.0.1 and stopped by PID.
 
 The servers themselves live in ``tests/servers`` so benchmarks can reuse them.
 """
