@@ -7,16 +7,40 @@ OpenSSL selection (see README "Building"):
   ICECRYPT_OPENSSL_DIR=P     link the OpenSSL installed under prefix P (statically if
                              P/lib/libcrypto.a exists and ICECRYPT_OPENSSL != system)
   ICECRYPT_OPENSSL=system    link the system libcrypto dynamically
+
+Stable ABI (opt-in): ICECRYPT_LIMITED_API=1 on CPython 3.11 and later builds the module
+against the limited API (Py_LIMITED_API=0x030B0000, which also puts Cython in its
+limited-API mode) as _gcm.abi3.so, and bdist_wheel tags the wheel cp311-abi3, which
+installs on every CPython >= 3.11 (3.11 is the first limited API with Py_buffer and the
+buffer slots of heap types).  It is off by default: measured interleaved, it costs 7-9 %
+on the per-call path (10,000 files of 8 KiB) and 20-30 % on tiny calls, because Cython
+drops vectorcall below a 3.12 limited API (README, "Building").  CPython 3.10 and
+free-threaded builds are always version-specific.
 """
 
 import os
 import subprocess
 import sys
+import sysconfig
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+LIMITED_API_VERSION = (3, 11)
+
+
+def limited_api():
+    """Whether to build for the stable ABI (see the module docstring)."""
+    setting = os.environ.get("ICECRYPT_LIMITED_API", "0").strip()
+    if setting not in ("0", "1"):
+        raise SystemExit(f"ICECRYPT_LIMITED_API must be 0 or 1, not {setting!r}")
+    return (
+        setting == "1"
+        and sys.implementation.name == "cpython"
+        and sys.version_info >= LIMITED_API_VERSION
+        and not sysconfig.get_config_var("Py_GIL_DISABLED")
+    )
 
 
 def _c_string(value):
@@ -67,17 +91,30 @@ def openssl_options():
     return options
 
 
-def extensions():
+def extensions(limited):
     options = openssl_options()
     include_dirs = [os.path.join(ROOT, "include")] + options.pop("include_dirs", [])
+    define_macros = options.pop("define_macros", [])
+    if limited:
+        major, minor = LIMITED_API_VERSION
+        define_macros += [("Py_LIMITED_API", f"0x{major:02X}{minor:02X}0000"), ("CYTHON_LIMITED_API", "1")]
     ext = Extension(
         "icecrypt._gcm",
         sources=["src/icecrypt/_gcm.pyx", "src/icecrypt/_native/gcm.c"],
         include_dirs=include_dirs,
-        extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
+        define_macros=define_macros,
+        # Under Py_LIMITED_API a call outside the limited API is an implicit declaration:
+        # make it an error rather than a module that crashes or fails to load.
+        extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
+                            "-Werror=implicit-function-declaration"],
+        py_limited_api=limited,
         **options,
     )
     return cythonize([ext], compiler_directives={"language_level": "3"})
 
 
-setup(ext_modules=extensions())
+LIMITED_API = limited_api()
+setup(
+    ext_modules=extensions(LIMITED_API),
+    options={"bdist_wheel": {"py_limited_api": "cp%d%d" % LIMITED_API_VERSION}} if LIMITED_API else {},
+)

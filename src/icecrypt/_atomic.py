@@ -19,7 +19,10 @@ def fsync_directory(directory: str) -> None:
     except OSError:
         pass
     finally:
-        os.close(fd)
+        # best effort to the end: the rename already happened, so a failed close must
+        # not turn a published file into a reported failure
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class AtomicFile:

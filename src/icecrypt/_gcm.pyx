@@ -10,7 +10,7 @@ copy.  The GIL is released around every native call that touches more than a few
 import os
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memset
 
@@ -86,6 +86,19 @@ cdef extern from *:
     const char *ICECRYPT_OPENSSL_LINKAGE
     const char *ICECRYPT_OPENSSL_PREFIX
 
+cdef extern from *:
+    """
+    /* The data of a bytes object this module has just created.  PyBytes_AS_STRING reads
+       the object's layout and is not in the limited API; the stable ABI has only the
+       checked function. */
+    #ifdef Py_LIMITED_API
+    #define ICECRYPT_BYTES_DATA(o) PyBytes_AsString(o)
+    #else
+    #define ICECRYPT_BYTES_DATA(o) PyBytes_AS_STRING(o)
+    #endif
+    """
+    char *ICECRYPT_BYTES_DATA(object o) except NULL
+
 
 NONCE_LENGTH = ICECRYPT_GCM_NONCE_LENGTH
 TAG_LENGTH = ICECRYPT_GCM_TAG_LENGTH
@@ -149,6 +162,17 @@ cdef inline bint _overlap(Py_buffer *a, Py_buffer *b):
     cdef char *pa = <char *> a.buf
     cdef char *pb = <char *> b.buf
     return a.len > 0 and b.len > 0 and pa < pb + b.len and pb < pa + a.len
+
+
+cdef inline void _check_inputs_apart(Py_buffer *out, Py_buffer *aad, int has_aad,
+                                     Py_buffer *nonces, int has_nonces) except *:
+    """The AAD prefix and the nonces are read for every block while out is being written
+    (by several threads): one inside out would change under the run and seal blocks with
+    an AAD or nonce other than the caller's."""
+    if has_aad and _overlap(aad, out):
+        raise ValueError("aad_prefix and out must not overlap")
+    if has_nonces and _overlap(nonces, out):
+        raise ValueError("nonces and out must not overlap")
 
 
 cdef _raise(int status, str name, int64_t block=-1):
@@ -270,7 +294,7 @@ cdef class GcmKey:
                     raise ValueError("nonce must be 12 bytes")
                 nonce_ptr = <const uint8_t *> nc.buf
             out = PyBytes_FromStringAndSize(NULL, pt.len + ICECRYPT_GCM_OVERHEAD)
-            out_ptr = <uint8_t *> PyBytes_AS_STRING(out)
+            out_ptr = <uint8_t *> ICECRYPT_BYTES_DATA(out)
             with nogil:
                 status = icecrypt_gcm_seal(self._key, nonce_ptr, aad_ptr, aad_len,
                                            <const uint8_t *> pt.buf, pt.len, out_ptr)
@@ -304,7 +328,7 @@ cdef class GcmKey:
                 aad_ptr = <const uint8_t *> ad.buf
                 aad_len = ad.len
             out = PyBytes_FromStringAndSize(NULL, ct.len - ICECRYPT_GCM_OVERHEAD)
-            out_ptr = <uint8_t *> PyBytes_AS_STRING(out)
+            out_ptr = <uint8_t *> ICECRYPT_BYTES_DATA(out)
             with nogil:
                 status = icecrypt_gcm_open(self._key, aad_ptr, aad_len, <const uint8_t *> ct.buf,
                                            ct.len, out_ptr)
@@ -340,6 +364,7 @@ cdef class GcmKey:
                     raise ValueError("plaintext and out must not overlap")
                 has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
                 has_nc = _optional_read(_nonces, &nc, "nonces")
+                _check_inputs_apart(&ob, &ap, has_ap, &nc, has_nc)
                 if has_nc and <uint64_t> nc.len != icecrypt_ags1_run_blocks(pt.len) * ICECRYPT_GCM_NONCE_LENGTH:
                     raise ValueError("need 12 nonce bytes per block")
                 status = _seal_run(self._key, <const uint8_t *> ap.buf if has_ap else NULL,
@@ -381,6 +406,7 @@ cdef class GcmKey:
                 if _overlap(&ct, &ob):
                     raise ValueError("sealed and out must not overlap")
                 has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
+                _check_inputs_apart(&ob, &ap, has_ap, NULL, 0)
                 status = _open_run(self._key, <const uint8_t *> ap.buf if has_ap else NULL,
                                    ap.len if has_ap else 0, first_block_index, <const uint8_t *> ct.buf,
                                    ct.len, <uint8_t *> ob.buf, _threads(threads), &failed)
@@ -401,18 +427,32 @@ cdef GcmKey _as_key(key):
     return GcmKey(key)
 
 
+cdef uint64_t _MAX_PLAINTEXT = <uint64_t> ICECRYPT_AGS1_MAX_BLOCKS * ICECRYPT_AGS1_PLAIN_BLOCK_SIZE
+
+
+cdef inline void _check_plaintext_length(uint64_t plaintext_length) except *:
+    # Past this no stream exists, and the native sums wrap near 2**64 (2**64 - 2**20
+    # gave the length of a valid, much shorter stream).
+    if plaintext_length > _MAX_PLAINTEXT:
+        raise OverflowError(f"plaintext_length {plaintext_length} exceeds the largest AGS1 stream "
+                         f"({ICECRYPT_AGS1_MAX_BLOCKS} blocks of {ICECRYPT_AGS1_PLAIN_BLOCK_SIZE} bytes)")
+
+
 def run_blocks(uint64_t plaintext_length):
     """Blocks a run of ``plaintext_length`` bytes seals to (an empty run is one block)."""
+    _check_plaintext_length(plaintext_length)
     return icecrypt_ags1_run_blocks(plaintext_length)
 
 
 def sealed_length(uint64_t plaintext_length):
     """Bytes a run of ``plaintext_length`` plaintext bytes seals to (no header)."""
+    _check_plaintext_length(plaintext_length)
     return icecrypt_ags1_sealed_length(plaintext_length)
 
 
 def ciphertext_length(uint64_t plaintext_length):
     """Length of the AGS1 stream (header included) of ``plaintext_length`` bytes."""
+    _check_plaintext_length(plaintext_length)
     return icecrypt_ags1_ciphertext_length(plaintext_length)
 
 
@@ -478,6 +518,7 @@ cdef Py_ssize_t _encrypt_into(GcmKey k, plaintext, out, aad_prefix, int threads,
                 raise ValueError(f"out holds {ob.len} bytes; {total} needed")
             if _overlap(&pt, &ob):
                 raise ValueError("plaintext and out must not overlap")
+            _check_inputs_apart(&ob, &ap, has_ap, &nc, has_nc)
             if has_nc and <uint64_t> nc.len != icecrypt_ags1_run_blocks(pt.len) * ICECRYPT_GCM_NONCE_LENGTH:
                 raise ValueError("need 12 nonce bytes per block")
             dst = <uint8_t *> ob.buf
@@ -525,6 +566,7 @@ cdef Py_ssize_t _decrypt_into(GcmKey k, ciphertext, out, aad_prefix, length, int
             if _overlap(&ct, &ob):
                 raise ValueError("ciphertext and out must not overlap")
             has_ap = _optional_read(aad_prefix, &ap, "aad_prefix")
+            _check_inputs_apart(&ob, &ap, has_ap, NULL, 0)
             status = _open_run(k._key, <const uint8_t *> ap.buf if has_ap else NULL, ap.len if has_ap else 0, 0,
                                <const uint8_t *> ct.buf + ICECRYPT_AGS1_HEADER_LENGTH,
                                ct.len - ICECRYPT_AGS1_HEADER_LENGTH, <uint8_t *> ob.buf, _threads(threads), &failed)
@@ -544,10 +586,15 @@ def ags1_encrypt(key, plaintext, aad_prefix=None, int threads=0, *, _nonces=None
     cdef GcmKey k = _as_key(key)
     cdef Py_buffer pt
     _get_read(plaintext, &pt, "plaintext")
-    total = icecrypt_ags1_ciphertext_length(pt.len)
-    PyBuffer_Release(&pt)
-    data, target = fresh_bytes(total)
-    _encrypt_into(k, plaintext, target, aad_prefix, threads, _nonces)
+    try:
+        # The export is held until the stream is written: allocating the output can run
+        # Python code (a GC pass), and a plaintext resized in between would leave the
+        # tail of the new bytes uninitialised.
+        total = icecrypt_ags1_ciphertext_length(pt.len)
+        data, target = fresh_bytes(total)
+        _encrypt_into(k, plaintext, target, aad_prefix, threads, _nonces)
+    finally:
+        PyBuffer_Release(&pt)
     return data
 
 
@@ -566,12 +613,14 @@ def ags1_decrypt(key, ciphertext, aad_prefix=None, length=None, int threads=0, s
     cdef Py_buffer ct
     cdef icecrypt_ags1_geometry g
     _get_read(ciphertext, &ct, "ciphertext")
-    n = ct.len
-    PyBuffer_Release(&ct)
-    # An impossible length allocates nothing; _decrypt_into then raises the reason.
-    plain = g.plaintext_length if icecrypt_ags1_geometry_of(n, &g) == ICECRYPT_OK else 0
-    data, target = fresh_bytes(plain)
-    _decrypt_into(k, ciphertext, target, aad_prefix, length, threads, name)
+    try:
+        # Held until the plaintext is written (see ags1_encrypt).
+        # An impossible length allocates nothing; _decrypt_into then raises the reason.
+        plain = g.plaintext_length if icecrypt_ags1_geometry_of(ct.len, &g) == ICECRYPT_OK else 0
+        data, target = fresh_bytes(plain)
+        _decrypt_into(k, ciphertext, target, aad_prefix, length, threads, name)
+    finally:
+        PyBuffer_Release(&ct)
     return data
 
 
@@ -592,7 +641,7 @@ cdef class _WritableBytes:
         self.offset = offset
 
     def __getbuffer__(self, Py_buffer *view, int flags):
-        view.buf = PyBytes_AS_STRING(self.data) + self.offset
+        view.buf = ICECRYPT_BYTES_DATA(self.data) + self.offset
         view.obj = self
         view.len = len(self.data) - self.offset
         view.readonly = 0

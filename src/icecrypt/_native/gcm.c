@@ -15,19 +15,20 @@
 #include <openssl/rand.h>
 
 /* Contexts kept per key and direction; more are created on demand (concurrent callers)
- * and freed on release once the pool is full. */
+ * and freed on release once the pool is full.  The slots are taken and refilled with
+ * atomic exchanges, not under a lock: a child forked while a parent thread held such a
+ * lock would inherit it held by a thread that does not exist there, and wait forever on
+ * its first use of the key (seen: 2 hung children in 300 forks next to busy threads). */
 #define CTX_POOL_SIZE 16
 
 typedef struct {
-    EVP_CIPHER_CTX *free[CTX_POOL_SIZE];
-    int count;
+    EVP_CIPHER_CTX *slots[CTX_POOL_SIZE]; /* atomic; NULL = empty */
 } ctx_pool;
 
 struct icecrypt_gcm_key {
     uint8_t key[32];
     size_t key_length;
     const EVP_CIPHER *cipher;
-    pthread_mutex_t lock; /* guards both pools */
     ctx_pool pools[2];    /* [0] decrypt, [1] encrypt */
     uint64_t invocations; /* atomic */
 };
@@ -69,11 +70,6 @@ icecrypt_gcm_key *icecrypt_gcm_key_new(const uint8_t *key, size_t key_length, in
         *status = ICECRYPT_ERR_NOMEM;
         return NULL;
     }
-    if (pthread_mutex_init(&k->lock, NULL) != 0) {
-        free(k);
-        *status = ICECRYPT_ERR_NOMEM;
-        return NULL;
-    }
     memcpy(k->key, key, key_length);
     k->key_length = key_length;
     k->cipher = cipher;
@@ -86,9 +82,8 @@ void icecrypt_gcm_key_free(icecrypt_gcm_key *k)
     if (k == NULL)
         return;
     for (int dir = 0; dir < 2; dir++)
-        for (int i = 0; i < k->pools[dir].count; i++)
-            EVP_CIPHER_CTX_free(k->pools[dir].free[i]); /* the provider cleanses the schedule */
-    pthread_mutex_destroy(&k->lock);
+        for (int i = 0; i < CTX_POOL_SIZE; i++)
+            EVP_CIPHER_CTX_free(k->pools[dir].slots[i]); /* the provider cleanses the schedule */
     OPENSSL_cleanse(k, sizeof(*k));
     free(k);
 }
@@ -119,14 +114,12 @@ static int reserve_invocations(icecrypt_gcm_key *k, uint64_t n)
 
 static EVP_CIPHER_CTX *ctx_acquire(icecrypt_gcm_key *k, int encrypt)
 {
-    EVP_CIPHER_CTX *ctx = NULL;
+    EVP_CIPHER_CTX *ctx;
     ctx_pool *pool = &k->pools[encrypt];
-    pthread_mutex_lock(&k->lock);
-    if (pool->count > 0)
-        ctx = pool->free[--pool->count];
-    pthread_mutex_unlock(&k->lock);
-    if (ctx != NULL)
-        return ctx;
+    for (int i = 0; i < CTX_POOL_SIZE; i++)
+        if (__atomic_load_n(&pool->slots[i], __ATOMIC_RELAXED) != NULL &&
+            (ctx = __atomic_exchange_n(&pool->slots[i], NULL, __ATOMIC_ACQUIRE)) != NULL)
+            return ctx;
     ctx = EVP_CIPHER_CTX_new();
     if (ctx == NULL)
         return NULL;
@@ -143,12 +136,13 @@ static void ctx_release(icecrypt_gcm_key *k, int encrypt, EVP_CIPHER_CTX *ctx)
     ctx_pool *pool = &k->pools[encrypt];
     if (ctx == NULL)
         return;
-    pthread_mutex_lock(&k->lock);
-    if (pool->count < CTX_POOL_SIZE) {
-        pool->free[pool->count++] = ctx;
-        ctx = NULL;
+    for (int i = 0; i < CTX_POOL_SIZE; i++) {
+        EVP_CIPHER_CTX *empty = NULL;
+        if (__atomic_load_n(&pool->slots[i], __ATOMIC_RELAXED) == NULL &&
+            __atomic_compare_exchange_n(&pool->slots[i], &empty, ctx, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+            return;
     }
-    pthread_mutex_unlock(&k->lock);
     EVP_CIPHER_CTX_free(ctx);
 }
 
