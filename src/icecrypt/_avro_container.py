@@ -292,11 +292,18 @@ def parse_long(data: bytes, pos: int) -> tuple[int, int] | None:
 
 
 class _Cursor:
-    def __init__(self, plain: Plaintext, pos: int):
-        self.plain, self.pos = plain, pos
+    """Reads header fields; ``prefix`` holds the file's first bytes (one block read, not
+    one per field), and reads past it go to ``plain``."""
+
+    def __init__(self, plain: Plaintext, pos: int, prefix: bytes = b""):
+        self.plain, self.pos, self.prefix = plain, pos, prefix
 
     def long(self, what: str) -> int:
-        data = self.plain.peek(self.pos, 10)
+        prefix = self.prefix
+        if self.pos + 10 <= len(prefix) or len(prefix) == self.plain.size:
+            data = prefix[self.pos : self.pos + 10]
+        else:
+            data = self.plain.peek(self.pos, 10)
         try:
             parsed = parse_long(data, 0)
         except ValueError:
@@ -311,8 +318,12 @@ class _Cursor:
         n = self.long(what)
         if n < 0:
             raise FormatError(f"{self.plain.name}: not an Avro file: negative length of {what} at offset {self.pos}")
-        data = self.plain.read(self.pos, n, what)
-        self.pos += n
+        end = self.pos + n
+        if end <= len(self.prefix):
+            data = self.prefix[self.pos : end]
+        else:
+            data = self.plain.read(self.pos, n, what)
+        self.pos = end
         return data
 
 
@@ -325,9 +336,12 @@ class Header:
     codec: str
     sync: bytes
     end: int  # offset of the first block
+    raw: bytes | None = dataclasses.field(default=None, repr=False, compare=False)  # the header as stored
 
     def encode(self, schema: Any = None) -> bytes:
         """The header bytes, with ``schema`` (JSON-able) in place of the writer schema."""
+        if schema is None and self.raw is not None:
+            return self.raw
         meta = dict(self.metadata)
         if schema is not None:
             meta["avro.schema"] = json.dumps(schema, separators=(",", ":")).encode("utf-8")
@@ -347,7 +361,8 @@ def read_header(plain: Plaintext) -> Header:
     if plain.size < len(MAGIC) or plain.read(0, len(MAGIC)) != MAGIC:
         got = plain.peek(0, len(MAGIC))
         raise FormatError(f"{name}: not an Avro container file (starts with {got!r}, expected {MAGIC!r})")
-    cursor = _Cursor(plain, len(MAGIC))
+    # the header usually fits in its first 64 KiB: parse it from one read, not one per field
+    cursor = _Cursor(plain, len(MAGIC), plain.peek(0, min(plain.size, 1 << 16)))
     metadata: dict[str, bytes] = {}
     while True:
         count = cursor.long("metadata block count")
@@ -367,12 +382,14 @@ def read_header(plain: Plaintext) -> Header:
         raise FormatError(f"{name}: Avro header has no avro.schema")
     try:
         schema = json.loads(metadata["avro.schema"])
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise FormatError(f"{name}: Avro header's avro.schema is not valid JSON: {exc}") from None
     codec = metadata.get("avro.codec", b"null").decode("utf-8", "replace")
     if codec not in CODECS:
         raise FormatError(f"{name}: unknown Avro codec {codec!r}")
-    return Header(metadata, schema, codec, sync, cursor.pos + SYNC_SIZE)
+    end = cursor.pos + SYNC_SIZE
+    raw = cursor.prefix[:end] if end <= len(cursor.prefix) else plain.read(0, end, "the header")
+    return Header(metadata, schema, codec, sync, end, raw)
 
 
 # --------------------------------------------------------------------------- blocks
@@ -508,6 +525,9 @@ class _DeflateBlocks(io.RawIOBase):
             raise RuntimeError("fastavro left an incomplete Avro container")
 
 
+_PROBED: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+
+
 def write_container(sink: Any, schema: Any, records: Iterable[Any], *, codec: str, sync_interval: int,
                     metadata: dict[str, str], compression_level: int | None) -> None:
     """Write an Avro container of ``records`` to ``sink`` with fastavro (blocks of
@@ -517,14 +537,25 @@ def write_container(sink: Any, schema: Any, records: Iterable[Any], *, codec: st
                         codec_compression_level=compression_level)
         return
     sync = os.urandom(SYNC_SIZE)
-    probe = io.BytesIO()  # fastavro's header for these arguments, to be replaced by ours
-    fastavro.writer(probe, schema, [], codec="null", metadata=dict(metadata), sync_marker=sync)
+    schema_json = json.dumps(schema, separators=(",", ":"))
+    # the length of fastavro's header for these arguments (to be replaced by ours); it
+    # depends on the schema and metadata only, and a table writes the same ones again
+    # and again (every manifest of a spec)
+    memo = (schema_json, tuple(metadata.items()))
+    probe_length = _PROBED.get(memo)
+    if probe_length is None:
+        probe = io.BytesIO()
+        fastavro.writer(probe, schema, [], codec="null", metadata=dict(metadata), sync_marker=sync)
+        probe_length = len(probe.getvalue())
+        if len(_PROBED) >= 256:
+            _PROBED.clear()
+        _PROBED[memo] = probe_length
     meta = {key: value.encode("utf-8") for key, value in metadata.items()}
-    meta["avro.schema"] = json.dumps(schema, separators=(",", ":")).encode("utf-8")
+    meta["avro.schema"] = schema_json.encode("utf-8")
     meta["avro.codec"] = b"deflate"
     header = Header(meta, schema, codec, sync, 0).encode()
     level = -1 if compression_level is None else compression_level
-    blocks = _DeflateBlocks(sink, header, len(probe.getvalue()), sync, level)
+    blocks = _DeflateBlocks(sink, header, probe_length, sync, level)
     fastavro.writer(blocks, schema, records, codec="null", sync_interval=sync_interval, metadata=dict(metadata),
                     sync_marker=sync)
     blocks.finish()

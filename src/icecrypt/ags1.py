@@ -21,6 +21,7 @@ over the target only when the stream closed cleanly.
 from __future__ import annotations
 
 import io
+import operator
 import os
 import threading
 import warnings
@@ -58,6 +59,8 @@ HEADER: bytes = _gcm.header()
 # Blocks handled per native call by streams: large enough to keep every core busy,
 # small enough that scratch buffers stay a few MiB.
 _MIN_RUN_BLOCKS = 4
+#: the initial block buffer of a writer (it grows to PLAIN_BLOCK_SIZE as data comes)
+_FIRST_WRITE_BLOCK = 1 << 16
 
 KeyLike = Union[bytes, bytearray, memoryview, "_gcm.GcmKey"]
 NonceSource = Callable[[int, int], bytes]  # (first_block_index, count) -> 12 * count bytes
@@ -157,6 +160,7 @@ def open_reader(
 def seek_position(current: int, size: int, offset: int, whence: int) -> int:
     """The position a ``seek(offset, whence)`` moves to in a stream of ``size`` bytes at
     ``current`` (io semantics: past the end is allowed, before the start is not)."""
+    offset = operator.index(offset)  # a Python int: numpy's uint64 wraps on arithmetic
     if whence == io.SEEK_SET:
         pos = offset
     elif whence == io.SEEK_CUR:
@@ -336,9 +340,11 @@ def _open_source(source: Any, name: str | None) -> _Source:
 class _Scratch(threading.local):
     """Per-thread buffers of a reader: ciphertext staging and one cached plaintext block."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int = PLAIN_BLOCK_SIZE) -> None:
+        # Sized to the stream: a small file (a manifest of a few KB) must not cost a
+        # 1 MiB block of fresh pages (zeroed on first touch) per open.
         self.ciphertext: memoryview | None = None
-        self.block = memoryview(bytearray(PLAIN_BLOCK_SIZE))
+        self.block = memoryview(bytearray(block_size))
         self.block_index = -1
         self.block_length = 0
 
@@ -391,7 +397,8 @@ class Ags1Reader(io.RawIOBase):
             self._source.close()
             raise
         self._run_blocks = max(_MIN_RUN_BLOCKS, 2 * (threads or _gcm.get_default_threads()))
-        self._scratch = _Scratch()
+        # the largest plaintext block of this stream (one block for most small files)
+        self._scratch = _Scratch(min(PLAIN_BLOCK_SIZE, max(1, self._size)))
         self._block0_lock = threading.Lock()
         self._block0_verified = False
         self._pos = 0
@@ -427,7 +434,7 @@ class Ags1Reader(io.RawIOBase):
         end = min(HEADER_LENGTH + (first + count) * CIPHER_BLOCK_SIZE, self._length)
         n = end - start
         if scratch.ciphertext is None or len(scratch.ciphertext) < n:
-            size = min(self._run_blocks, self._num_blocks) * CIPHER_BLOCK_SIZE
+            size = min(min(self._run_blocks, self._num_blocks) * CIPHER_BLOCK_SIZE, self._length - HEADER_LENGTH)
             scratch.ciphertext = memoryview(bytearray(max(size, n)))
         return self._source.fetch(start, n, scratch.ciphertext)
 
@@ -449,6 +456,7 @@ class Ags1Reader(io.RawIOBase):
         """Fill ``buffer`` with plaintext from ``offset``; returns the bytes written
         (fewer only at the end of the stream).  Thread-safe."""
         self._checkClosed()
+        offset = operator.index(offset)  # a Python int: numpy's uint64 wraps on arithmetic
         if offset < 0:
             raise ValueError(f"negative offset {offset}")
         out = _byte_view(buffer)
@@ -486,6 +494,7 @@ class Ags1Reader(io.RawIOBase):
     def read_at(self, offset: int, n: int) -> bytes:
         """Up to ``n`` bytes of plaintext from ``offset``.  Thread-safe."""
         self._checkClosed()
+        offset, n = operator.index(offset), operator.index(n)
         if n < 0:
             raise ValueError(f"negative size {n}")
         want = max(0, min(n, self._size - offset)) if offset >= 0 else 0
@@ -567,8 +576,10 @@ class Ags1Writer(io.RawIOBase):
         self._nonces = _nonces
         self._atomic: AtomicFile | None = None
         # Everything that can fail comes before the sink is opened (a temporary file is
-        # created for a path), so a writer that exists has something to abort.
-        self._block = memoryview(bytearray(PLAIN_BLOCK_SIZE))
+        # created for a path), so a writer that exists has something to abort.  The
+        # block buffer grows to a full block only as data comes: a small file (a
+        # manifest) costs a few KB of buffer, not 1 MiB of fresh pages per writer.
+        self._block = memoryview(bytearray(_FIRST_WRITE_BLOCK))
         self._fill = 0
         self._index = 0
         self._written = 0
@@ -615,7 +626,8 @@ class Ags1Writer(io.RawIOBase):
         blocks = _gcm.run_blocks(len(plain))
         need = _gcm.sealed_length(len(plain))
         if self._out is None or len(self._out) < need:
-            self._out = memoryview(bytearray(max(need, min(self._run_blocks, blocks) * CIPHER_BLOCK_SIZE)))
+            run = need if len(plain) < PLAIN_BLOCK_SIZE else min(self._run_blocks, blocks) * CIPHER_BLOCK_SIZE
+            self._out = memoryview(bytearray(max(need, run)))
         nonces = self._nonces(self._index, blocks) if self._nonces is not None else None
         sealed = self._out[:need]
         self._key.seal_blocks(plain, sealed, self._index, self._aad, self._threads, _nonces=nonces)
@@ -635,6 +647,8 @@ class Ags1Writer(io.RawIOBase):
         try:
             self._start()
             pos = 0
+            if self._fill + n > len(self._block) and len(self._block) < PLAIN_BLOCK_SIZE:
+                self._grow(min(PLAIN_BLOCK_SIZE, max(2 * len(self._block), self._fill + n)))
             if self._fill:
                 take = min(PLAIN_BLOCK_SIZE - self._fill, n)
                 self._block[self._fill : self._fill + take] = view[:take]
@@ -652,6 +666,8 @@ class Ags1Writer(io.RawIOBase):
                 whole -= count
             rest = n - pos
             if rest:
+                if rest > len(self._block):
+                    self._grow(PLAIN_BLOCK_SIZE)
                 self._block[:rest] = view[pos:]
                 self._fill = rest
         except BaseException:
@@ -659,6 +675,13 @@ class Ags1Writer(io.RawIOBase):
             raise
         self._position += n
         return n
+
+    def _grow(self, size: int) -> None:
+        old = self._block
+        block = memoryview(bytearray(size))
+        block[: self._fill] = old[: self._fill]
+        old[:] = bytes(len(old))
+        self._block = block
 
     def flush(self) -> None:
         """Flush the sink.  A partial block is never emitted before close."""
@@ -686,7 +709,7 @@ class Ags1Writer(io.RawIOBase):
             raise
         finally:
             self._finished = True
-            self._block[:] = bytes(PLAIN_BLOCK_SIZE)
+            self._block[:] = bytes(len(self._block))
             super().close()
 
     def abort(self) -> None:
@@ -698,7 +721,7 @@ class Ags1Writer(io.RawIOBase):
                 self._atomic.discard()
         finally:
             self._finished = True
-            self._block[:] = bytes(PLAIN_BLOCK_SIZE)
+            self._block[:] = bytes(len(self._block))
             super().close()
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -22,6 +22,13 @@ __all__ = ["EncryptedKey", "KEY_TIMESTAMP"]
 KEY_TIMESTAMP = "KEY_TIMESTAMP"
 
 
+#: parsed entries without properties, by (key-id, base64 text, encrypted-by-id): a table
+#: holds one entry per snapshot and every commit reads them all again.  Entries are
+#: immutable and hold only wrapped bytes, so sharing them is safe.
+_PARSED: dict[tuple[str, Any, Any], EncryptedKey] = {}
+_PARSED_MAX = 1 << 16
+
+
 class EncryptedKey:
     """An immutable ``encryption-keys`` entry: an id, wrapped bytes and who wrapped them.
 
@@ -112,28 +119,48 @@ class EncryptedKey:
         Unknown fields are ignored, as Java does.  ``encrypted-key-metadata`` is standard
         base64; missing padding is accepted (Java's decoder accepts it too).
         """
-        if not isinstance(obj, Mapping):
+        if type(obj) is not dict and not isinstance(obj, Mapping):
             raise FormatError(f"encryption key entry must be a JSON object, not {type(obj).__name__}")
         key_id = obj.get("key-id")
         if not isinstance(key_id, str):
             raise FormatError("encryption key entry has no string 'key-id'")
         text = obj.get("encrypted-key-metadata")
+        props = obj.get("properties")
+        by = obj.get("encrypted-by-id")
+        memo = None
+        if props is None and isinstance(text, str) and (by is None or isinstance(by, str)):
+            memo = (key_id, text, by)
+        if memo is not None:
+            hit = _PARSED.get(memo)
+            if hit is not None:
+                return hit
         if not isinstance(text, str):
             raise FormatError(f"encryption key {key_id!r} has no string 'encrypted-key-metadata'")
         try:
             wrapped = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
         except (binascii.Error, ValueError):
             raise FormatError(f"encryption key {key_id!r}: 'encrypted-key-metadata' is not valid base64") from None
-        by = obj.get("encrypted-by-id")
         if by is not None and not isinstance(by, str):
             raise FormatError(f"encryption key {key_id!r}: 'encrypted-by-id' must be a string")
-        props = obj.get("properties")
         if props is not None:
             if not isinstance(props, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in props.items()
             ):
                 raise FormatError(f"encryption key {key_id!r}: 'properties' must map strings to strings")
-        return cls(key_id, wrapped, by, props)
+        if props:
+            return cls(key_id, wrapped, by, props)
+        # everything is checked above: build it directly (a table holds one entry per
+        # snapshot, and every commit parses them all)
+        entry = object.__new__(cls)
+        object.__setattr__(entry, "_key_id", key_id)
+        object.__setattr__(entry, "_encrypted_key_metadata", wrapped)
+        object.__setattr__(entry, "_encrypted_by_id", by)
+        object.__setattr__(entry, "_properties", None)
+        if memo is not None:
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[memo] = entry
+        return entry
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("EncryptedKey is immutable")

@@ -63,6 +63,9 @@ AAD_PREFIX_LENGTH = 16
 KEY_ID_BYTES = 16
 #: a KEK is used for new wraps for 730 days after its KEY_TIMESTAMP
 KEK_LIFESPAN_MS = 730 * 24 * 3600 * 1000
+#: table property (icecrypt's; Java ignores it): milliseconds an
+#: unwrapped KEK stays cached in this process (default 3600000; 0 = never cached)
+KEK_CACHE_TTL_PROPERTY = "encryption.kek-cache-ttl-ms"
 
 _DECIMAL = re.compile(r"[+-]?[0-9]+\Z")  # what Java's Long.parseLong accepts (ASCII digits)
 
@@ -256,6 +259,17 @@ def _kek_expired(kek: EncryptedKey, now: int) -> bool:
 # --- the manager ----------------------------------------------------------------------
 
 
+def _ttl_property(properties: Mapping[str, Any]) -> float | None:
+    """``encryption.kek-cache-ttl-ms`` in seconds, None when unset; ValueError if malformed."""
+    raw_ttl = properties.get(KEK_CACHE_TTL_PROPERTY)
+    if raw_ttl is None:
+        return None
+    text = str(raw_ttl).strip()
+    if not _DECIMAL.match(text) or int(text) < 0:
+        raise ValueError(f"Invalid {KEK_CACHE_TTL_PROPERTY}: {raw_ttl} (milliseconds, >= 0)")
+    return int(text) / 1000
+
+
 class _KekCache:
     """Unwrapped KEKs with a time to live; one KMS call per KEK however many threads ask."""
 
@@ -290,6 +304,10 @@ class _KekCache:
         future.set_result(key)
         return key
 
+    @property
+    def ttl_ms(self) -> float:
+        return self._ttl_ms
+
     def put(self, kek_id: str, key: GcmKey) -> None:
         future: Future = Future()
         future.set_result(key)
@@ -307,7 +325,8 @@ class EncryptionManager:
     ``kms`` holds the table's master key ``table_key_id``; ``encryption_keys`` is the
     table's current ``encryption-keys`` list (entries are kept in order; a repeated id
     is ignored, as Java's metadata builder does).  ``data_key_length`` (16, 24 or 32)
-    sizes DEKs and KEKs.  Unwrapped KEKs are cached for ``kek_cache_ttl`` seconds.
+    sizes DEKs and KEKs.  Unwrapped KEKs are cached for ``kek_cache_ttl`` seconds (tables:
+    the property ``encryption.kek-cache-ttl-ms``; 0 = a KMS call for every unwrap).
     ``clock`` returns the time in milliseconds since the epoch (KEK timestamps, expiry,
     and the cache).  The manager is safe to share between threads.
     """
@@ -362,7 +381,53 @@ class EncryptionManager:
         key_id = table_key_id or key_id
         if key_id is None:
             raise ValueError(f"table is not encrypted: no {ENCRYPTION_TABLE_KEY} property")
+        ttl = _ttl_property(properties)
+        if ttl is not None and "kek_cache_ttl" not in options:
+            options["kek_cache_ttl"] = ttl
         return cls(kms, key_id, read_encryption_keys(metadata), dek_length, **options)
+
+    def matches_metadata(self, kms: KeyManagementClient, metadata: Mapping[str, Any]) -> bool:
+        """Whether a manager built by :meth:`from_table_metadata` from ``metadata`` and
+        ``kms`` (no options) would be configured as this one is: same KMS client, table
+        key, data key length and KEK cache TTL (the ``encryption-keys`` are not compared)."""
+        properties = metadata.get("properties") or {}
+        try:
+            key_id, dek_length = validate_table_properties(properties, int(metadata.get("format-version", 1)))
+            ttl = _ttl_property(properties)
+        except ValueError:
+            return False
+        ttl_ms = (3600 if ttl is None else ttl) * 1000.0
+        return (
+            kms is self._kms and key_id == self._table_key_id and dek_length == self._data_key_length
+            and ttl_ms == self._cache.ttl_ms
+        )  # fmt: skip
+
+    def copy(self) -> EncryptionManager:
+        """An independent manager with the same configuration and ``encryption-keys``
+        (changes to either's keys do not affect the other) that shares this one's cache
+        of unwrapped KEKs, entries expiring as they would here.  For the commits of one
+        table object: each works on its own copy, and the KMS is asked for a KEK once
+        per cache TTL rather than once per commit."""
+        with self._lock:
+            clone = object.__new__(type(self))
+            clone.__dict__.update(self.__dict__)
+            clone._lock = threading.RLock()
+            clone._keys = dict(self._keys)
+        return clone
+
+    def share_kek_cache(self, other: EncryptionManager | None) -> bool:
+        """Use ``other``'s cache of unwrapped KEKs when it is configured alike (same KMS
+        client, table key and TTL); returns whether it does.  A KEK id names the same
+        key material wherever it appears (ids are random), and cached keys keep their
+        expiry time."""
+        if (
+            other is None or other is self or other._kms is not self._kms
+            or other._table_key_id != self._table_key_id or other._cache.ttl_ms != self._cache.ttl_ms
+            or other._clock is not self._clock
+        ):  # fmt: skip
+            return False
+        self._cache = other._cache
+        return True
 
     @classmethod
     def from_table_properties(

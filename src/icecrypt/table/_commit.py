@@ -17,8 +17,10 @@ How exclusive the creation is depends on the filesystem:
   is written to a temporary file and hard-linked to its final name, which fails if the
   name exists (``icecrypt._atomic.AtomicFile`` with ``overwrite=False``).  Atomic.
 * every other pyarrow filesystem (S3, GCS, HDFS, ...): pyarrow offers no create-if-absent
-  call, so the commit checks that the name is free, writes, and reads the file back,
-  once right away and once after updating the hint.  Two writers can still both pass
+  call, so the commit checks that the name is free, writes a hidden temporary file,
+  checks again and moves it into place (a failed or killed write never leaves a partial
+  version under its final name), and reads the file back, once right away and once after
+  updating the hint.  Two writers can still both pass
   the check within a few milliseconds; the read-back detects the loser whenever the
   winner's write lands before the loser's checks, but not always.  **Concurrent writers
   to one table on an object store must be serialized by the caller** (one committing
@@ -27,9 +29,11 @@ How exclusive the creation is depends on the filesystem:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import re
+import secrets
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -116,6 +120,18 @@ def _read_all(filesystem: pafs.FileSystem, path: str) -> bytes | None:
         return None
 
 
+def _landed(filesystem: pafs.FileSystem, path: str, payload: bytes) -> bool:
+    """Whether ``path`` holds ``payload``; a failed read is tried again (twice), since a
+    wrong answer either way loses a commit or deletes the files of a committed one."""
+    for attempt in range(3):
+        try:
+            return _read_all(filesystem, path) == payload
+        except OSError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _create_exclusive(filesystem: pafs.FileSystem, path: str, payload: bytes) -> None:
     local = _local_path(filesystem, path)
     if local is not None:
@@ -128,8 +144,21 @@ def _create_exclusive(filesystem: pafs.FileSystem, path: str, payload: bytes) ->
         return
     if _exists(filesystem, path):
         raise VersionExistsError(path)
-    with filesystem.open_output_stream(path) as out:
-        out.write(payload)
+    # Written under a hidden temporary name and moved into place, so that a write that
+    # fails (or a writer killed) mid-way never leaves a partial version under its final
+    # name, where readers probing forward would find it.
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{secrets.token_hex(8)}.tmp")
+    try:
+        with filesystem.open_output_stream(tmp) as out:
+            out.write(payload)
+        if _exists(filesystem, path):
+            raise VersionExistsError(path)
+        filesystem.move(tmp, path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            if _exists(filesystem, tmp):
+                filesystem.delete_file(tmp)
+        raise
     if _read_all(filesystem, path) != payload:
         raise VersionExistsError(path)
 
@@ -174,8 +203,24 @@ def latest_metadata_location(filesystem: pafs.FileSystem, metadata_location: str
     return metadata_location if version == own else posixpath.join(metadata_dir, metadata_file_name(version))
 
 
-def commit_metadata(filesystem: pafs.FileSystem, base_location: str, metadata: Mapping[str, Any]) -> str:
+def _still_ours(filesystem: pafs.FileSystem, path: str, payload: bytes) -> bool:
+    """The second read-back of a non-atomic commit (a concurrent writer may have replaced
+    the file).  The first one already found this commit in place, so a read that keeps
+    failing leaves the commit standing (with a warning) rather than reporting a failure
+    whose cleanup would delete the committed snapshot's files."""
+    try:
+        return _landed(filesystem, path, payload)
+    except OSError as exc:
+        warnings.warn(f"{path}: commit not re-checked for a concurrent replacement ({exc}); it stands", stacklevel=3)
+        return True
+
+
+def commit_metadata(
+    filesystem: pafs.FileSystem, base_location: str, metadata: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
+) -> str:
     """Commit ``metadata`` as the version after ``base_location``; returns its path.
+    ``base``: the content of ``base_location`` when the caller has it (else housekeeping
+    reads it again if it needs it).
 
     Raising means the commit did not happen: ``VersionExistsError`` when that version
     was created by someone else, and
@@ -191,19 +236,34 @@ def commit_metadata(filesystem: pafs.FileSystem, base_location: str, metadata: M
     except VersionExistsError:
         raise
     except BaseException:
-        # a failure after the file landed (e.g. syncing its directory) is a commit
-        if _read_all(filesystem, path) != payload:
+        # a failure after the file landed (e.g. syncing its directory, or reading it
+        # back) is a commit
+        if not _landed(filesystem, path, payload):
             raise
     try:
         _write_hint(filesystem, metadata_dir, version)
     except Exception as exc:  # the hint is only where readers start probing
         warnings.warn(f"{metadata_dir}: version hint not updated ({exc}); the commit stands", stacklevel=2)
-    if _local_path(filesystem, path) is None and _read_all(filesystem, path) != payload:
+    if _local_path(filesystem, path) is None and not _still_ours(filesystem, path, payload):
         raise CommitConflictError(
             f"{path}: a concurrent writer replaced this commit (filesystem without atomic create); "
             "the table holds the other commit, this one was not applied"
         )
+    _after_commit(filesystem, base_location, metadata, base)
     return path
+
+
+def _after_commit(
+    filesystem: pafs.FileSystem, base_location: str, metadata: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> None:
+    """Metadata housekeeping (``write.metadata.delete-after-commit.enabled``); the commit
+    stands whatever happens here."""
+    from icecrypt.table._housekeeping import delete_removed_metadata_files
+
+    try:
+        delete_removed_metadata_files(filesystem, base_location, base, metadata)
+    except Exception as exc:
+        warnings.warn(f"{base_location}: old metadata files not cleaned up after the commit ({exc})", stacklevel=3)
 
 
 def create_table_metadata(filesystem: pafs.FileSystem, metadata_dir: str, metadata: Mapping[str, Any]) -> str:

@@ -325,9 +325,12 @@ def write_manifest_list(
     parent_snapshot_id: int | None,
     sequence_number: int,
     first_row_id: int,
+    ordered: Sequence[WrittenManifest | dict[str, Any]] | None = None,
 ) -> tuple[StandardKeyMetadata | None, int]:
     """Write a snapshot's manifest list: new data manifests, kept data manifests, new
-    delete manifests, kept delete manifests (Java's order).
+    delete manifests, kept delete manifests (Java's order).  ``ordered``, when given,
+    is the list in its final order instead (new and kept interleaved, as manifest
+    merging leaves them); it holds the same manifests.
 
     New data manifests get ``first_row_id`` from ``first_row_id`` on, each advancing it
     by its added and existing rows (Java's V3 ``ManifestListWriter``).  Returns the
@@ -338,18 +341,22 @@ def write_manifest_list(
     kept = [dict(m) for m in kept_manifests]
     records: list[dict[str, Any]] = []
     next_row_id = first_row_id
-    for content in (DATA, POSITION_DELETES):
-        for manifest in new:
-            if manifest.record["content"] != content:
-                continue
-            record = dict(manifest.record)
-            record["added_snapshot_id"] = snapshot_id
-            record["sequence_number"] = sequence_number
-            record["min_sequence_number"] = (
-                manifest.min_sequence_number if manifest.min_sequence_number is not None else sequence_number
-            )
-            records.append(record)
-        records.extend(m for m in kept if m["content"] == content)
+
+    def assigned(manifest: WrittenManifest) -> dict[str, Any]:
+        record = dict(manifest.record)
+        record["added_snapshot_id"] = snapshot_id
+        record["sequence_number"] = sequence_number
+        record["min_sequence_number"] = (
+            manifest.min_sequence_number if manifest.min_sequence_number is not None else sequence_number
+        )
+        return record
+
+    if ordered is not None:
+        records = [assigned(m) if isinstance(m, WrittenManifest) else dict(m) for m in ordered]
+    else:
+        for content in (DATA, POSITION_DELETES):
+            records.extend(assigned(m) for m in new if m.record["content"] == content)
+            records.extend(m for m in kept if m["content"] == content)
     for record in records:
         if record["content"] == DATA and record.get("first_row_id") is None:
             # new data manifests, and kept ones from before row lineage (Java does the same)

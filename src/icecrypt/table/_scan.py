@@ -87,6 +87,18 @@ def _manifest_pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+def _forget_pool_in_child() -> None:
+    # A forked child inherits the pool object but none of its threads: work submitted
+    # there would wait forever (multiprocessing with fork, a forking server, a test that
+    # forks). The child starts a pool of its own when it first needs one.
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def parse_row_filter(row_filter: BooleanExpression | str | None) -> BooleanExpression:
     """A PyIceberg expression from an expression, a string such as
     ``"id > 5 and category = 'alpha'"`` (PyIceberg's parser), or None (all rows)."""

@@ -27,6 +27,7 @@ import secrets
 import time
 import types
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,8 @@ class _Target:
     kms: Any
     table_key_id: str | None = None
     table: Any = None  # the EncryptedTable to refresh after a commit
+    # (location, metadata, manager) of the last commit made through this target
+    last_commit: tuple[str, dict[str, Any], EncryptionManager | None] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, table: Any) -> _Target:
@@ -110,9 +113,16 @@ class _Target:
         )
 
     def latest(self) -> tuple[str, dict[str, Any]]:
-        """The newest committed metadata file and its content."""
+        """The newest committed metadata file and its content.
+
+        When the table object already holds that version, its parsed document is
+        returned (version files are created once and never change; the write path
+        replaces containers rather than editing them), so a commit parses no JSON."""
         location = _commit.latest_metadata_location(self.filesystem, self.metadata_location)
-        metadata = _commit.read_metadata(self.filesystem, location)
+        if self.table is not None and location == self.table.metadata_location:
+            metadata = self.table.metadata
+        else:
+            metadata = _commit.read_metadata(self.filesystem, location)
         if metadata.get("format-version") != FORMAT_VERSION:
             raise ValueError(
                 f"{location}: icecrypt writes format-version {FORMAT_VERSION} tables only "
@@ -121,22 +131,61 @@ class _Target:
         return location, metadata
 
     def manager(self, metadata: dict[str, Any]) -> EncryptionManager | None:
-        """A fresh encryption manager for ``metadata`` (None for a plaintext table)."""
+        """A fresh encryption manager for ``metadata`` (None for a plaintext table).
+
+        When ``metadata`` is the table object's own document, a copy of the table's
+        manager (same keys; the cache of unwrapped KEKs, and its TTL, shared across the
+        table object's commits); otherwise one built from ``metadata``."""
         key_id, _ = validate_table_properties(metadata.get("properties") or {}, FORMAT_VERSION)
         if key_id is None and self.table_key_id is None:
             return None
         if self.kms is None:
             raise ValueError("the table is encrypted (encryption.key-id is set) but no KMS client was given")
-        return EncryptionManager.from_table_metadata(self.kms, metadata, table_key_id=self.table_key_id)
+        own = getattr(self.table, "encryption_manager", None)
+        if (
+            own is not None and self.table_key_id is None and metadata is self.table.metadata
+            and own.matches_metadata(self.kms, metadata)
+        ):  # fmt: skip
+            return own.copy()
+        manager = EncryptionManager.from_table_metadata(self.kms, metadata, table_key_id=self.table_key_id)
+        manager.share_kek_cache(own)
+        return manager
 
     def io(self, manager: EncryptionManager | None) -> TableIO:
         return TableIO(self.filesystem, self.to_fs_path, manager)
 
     def committed(self, location: str) -> None:
-        """Point the table object at its new version."""
+        """Point the table object at its new version.
+
+        The commit stands once its metadata file landed: a failure to read it back here
+        must not reach the caller as a failed operation (a retried append would add its
+        rows twice). Reads are retried; if they keep failing the table object keeps its
+        old state (scans read the old version until refresh(); writes always start from
+        the newest version on storage) and a RuntimeWarning says so."""
         self.metadata_location = location
-        if self.table is not None:
-            self.table.refresh()
+        if self.table is None:
+            return
+        last, self.last_commit = self.last_commit, None
+        if last is not None and last[0] == location:
+            # what this target just committed is the table's new state, unless a newer
+            # version landed meanwhile: no need to read back and parse the file
+            with contextlib.suppress(OSError, ValueError):
+                if _commit.latest_metadata_location(self.filesystem, location) == location:
+                    self.table._install(last[1], location, last[2])
+                    return
+        for attempt in range(3):
+            try:
+                self.table.refresh()
+                return
+            except OSError as exc:
+                failure = exc
+                time.sleep(0.05 * (attempt + 1))
+        warnings.warn(
+            f"{location}: committed, but reading it back failed ({failure}); "
+            "call refresh() before using this table object again",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 # --- reading what is there -----------------------------------------------------------------
@@ -220,6 +269,8 @@ class _Change:
     added_files: list[dict[str, Any]] = field(default_factory=list)
     removed_files: list[dict[str, Any]] = field(default_factory=list)
     replaced_manifests: int = 0
+    summary_extra: dict[str, str] = field(default_factory=dict)  # e.g. entries-processed (rewrite manifests)
+    order: list[Any] | None = None  # the manifest list in its final order (manifest merging), else new then kept
 
 
 def _tally(files: list[dict[str, Any]]) -> dict[str, int]:
@@ -249,6 +300,7 @@ def _summary(change: _Change, parent: dict[str, Any] | None) -> dict[str, str]:
         "manifests-created": str(len(change.new_manifests)),
         "manifests-kept": str(len(change.kept_manifests)),
         "manifests-replaced": str(change.replaced_manifests),
+        **change.summary_extra,
     }
     for name, value in (
         ("added-data-files", add["data"]), ("deleted-data-files", rem["data"]),
@@ -313,6 +365,7 @@ def _apply(
         target.io(manager), list_location, change.new_manifests, change.kept_manifests,
         snapshot_id=snapshot_id, parent_snapshot_id=parent["snapshot-id"] if parent else None,
         sequence_number=base.get("last-sequence-number", 0) + 1, first_row_id=base.get("next-row-id", 0),
+        ordered=change.order,
     )  # fmt: skip
     try:
         metadata = _snapshot_metadata(base, base_location, manager, change, snapshot_id, list_location, key, next_row_id)
@@ -350,12 +403,14 @@ def _snapshot_metadata(
     if manager is not None:
         snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(list_key).key_id
 
-    metadata = copy.deepcopy(base)
+    # A copy of the top level only: every container changed below is replaced, never
+    # edited in place, so ``base`` stays as read (a deep copy costs O(snapshots) per commit).
+    metadata = dict(base)
     metadata["last-sequence-number"] = sequence_number
     metadata["last-updated-ms"] = now
     metadata["current-snapshot-id"] = snapshot_id
     metadata["next-row-id"] = next_row_id
-    refs = metadata.get("refs") or {}
+    refs = dict(metadata.get("refs") or {})
     refs["main"] = {"snapshot-id": snapshot_id, "type": "branch"}
     metadata["refs"] = refs
     metadata["snapshots"] = list(metadata.get("snapshots") or []) + [snapshot]
@@ -401,7 +456,9 @@ def _commit_change(
         change = build(base, manager)
         metadata, list_location = _apply(target, base_location, base, manager, change, snapshot_id, commit_id, attempt)
         try:
-            return _commit.commit_metadata(target.filesystem, base_location, metadata)
+            location = _commit.commit_metadata(target.filesystem, base_location, metadata, base=base)
+            target.last_commit = (location, metadata, manager)
+            return location
         except (_commit.VersionExistsError, CommitConflictError) as exc:
             target.io(None).remove(list_location)
             if attempt == attempts:
@@ -587,6 +644,7 @@ def append_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
     target = _Target.of(table)
     io: TableIO | None = None
     written = [f["file_path"] for f in data_files]
+    merged_written: list[str] = []  # manifests written by merging, in any attempt
     try:
         base_location, base = target.latest()
         io = target.io(target.manager(base))
@@ -601,19 +659,60 @@ def append_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
             spec=_specs(base)[base.get("default-spec-id", 0)], schema=_schema(base), content=DATA,
         )  # fmt: skip
 
+        last: list[_Change] = []
+
         def build(version: dict[str, Any], manager: EncryptionManager | None) -> _Change:
             parent = _current_snapshot(version)
             kept = []
             if parent is not None:
                 kept = [m for m in _read_manifest_list(target.io(manager), manager, parent) if _has_live_files(m)]
-            return _Change("append", [manifest], kept, added_files=data_files)
+            change = _merge_append(target.io(manager), version, manifest, kept, data_files, snapshot_id, merged_written)
+            last[:] = [change]
+            return change
 
         location = _commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=True)
     except BaseException:
-        _cleanup(io or target.io(None), written)
+        _cleanup(io or target.io(None), written + merged_written)
         raise
+    # manifests this commit wrote that its manifest list does not hold: the new manifest
+    # when it was merged, merges of attempts that lost a race (Java's cleanUncommitted)
+    referenced = {(m.record if isinstance(m, WrittenManifest) else m)["manifest_path"]
+                  for m in (*last[0].new_manifests, *last[0].kept_manifests)}  # fmt: skip
+    _cleanup(io, [p for p in (manifest_location, *merged_written) if p not in referenced])
     target.committed(location)
     return snapshot_id
+
+
+def _merge_append(
+    io: TableIO,
+    version: dict[str, Any],
+    manifest: WrittenManifest,
+    kept: list[dict[str, Any]],
+    data_files: list[dict[str, Any]],
+    snapshot_id: int,
+    merged_written: list[str],
+) -> _Change:
+    """An append's change, its manifests merged as Java's MergeAppend merges them
+    (``icecrypt.table._merge``): data and delete manifests separately."""
+    from icecrypt.table._merge import MergeSettings, merge_manifests
+
+    settings = MergeSettings.from_properties(version.get("properties"))
+    if not settings.enabled:
+        return _Change("append", [manifest], kept, added_files=data_files)
+    location = version["location"].rstrip("/")
+    common = dict(
+        settings=settings, snapshot_id=snapshot_id, specs=_specs(version), schema=_schema(version),
+        read_entries=lambda record: _read_entries(io, record), io=io,
+        new_location=lambda: f"{location}/metadata/{uuid.uuid4()}-m0.avro", written=merged_written,
+    )  # fmt: skip
+    data, replaced_data = merge_manifests([manifest, *(m for m in kept if m["content"] == DATA)], **common)
+    deletes, replaced_deletes = merge_manifests([m for m in kept if m["content"] != DATA], **common)
+    order = data + deletes
+    new = [m for m in order if isinstance(m, WrittenManifest)]
+    still_kept = [m for m in order if not isinstance(m, WrittenManifest)]
+    return _Change(
+        "append", new, still_kept, added_files=data_files, replaced_manifests=replaced_data + replaced_deletes, order=order
+    )
 
 
 def _check_data_files(io: TableIO, data_files: list[dict[str, Any]]) -> None:

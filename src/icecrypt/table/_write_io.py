@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from icecrypt import ags1
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
+from icecrypt.parquet import _AtomicTarget  # the one output target of every table file
 
 __all__ = ["TableIO"]
 
@@ -94,13 +95,18 @@ class TableIO:
             return key.file_length, key
         import fastavro
 
+        # the same publication as the encrypted branch and the data files: a temporary
+        # file made durable and renamed into place (locally), so both kinds of table
+        # leave nothing under a final name unless it is complete, at the same cost
+        target = _AtomicTarget(path, self.format_filesystem)
         try:
-            with self.filesystem.open_output_stream(path) as out:
-                fastavro.writer(out, fastavro.parse_schema(avro_schema), records, codec="deflate", metadata=metadata)
+            fastavro.writer(target.stream, fastavro.parse_schema(avro_schema), records, codec="deflate",
+                            metadata=metadata)
+            length = target.commit()
         except BaseException:
-            self.remove(location)
+            target.discard()
             raise
-        return self.filesystem.get_file_info(path).size, None
+        return length, None
 
     @contextlib.contextmanager
     def read_avro(self, location: str, key_metadata: Any) -> Iterator[Any]:
@@ -131,11 +137,12 @@ class TableIO:
         path = self.ensure_parent(location)
         key = self.new_file_key()
         payload = data if key is None else ags1.encrypt(data, key.encryption_key, key.aad_prefix)
+        target = _AtomicTarget(path, self.format_filesystem)  # complete under its name, or absent
         try:
-            with self.filesystem.open_output_stream(path) as out:
-                out.write(payload)
+            target.stream.write(payload)
+            target.commit()
         except BaseException:
-            self.remove(location)
+            target.discard()
             raise
         if key is not None:
             key = key.with_file_length(len(payload))

@@ -1,0 +1,239 @@
+"""Cost that stays flat: an encrypted and a plaintext table grown side by side to many
+commits and files, planning and commit latency measured as they grow.
+
+    python benchmarks/table_scale.py [--commits 10000] [--files-per-commit 10]
+        [--off-commits 2000] [--checkpoint 1000] [--dir /dev/shm] [--quick] [--json]
+
+Both tables are written by the same code (``EncryptedTable.create`` + ``append``, the same
+generated rows in the same commits; nothing is committed to the repository); the
+encrypted one has ``encryption.key-id``.  Every commit appends ``--files-per-commit``
+small Parquet files (one per partition value).  Appends alternate between the two tables
+(order swapped every commit) and every measurement is interleaved, so the noise of a
+shared host falls on both alike; ratios are encrypted / plaintext within this run.
+
+Variants:
+
+* merging on (Java's defaults: ``commit.manifest-merge.enabled``, min-count 100, 8 MiB),
+  grown to ``--commits``;
+* merging off, grown to ``--off-commits`` (one manifest per commit: planning grows
+  linearly; this is the "before merging" table).
+
+At every ``--checkpoint`` commits: median commit latency of the last window, planning
+time (``plan_files()`` on a freshly loaded table, median of 3) of a full scan and of a
+selective filter (``id < 500``: statistics pruning), the manifest count, and the peak
+memory of planning (tracemalloc).  Snapshots older than the last ``--keep-snapshots`` are
+expired every ``--expire-every`` commits on both tables (a long-lived table under
+maintenance; without it table metadata, and so every commit, grows with history).
+
+Spark (``--spark``): the time the Parquet file source (``icecrypt.spark``) takes to
+plan over ``--spark-files`` encrypted files — NOT IMPLEMENTED here yet, see TODO below.
+
+``rewrite_data_files`` / ``rekey`` throughput: rows added by the maintenance work
+(``maintenance_rows`` below is the hook).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import pyarrow as pa
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.transforms import IdentityTransform
+
+from icecrypt.kms.memory import MemoryKms
+from icecrypt.table import EncryptedTable
+
+SCHEMA = pa.schema([
+    pa.field("id", pa.int64(), nullable=False),
+    pa.field("part", pa.int32(), nullable=False),
+    pa.field("amount", pa.float64()),
+    pa.field("note", pa.string()),
+])
+SPEC = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="part"))
+ROWS_PER_FILE = 5
+SELECTIVE = "id < 500"
+
+
+def commit_rows(commit: int, files: int) -> pa.Table:
+    n = files * ROWS_PER_FILE
+    base = commit * n
+    ids = list(range(base, base + n))
+    return pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "part": pa.array([i % files for i in range(n)], pa.int32()),
+        "amount": pa.array([i * 0.25 for i in ids], pa.float64()),
+        "note": pa.array([f"n{i % 97}" for i in ids]),
+    }, schema=SCHEMA)
+
+
+def create(root: Path, encrypted: bool, merge: bool, kms: MemoryKms) -> EncryptedTable:
+    props = {"commit.manifest-merge.enabled": "true" if merge else "false"}
+    return EncryptedTable.create(
+        str(root), SCHEMA, kms=kms if encrypted else None, table_key_id="keyA" if encrypted else None,
+        partition_spec=SPEC, properties=props,
+    )  # fmt: skip
+
+
+def plan_once(location: str, kms: MemoryKms, row_filter: str | None) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    table = EncryptedTable.load(location, kms=kms)
+    tasks = table.scan(row_filter=row_filter).plan_files()
+    return time.perf_counter() - t0, len(tasks)
+
+
+def plan_peak(location: str, kms: MemoryKms) -> int:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        EncryptedTable.load(location, kms=kms).scan().plan_files()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def measure_planning(locations: dict[str, str], kms: MemoryKms, reps: int = 3) -> dict:
+    out: dict = {name: {"full": [], "selective": []} for name in locations}
+    names = list(locations)
+    for r in range(reps):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            for kind, flt in (("full", None), ("selective", SELECTIVE)):
+                wall, tasks = plan_once(locations[name], kms, flt)
+                out[name][kind].append(wall)
+                out[name][f"{kind}_tasks"] = tasks
+    result = {}
+    for name in names:
+        result[name] = {
+            "plan_full_s": statistics.median(out[name]["full"]),
+            "plan_selective_s": statistics.median(out[name]["selective"]),
+            "tasks": out[name]["full_tasks"],
+            "selective_tasks": out[name]["selective_tasks"],
+            "plan_peak_bytes": plan_peak(locations[name], kms),
+        }
+    return result
+
+
+def expire(table: EncryptedTable, keep: int) -> None:
+    snaps = table.snapshots()
+    if len(snaps) > keep:
+        table.expire_snapshots(snaps[-keep].timestamp_ms)
+
+
+def grow(label: str, roots: dict[str, Path], merge: bool, commits: int, args, kms: MemoryKms, report: list) -> None:
+    tables = {name: create(root, name == "encrypted", merge, kms) for name, root in roots.items()}
+    window: dict[str, list[float]] = {name: [] for name in tables}
+    names = list(tables)
+    for c in range(commits):
+        data = commit_rows(c, args.files_per_commit)
+        for name in (names if c % 2 == 0 else names[::-1]):
+            t0 = time.perf_counter()
+            tables[name].append(data)
+            window[name].append(time.perf_counter() - t0)
+        done = c + 1
+        if args.expire_every and done % args.expire_every == 0:
+            for name in names:
+                expire(tables[name], args.keep_snapshots)
+        if done % args.checkpoint == 0 or done == commits:
+            planning = measure_planning({n: str(roots[n]) for n in names}, kms)
+            row = {"variant": label, "commits": done, "files": done * args.files_per_commit}
+            for name in names:
+                t = tables[name]
+                row[name] = {
+                    "append_ms": statistics.median(window[name]) * 1000,
+                    "manifests": len(t.manifests(t.current_snapshot())),
+                    **planning[name],
+                }
+                window[name] = []
+            e, p = row["encrypted"], row["plaintext"]
+            row["ratio"] = {
+                "append": e["append_ms"] / p["append_ms"],
+                "plan_full": e["plan_full_s"] / p["plan_full_s"],
+                "plan_selective": e["plan_selective_s"] / p["plan_selective_s"],
+            }
+            report.append(row)
+            print(
+                f"[{label:9s}] commits {done:6d} files {row['files']:7d} manifests {e['manifests']:5d}/{p['manifests']:5d} | "
+                f"append ms {e['append_ms']:6.2f}/{p['append_ms']:6.2f} ({row['ratio']['append']:.2f}x) | "
+                f"plan full s {e['plan_full_s']:.3f}/{p['plan_full_s']:.3f} ({row['ratio']['plan_full']:.2f}x) | "
+                f"plan selective s {e['plan_selective_s']:.3f}/{p['plan_selective_s']:.3f} ({row['ratio']['plan_selective']:.2f}x) | "
+                f"plan peak MiB {e['plan_peak_bytes'] / 2**20:.1f}/{p['plan_peak_bytes'] / 2**20:.1f} | tasks {e['tasks']}",
+                flush=True,
+            )
+
+
+def maintenance_rows(args, work: Path, kms: MemoryKms) -> list[dict]:
+    """TODO(maintenance): ``rewrite_data_files`` and ``rekey`` throughput (MB/s of data
+    rewritten, encrypted vs a plain read+write of the same files).  Left to the
+    maintenance actions' owner; return rows shaped like the others."""
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--commits", type=int, default=10_000)
+    parser.add_argument("--files-per-commit", type=int, default=10)
+    parser.add_argument("--off-commits", type=int, default=2_000)
+    parser.add_argument("--checkpoint", type=int, default=1_000)
+    parser.add_argument("--expire-every", type=int, default=500)
+    parser.add_argument("--keep-snapshots", type=int, default=100)
+    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--quick", action="store_true", help="a smoke test: 120 commits, 4 files each")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.commits, args.files_per_commit, args.off_commits, args.checkpoint = 120, 4, 60, 60
+        args.expire_every, args.keep_snapshots = 50, 20
+    kms = MemoryKms.with_iceberg_test_keys()
+    work = Path(tempfile.mkdtemp(prefix="icecrypt-scale-", dir=args.dir))
+    report: list[dict] = []
+    try:
+        print(f"python {sys.version.split()[0]}; {args.commits} commits x {args.files_per_commit} files "
+              f"(merging on), {args.off_commits} commits (merging off); checkpoint {args.checkpoint}; "
+              f"expire every {args.expire_every} keeping {args.keep_snapshots}", flush=True)
+        t0 = time.perf_counter()
+        grow("merge-off", {"encrypted": work / "off-enc", "plaintext": work / "off-plain"}, False,
+             args.off_commits, args, kms, report)
+        grow("merge-on", {"encrypted": work / "on-enc", "plaintext": work / "on-plain"}, True,
+             args.commits, args, kms, report)
+        report.extend(maintenance_rows(args, work, kms))
+        on = [r for r in report if r["variant"] == "merge-on"]
+        off = [r for r in report if r["variant"] == "merge-off"]
+        print("\nsummary (encrypted / plaintext, same run):")
+        for name, rows in (("merge-off", off), ("merge-on", on)):
+            if not rows:
+                continue
+            last = rows[-1]
+            print(f"  {name}: at {last['commits']} commits: planning full {last['ratio']['plan_full']:.2f}x, "
+                  f"selective {last['ratio']['plan_selective']:.2f}x (target <= 1.1x); "
+                  f"append median over all windows {statistics.median(r['ratio']['append'] for r in rows):.2f}x "
+                  f"(target <= 1.15x)")
+        if on:
+            first, last = on[0], on[-1]
+            print(f"  merge-on growth {first['commits']} -> {last['commits']} commits "
+                  f"({last['commits'] / first['commits']:.0f}x): encrypted planning "
+                  f"{last['encrypted']['plan_full_s'] / first['encrypted']['plan_full_s']:.2f}x, "
+                  f"append latency {last['encrypted']['append_ms'] / first['encrypted']['append_ms']:.2f}x")
+        if off and on:
+            same = next((r for r in on if r["commits"] == off[-1]["commits"]), None)
+            if same is not None:
+                print(f"  at {same['commits']} commits, merging on vs off: encrypted planning "
+                      f"{same['encrypted']['plan_full_s']:.3f} s vs {off[-1]['encrypted']['plan_full_s']:.3f} s; "
+                      f"manifests {same['encrypted']['manifests']} vs {off[-1]['encrypted']['manifests']}")
+        print(f"  total wall {time.perf_counter() - t0:.0f} s")
+        if args.json:
+            print(json.dumps(report, indent=1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
