@@ -185,8 +185,8 @@ def _keys_rotate_master(args: argparse.Namespace) -> int:
     def change(manager) -> str:
         old = manager.table_key_id
         rewrapped = manager.rotate_master_key(args.new_key_id)
-        return (f"re-wrapped {len(rewrapped)} KEK(s) from master key {old!r} to {args.new_key_id!r}; "
-                "update encryption.key-id in the catalog too")
+        return (f"re-wrapped {len(rewrapped)} KEK(s) from master key {old!r} to {args.new_key_id!r} "
+                "(encryption.key-id updated in the new metadata)")
 
     return _rewrite(args, change)
 

@@ -79,6 +79,7 @@ def register(subparsers: Any) -> None:
                    help="ISO date/time (UTC unless given), milliseconds since the epoch, or an age like 7d, 12h, 30m")
     _add_common(p)
     p.set_defaults(func=_expire)
+    _register_maintenance(sub)
 
 
 def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
@@ -446,4 +447,84 @@ def _expire(args: argparse.Namespace) -> int:
     removed = table.expire_snapshots(parse_time(args.older_than))
     removed = list(removed or ())
     print(f"expired {len(removed)} snapshot(s){': ' + ', '.join(map(str, removed)) if removed else ''}")
+    return 0
+
+
+# --- maintenance (icecrypt.table._maintenance) ---------------------------------------------------
+
+
+def _register_maintenance(sub: Any) -> None:
+    p = sub.add_parser("rewrite-manifests", help="regroup manifests by partition, new manifests under fresh keys")
+    p.add_argument("table")
+    p.add_argument("--target-size", type=int, help="bytes per manifest (default commit.manifest.target-size-bytes)")
+    _add_common(p)
+    p.set_defaults(func=_rewrite_manifests)
+
+    p = sub.add_parser("rewrite-data-files", help="bin-pack small data files (deletes applied) under fresh DEKs")
+    p.add_argument("table")
+    p.add_argument("--target-file-size", type=int, help="bytes (default write.target-file-size-bytes)")
+    p.add_argument("--filter", help="rewrite only files that may hold rows matching this filter")
+    p.add_argument("--option", action="append", default=[], metavar="K=V",
+                   help="Java's rewrite option, e.g. min-input-files=2, rewrite-all=true (repeatable)")
+    _add_common(p)
+    p.set_defaults(func=_rewrite_data_files)
+
+    p = sub.add_parser("rekey", help="compromise response: re-encrypt what leaked keys protect, rotate the KEK")
+    p.add_argument("table")
+    p.add_argument("--file", action="append", default=[], help="a file whose DEK leaked (repeatable)")
+    p.add_argument("--snapshot", action="append", default=[], type=int, help="a snapshot whose manifest-list key leaked")
+    p.add_argument("--kek", action="append", default=[], help="a KEK id that leaked (repeatable)")
+    p.add_argument("--all", action="store_true", help="every key of the table leaked")
+    p.add_argument("--new-master-key", help="also re-wrap every KEK under this KMS master key")
+    p.add_argument("--expire", action="store_true",
+                   help="expire every older snapshot, delete their files and the older metadata files")
+    _add_common(p)
+    p.set_defaults(func=_rekey)
+
+    p = sub.add_parser("remove-orphan-files", help="delete files under the table location no metadata references")
+    p.add_argument("table")
+    p.add_argument("--older-than", help="only files modified before this (default: 3 days ago); as for expire")
+    p.add_argument("--dry-run", action="store_true", help="list, do not delete")
+    _add_common(p)
+    p.set_defaults(func=_remove_orphan_files)
+
+
+def _rewrite_manifests(args: argparse.Namespace) -> int:
+    result = _load(args, _kms(args)).rewrite_manifests(target_size=args.target_size)
+    print(f"rewrote {result.rewritten_manifests} manifest(s) into {result.added_manifests}; snapshot {result.snapshot_id}")
+    return 0
+
+
+def _rewrite_data_files(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args))
+    result = table.rewrite_data_files(args.target_file_size, args.filter, options=_pairs(args.option, "--option"))
+    print(f"rewrote {result.rewritten_data_files} data file(s) into {result.added_data_files}, removed "
+          f"{result.removed_delete_files} delete file(s); snapshot {result.snapshot_id}")
+    return 0
+
+
+def _rekey(args: argparse.Namespace) -> int:
+    if not (args.file or args.snapshot or args.kek or args.all):
+        raise ValueError("rekey: name what leaked: --file, --snapshot, --kek or --all")
+    table = _load(args, _kms(args))
+    result = table.rekey(files=args.file, snapshot_ids=args.snapshot, kek_ids=args.kek, everything=args.all,
+                         new_master_key_id=args.new_master_key, expire=args.expire)
+    rewritten = result.rewrite.rewritten_data_files if result.rewrite else 0
+    print(f"retired {len(result.retired_fingerprints)} key(s) and {len(result.retired_kek_ids)} KEK(s); "
+          f"rewrote {rewritten} data file(s); new KEK {result.new_kek_id}; "
+          f"expired {len(result.expired_snapshot_ids)} snapshot(s)")
+    problems = result.check(table)
+    for problem in problems:
+        print(f"still uses a retired key: {problem}")
+    return 0 if not problems or not args.expire else 2
+
+
+def _remove_orphan_files(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args))
+    older = parse_time(args.older_than) if args.older_than else None
+    result = table.remove_orphan_files(older, dry_run=args.dry_run)
+    for path in result.orphan_files:
+        print(path)
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {len(result.orphan_files)} orphan file(s)", file=sys.stderr)
     return 0

@@ -45,6 +45,7 @@ __all__ = [
     "IcebergDataSource",
     "ParquetDataSource",
     "register",
+    "rewrite_data_files",
     "wrap_keys",
     "write",
 ]
@@ -69,6 +70,14 @@ def __getattr__(name: str) -> Any:
         if cls == name:
             return getattr(importlib.import_module(module), cls)
     raise AttributeError(f"module 'icecrypt.spark' has no attribute {name!r}")
+
+
+def rewrite_data_files(spark: Any, table_path: str, **options: Any) -> Any:
+    """Bin-pack an encrypted table's data files with the file work in executors and one
+    commit on the driver (see :mod:`icecrypt.spark._maintenance`)."""
+    from icecrypt.spark._maintenance import rewrite_data_files as run
+
+    return run(spark, table_path, **options)
 
 
 def register(spark: Any) -> None:

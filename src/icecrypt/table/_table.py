@@ -33,7 +33,7 @@ __all__ = ["EncryptedTable"]
 
 
 class EncryptedTable:
-    """An Iceberg table read (and, through :mod:`icecrypt.table._write`, written) with
+    """An Iceberg table read (and, through ``icecrypt.table._write``, written) with
     Iceberg's table encryption.
 
     Load one with :meth:`load`, create one with :meth:`create`.  The table is encrypted
@@ -42,10 +42,10 @@ class EncryptedTable:
     and a snapshot without ``key-id`` is refused.  Tables without the property (format
     v1-v3) are read as plain Iceberg tables.
 
-    What writers use: :attr:`metadata` (the ``metadata.json`` document as read, field
-    order and unknown fields kept), :attr:`metadata_location` (its path on
-    :attr:`filesystem`), :attr:`locations` / :meth:`fs_path` (recorded location ->
-    filesystem path), :attr:`kms`, :attr:`encryption_manager` and :meth:`refresh`.
+    What writers use: ``metadata`` (the ``metadata.json`` document as read, field
+    order and unknown fields kept), ``metadata_location`` (its path on
+    ``filesystem``), ``locations`` / :meth:`fs_path` (recorded location ->
+    filesystem path), ``kms``, ``encryption_manager`` and :meth:`refresh`.
     """
 
     def __init__(self, metadata: dict[str, Any], metadata_location: str, locations: Locations, kms: KeyManagementClient | None):
@@ -78,7 +78,16 @@ class EncryptedTable:
         path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
         return cls(read_metadata_file(locations.filesystem, path), path, locations, kms)
 
-    def _install(self, metadata: dict[str, Any], metadata_location: str) -> None:
+    def _install(
+        self, metadata: dict[str, Any], metadata_location: str, committed_manager: EncryptionManager | None = None
+    ) -> None:
+        """Make ``metadata`` (read from ``metadata_location``) this table's state.
+
+        ``committed_manager``: the manager whose ``encryption-keys`` the write path just
+        committed as ``metadata`` (used as is when configured as ``metadata`` says, which
+        spares parsing every entry again).  Otherwise the new manager shares the previous
+        one's cache of unwrapped KEKs when configured alike, so a table object asks the
+        KMS for a KEK once per cache TTL, not once per commit or refresh."""
         model = parse_metadata(metadata, metadata_location)
         properties = metadata.get("properties") or {}
         manager = None
@@ -88,14 +97,22 @@ class EncryptedTable:
                     f"{metadata_location}: the table is encrypted (encryption.key-id = "
                     f"{properties[ENCRYPTION_TABLE_KEY]!r}) and no KMS client was given"
                 )
-            try:
-                manager = EncryptionManager.from_table_metadata(self.kms, metadata)
-            except ValueError as exc:
-                raise FormatError(f"{metadata_location}: {exc}") from None
+            if committed_manager is not None and committed_manager.matches_metadata(self.kms, metadata):
+                manager = committed_manager
+            else:
+                try:
+                    manager = EncryptionManager.from_table_metadata(self.kms, metadata)
+                except ValueError as exc:
+                    raise FormatError(f"{metadata_location}: {exc}") from None
+                manager.share_kek_cache(getattr(self, "encryption_manager", None))
         snapshots = {}
         for raw in metadata.get("snapshots") or ():
             snapshot = Snapshot.from_json(raw)
             snapshots[snapshot.snapshot_id] = snapshot
+        current = metadata.get("current-snapshot-id")
+        if current is not None and current != -1 and current not in snapshots:
+            # as Java's TableMetadata ("Cannot find current version"): a dangling id is damage
+            raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
         self.metadata = metadata
         self.metadata_location = metadata_location
         self.model = model
@@ -125,7 +142,7 @@ class EncryptedTable:
         return dict(self.locations.location_map)
 
     def fs_path(self, location: str) -> str:
-        """The path on :attr:`filesystem` of a location recorded in the metadata."""
+        """The path on ``filesystem`` of a location recorded in the metadata."""
         return self.locations.to_fs_path(location)
 
     @property
@@ -284,7 +301,7 @@ class EncryptedTable:
         return _write.append(self, data, **options)
 
     def overwrite(self, data: Any, **options: Any) -> int | None:
-        """Replace the table's rows (or those matching ``overwrite_filter``) with ``data``."""
+        """Replace all of the table's rows with ``data`` (one ``overwrite`` snapshot)."""
         from icecrypt.table import _write
 
         return _write.overwrite(self, data, **options)
@@ -309,6 +326,88 @@ class EncryptedTable:
         from icecrypt.table import _write
 
         return _write.rotate_keys(self, new_kek=new_kek, new_master_key_id=new_master_key_id, new_kms=new_kms)
+
+    # --- maintenance (icecrypt.table._maintenance) ---------------------------------------------
+
+    def rewrite_manifests(
+        self, *, target_size: int | None = None, force: bool = False, progress: Any = None
+    ) -> Any:
+        """Regroup the current snapshot's manifests, clustered by partition, into manifests
+        of ``target_size`` bytes (default ``commit.manifest.target-size-bytes``, 8 MiB),
+        each a new AGS1 file under a fresh key, in one ``replace`` snapshot as Java's
+        ``RewriteManifests``. Returns a ``RewriteManifestsResult``."""
+        from icecrypt.table import _maintenance
+
+        return _maintenance.rewrite_manifests(self, target_size=target_size, force=force, progress=progress)
+
+    def rewrite_data_files(
+        self,
+        target_file_size: int | None = None,
+        row_filter: Any = None,
+        options: dict[str, Any] | None = None,
+        *,
+        progress: Any = None,
+    ) -> Any:
+        """Bin-pack small data files into files of ``target_file_size`` (default
+        ``write.target-file-size-bytes``), applying deletion vectors and position/equality
+        deletes, under fresh DEKs, in one ``replace`` commit; appends committed meanwhile
+        survive. ``row_filter`` limits the files considered; ``options`` takes Java's
+        rewrite options (``min-input-files``, ``rewrite-all``, ``delete-file-threshold``,
+        ...). Returns a ``RewriteDataFilesResult``."""
+        from icecrypt.table import _maintenance
+
+        return _maintenance.rewrite_data_files(self, target_file_size, row_filter, options, progress=progress)
+
+    def rekey(
+        self,
+        *,
+        files: Any = (),
+        key_metadata: Any = (),
+        snapshot_ids: Any = (),
+        kek_ids: Any = (),
+        everything: bool = False,
+        new_master_key_id: str | None = None,
+        new_kms: Any = None,
+        expire: bool = False,
+        target_file_size: int | None = None,
+        progress: Any = None,
+    ) -> Any:
+        """Respond to a key compromise: re-encrypt under fresh keys everything the leaked
+        keys protect (data and delete ``files`` or their ``key_metadata``, the manifest
+        lists of ``snapshot_ids``, the KEKs ``kek_ids``, or ``everything``), rotate the KEK
+        (and the master key to ``new_master_key_id``), and with ``expire=True`` drop every
+        snapshot, metadata file and key entry that still reaches the old keys. Returns a
+        ``RekeyResult`` whose ``check(table)`` lists what still uses a retired key."""
+        from icecrypt.table import _maintenance
+
+        return _maintenance.rekey(
+            self,
+            files=files,
+            key_metadata=key_metadata,
+            snapshot_ids=snapshot_ids,
+            kek_ids=kek_ids,
+            everything=everything,
+            new_master_key_id=new_master_key_id,
+            new_kms=new_kms,
+            expire=expire,
+            target_file_size=target_file_size,
+            progress=progress,
+        )
+
+    def remove_orphan_files(self, older_than: Any = None, dry_run: bool = False, *, location: str | None = None) -> Any:
+        """Delete (or, with ``dry_run``, only list) the files under the table location that
+        no snapshot or metadata file references, including killed writers' temporaries,
+        if older than ``older_than`` (ms or datetime; default now - 3 days, as Java's
+        ``deleteOrphanFiles``). Returns an ``OrphanFilesResult``."""
+        from icecrypt.table import _maintenance
+
+        return _maintenance.remove_orphan_files(self, older_than, dry_run, location=location)
+
+    def key_usage(self) -> Any:
+        """Key fingerprints (never keys) of every reachable file, and KEK ids in use."""
+        from icecrypt.table import _maintenance
+
+        return _maintenance.key_usage(self)
 
     def __repr__(self) -> str:
         state = "encrypted" if self.encrypted else "plaintext"

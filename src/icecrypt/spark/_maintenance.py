@@ -1,0 +1,56 @@
+"""``icecrypt.spark.rewrite_data_files``: the bin-pack rewrite of an encrypted table with
+its file work in Spark executors and one commit on the driver."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["rewrite_data_files"]
+
+
+def _open(table_path: str, kms_properties: Mapping[str, str], location_map: Mapping[str, str] | None) -> Any:
+    from icecrypt.spark import _keys
+    from icecrypt.table import EncryptedTable
+
+    return EncryptedTable.load(table_path, kms=_keys.kms_client(dict(kms_properties)), location_map=location_map)
+
+
+def rewrite_data_files(
+    spark: Any,
+    table_path: str,
+    *,
+    kms_properties: Mapping[str, str],
+    target_file_size: int | None = None,
+    row_filter: Any = None,
+    options: Mapping[str, Any] | None = None,
+    location_map: Mapping[str, str] | None = None,
+) -> Any:
+    """Plan the rewrite on the driver, rewrite each file group in an executor (rows read
+    with their deletes applied, written under fresh DEKs; the executor opens the table
+    with the KMS ``kms_properties`` describe), and commit once on the driver
+    (``icecrypt.table._maintenance.commit_rewrite``).  Returns the
+    ``RewriteDataFilesResult``.  Files of a failed job are deleted when Spark reports
+    them; those of killed executors are orphans for ``remove_orphan_files``."""
+    from icecrypt.table import _maintenance
+    from icecrypt.table import _write as w
+
+    properties = dict(kms_properties)
+    mapping = dict(location_map) if location_map else None
+    table = _open(table_path, properties, mapping)
+    plan = _maintenance.plan_rewrite(table, target_file_size, row_filter, dict(options or {}))
+    if not plan.groups:
+        return _maintenance.RewriteDataFilesResult(table.current_snapshot_id)
+    location = table.metadata_location
+
+    def run(group: Any) -> list[dict[str, Any]]:
+        return _maintenance.rewrite_group(_open(location, properties, mapping), plan, group)
+
+    groups = plan.groups
+    rdd = spark.sparkContext.parallelize(groups, len(groups))
+    new_files = [f for files in rdd.map(run).collect() for f in files]
+    try:
+        return _maintenance.commit_rewrite(table, plan, new_files)
+    except BaseException:
+        w._cleanup(w._Target.of(table).io(None), [f["file_path"] for f in new_files])
+        raise
