@@ -227,15 +227,17 @@ def test_avro_splits_cover_every_plaintext_byte_once_and_carry_no_keys(kms, kms_
     assert rows == avro_data.table.num_rows
 
 
-def test_parquet_partitions_group_row_groups(kms, kms_options, parquet_data):
+def test_parquet_partitions_group_files(kms, kms_options, parquet_data):
     options = _options(kms_options, path=str(parquet_data.enc), **{"keys.wrapped": _wrapped(kms, parquet_data.keys)})
     _, _, partitions = _plan(ParquetDataSource, options)
-    assert len(partitions) == 1  # 3 small files: one partition of every row group
+    assert len(partitions) == 1  # 3 small files: one partition of whole files
     options["split-size"] = "1"
     _, shipped, partitions = _plan(ParquetDataSource, options)
-    groups = [(file.path, rg) for p in partitions for file, rgs in p.pieces for rg in rgs]
-    assert len(partitions) == len(groups) == 12  # 3 files x 4 row groups, one each
-    assert sorted(set(groups)) == sorted(groups)
+    pieces = [piece for p in partitions for piece in p.pieces]
+    # files below the smallest range (1 MiB) are never cut: one whole file per partition
+    assert len(partitions) == len(pieces) == 3
+    assert sorted(file.path for file, _, _ in pieces) == sorted(parquet_data.keys)
+    assert all((start, end) == (0, None) for _, start, end in pieces)
     reader = pickle.loads(shipped)
     assert sum(b.num_rows for p in partitions for b in reader.read(p)) == parquet_data.table.num_rows
 

@@ -85,7 +85,7 @@ def test_parquet_multi_file_loads_and_projection(icespark, kms, kms_options, par
         read(str(enc)),                                                    # directory, recursive
         read([str(enc / "p0.parquet"), str(enc / "sub/p1.parquet"), str(enc / "p2.parquet")]),
         read([f"{enc}/p*.parquet", f"file://{enc}/sub"]),                 # glob + URI of a directory
-        read(str(enc), **{"split-size": "1"}),                             # one row group per partition
+        read(str(enc), **{"split-size": "1"}),                             # one file per partition
         read(str(plain), encryption="none"),                               # the plaintext twins
         read(str(enc), columns="s,id"),                                    # projection by option
         read(str(enc), schema="u BIGINT, id BIGINT"),                      # projection by schema
@@ -97,7 +97,7 @@ def test_parquet_multi_file_loads_and_projection(icespark, kms, kms_options, par
     aligned = [df.select(*[(F.col(f.name) if f.name in df.columns else F.lit(None).cast(f.dataType)).alias(f.name)
                            for f in full_schema]) for df in frames]
     union = union_variants(aligned)
-    assert union.rdd.getNumPartitions() == 3 * 4 + 6  # 12 single row groups + 1 partition per other load
+    assert union.rdd.getNumPartitions() == 3 + 6  # 3 single files + 1 partition per other load
     result = union.toArrow()
     got = _by_variant(result, len(frames), columns)
     expected = table_lines(expected_table)

@@ -53,7 +53,7 @@ OPT_ENCRYPTION = "encryption"
 OPT_KEYS_MANIFEST = "keys.manifest"
 #: key metadata wrapped under a KMS master key, made by :func:`icecrypt.spark.wrap_keys`
 OPT_KEYS_WRAPPED = "keys.wrapped"
-#: bytes per split (Avro: plaintext bytes; Parquet: compressed row-group bytes)
+#: bytes per split (Avro: plaintext bytes; Parquet: stored file bytes, row groups by midpoint)
 OPT_SPLIT_SIZE = "split-size"
 #: comma-separated column names to read (projection; Spark does not push it to Python sources)
 OPT_COLUMNS = "columns"

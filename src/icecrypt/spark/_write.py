@@ -10,8 +10,9 @@ in the key manifest at commit.
   KEK.
 * ``commit()`` runs on the driver: it unwraps the tasks' key metadata, merges it into the
   key manifest (replacing the directory's previous files on overwrite) and removes files
-  of this job that no committed task reported (attempts Spark discarded).
-* ``abort()`` removes every file of the job.
+  of this job that no committed task reported (attempts Spark discarded), with the hidden
+  temporaries of attempts that died mid-write.
+* ``abort()`` removes every file of the job, temporaries included.
 
 Overwrite: the manifest first gains the new files' keys, then the directory's previous
 data files are deleted, then their keys are dropped, so the directory is readable at
@@ -138,11 +139,13 @@ class EncryptedFileWriter(DataSourceArrowWriter):
     # --- driver -----------------------------------------------------------------------------
 
     def _job_files(self) -> list[str]:
-        """Paths of files of this job in the output directory (committed or not)."""
+        """Paths of files of this job in the output directory (committed or not), and the
+        hidden temporaries (``.part-...-<job id>-....tmp``) of its attempts that died
+        before publishing their file (an executor killed mid-write runs no cleanup)."""
         infos = self.filesystem.get_file_info(pafs.FileSelector(self.directory, allow_not_found=True))
         marker = f"-{self.job_id}-"
         return [info.path for info in infos if info.type == pafs.FileType.File
-                and posixpath.basename(info.path).startswith("part-") and marker in posixpath.basename(info.path)]
+                and _is_job_file(posixpath.basename(info.path), marker)]
 
     def _previous_files(self, keep: set[str]) -> list[str]:
         """Data files of the output directory that this job did not write (for overwrite)."""
@@ -181,6 +184,12 @@ class EncryptedFileWriter(DataSourceArrowWriter):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.prefix}{self.directory} job={self.job_id}>"
+
+
+def _is_job_file(name: str, marker: str) -> bool:
+    if name.startswith("part-"):
+        return marker in name
+    return name.startswith(".part-") and name.endswith(".tmp") and marker in name
 
 
 def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
