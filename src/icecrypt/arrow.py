@@ -50,7 +50,7 @@ Pickling
 Process exit
     Arrow's thread pools may still hold this module's Python objects (files, buffers, the
     handler) when the interpreter finalizes, and dropping one then aborts the process
-    (apache/arrow#34314).  An :mod:`atexit` hook waits for them; see :class:`_ExitGuard`.
+    (apache/arrow#34314).  An :mod:`atexit` hook waits for them; see ``_ExitGuard``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ to, so a manifest whose entries were swapped between paths, dropped, added or ed
 fails to read (:class:`~icecrypt.AuthenticationError`).
 
 Every manifest gets a KEK of its own (one KMS call to write, one to read), made by a
-private :class:`EncryptionManager` over the caller's KMS and master key: the caller's
+private :class:`~icecrypt.keys.EncryptionManager` over the caller's KMS and master key: the caller's
 manager, which may be a table's, gains no entries.
 """
 
@@ -151,7 +151,7 @@ def _load(path: Any, filesystem: Any, name: str) -> dict:
         raise FileNotFoundError(f"{name}: key manifest not found") from None
     try:
         document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise FormatError(f"{name}: not a key manifest (invalid JSON: {exc})") from None
     if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
         raise FormatError(f"{name}: not a key manifest (no \"format\": {MANIFEST_FORMAT!r})")

@@ -200,7 +200,7 @@ class LocalKms(KeyManagementClient):
             raw = f.read()
         try:
             document = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             raise KmsError(f"keystore {path} is not valid JSON ({exc})", backend=_BACKEND) from None
         if (
             not isinstance(document, dict)

@@ -78,7 +78,7 @@ class Locations:
         return location
 
     def to_fs_path(self, location: str | os.PathLike[str]) -> str:
-        """The path of ``location`` on :attr:`filesystem`."""
+        """The path of ``location`` on ``filesystem``."""
         mapped = self.map_location(os.fspath(location))
         match = _SCHEME.match(mapped)
         if match is None or len(match.group(1)) == 1:  # no scheme (a Windows drive letter is none)

@@ -13,6 +13,7 @@ evaluators read, so those evaluators run on these objects unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import uuid
@@ -148,6 +149,19 @@ def _summaries(raw: Any) -> tuple[FieldSummary, ...] | None:
     )
 
 
+@contextlib.contextmanager
+def _malformed(what: str, location: str) -> Iterator[None]:
+    """A record whose fields are missing or of the wrong type (the Avro schema is the
+    file's own, so an authenticated file can still lack what Iceberg requires) is a
+    malformed file: FormatError naming it, not a KeyError or TypeError."""
+    try:
+        yield
+    except FormatError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise FormatError(f"{what} {location}: malformed entry ({type(exc).__name__}: {exc})") from None
+
+
 def read_manifest_list(
     location: str, locations: Locations, key_metadata: StandardKeyMetadata | None, *, encrypted: bool
 ) -> list[ManifestFile]:
@@ -160,23 +174,24 @@ def read_manifest_list(
     result = []
     with open_avro("manifest list", location, locations, key_metadata, encrypted=encrypted) as records:
         for record in records:
-            path = record["manifest_path"]
-            km = file_key_metadata(record.get("key_metadata"), "manifest", path, encrypted=encrypted, needs_length=True)
-            result.append(
-                ManifestFile(
-                    path=path,
-                    length=record["manifest_length"],
-                    spec_id=record["partition_spec_id"],
-                    content=record.get("content") or MANIFEST_DATA,
-                    sequence_number=record.get("sequence_number") or 0,
-                    min_sequence_number=record.get("min_sequence_number") or 0,
-                    added_snapshot_id=record.get("added_snapshot_id"),
-                    partitions=_summaries(record.get("partitions")),
-                    key_metadata=km,
-                    first_row_id=record.get("first_row_id"),
-                    record=record,
+            with _malformed("manifest list", location):
+                path = record["manifest_path"]
+                km = file_key_metadata(record.get("key_metadata"), "manifest", path, encrypted=encrypted, needs_length=True)
+                result.append(
+                    ManifestFile(
+                        path=path,
+                        length=record["manifest_length"],
+                        spec_id=record["partition_spec_id"],
+                        content=record.get("content") or MANIFEST_DATA,
+                        sequence_number=record.get("sequence_number") or 0,
+                        min_sequence_number=record.get("min_sequence_number") or 0,
+                        added_snapshot_id=record.get("added_snapshot_id"),
+                        partitions=_summaries(record.get("partitions")),
+                        key_metadata=km,
+                        first_row_id=record.get("first_row_id"),
+                        record=record,
+                    )
                 )
-            )
     return result
 
 
@@ -247,59 +262,75 @@ def read_manifest(
     except ValueError as exc:
         raise FormatError(f"manifest {manifest.path}: partition spec {spec.spec_id} does not fit the schema ({exc})") from None
     with open_avro("manifest", manifest.path, locations, manifest.key_metadata, encrypted=encrypted) as records:
-        names = _partition_names(records.schema)
+        with _malformed("manifest", manifest.path):
+            names = _partition_names(records.schema)
         fields = [(names.get(f.field_id, f.name), f.field_type) for f in partition_type.fields]
         for record in records:
-            status = record["status"]
-            if status == DELETED and not include_deleted:
-                continue
-            df = record["data_file"]
-            path = df["file_path"]
-            sequence_number = record.get("sequence_number")
-            file_sequence_number = record.get("file_sequence_number")
-            if sequence_number is None or file_sequence_number is None:
-                if status != ADDED and manifest.sequence_number != 0:
-                    raise FormatError(f"manifest {manifest.path}: entry for {path} has no sequence number")
-                if sequence_number is None:
-                    sequence_number = manifest.sequence_number
-                if file_sequence_number is None:
-                    file_sequence_number = manifest.sequence_number
-            content = df.get("content") or DATA
-            file_format = str(df["file_format"]).upper()
-            what = "data file" if content == DATA else "delete file"
-            raw_key = df.get("key_metadata")
-            km = None
-            if raw_key is not None or require_keys:
-                km = file_key_metadata(raw_key, what, path, encrypted=encrypted, needs_length=file_format != "PARQUET")
-            partition_raw = df.get("partition") or {}
-            partition = tuple(to_internal(partition_raw.get(name), ftype) for name, ftype in fields)
-            split_offsets = df.get("split_offsets")
-            equality_ids = df.get("equality_ids")
-            yield ManifestEntry(
-                status=status,
-                snapshot_id=record.get("snapshot_id") if record.get("snapshot_id") is not None else manifest.added_snapshot_id,
-                sequence_number=sequence_number,
-                file_sequence_number=file_sequence_number,
-                file=ContentFile(
-                    content=content,
-                    file_path=path,
-                    file_format=file_format,
-                    spec_id=manifest.spec_id,
-                    partition=partition,
-                    record_count=df["record_count"],
-                    file_size_in_bytes=df["file_size_in_bytes"],
-                    key_metadata=km,
-                    value_counts=_int_map(df.get("value_counts")),
-                    null_value_counts=_int_map(df.get("null_value_counts")),
-                    nan_value_counts=_int_map(df.get("nan_value_counts")),
-                    lower_bounds=_int_map(df.get("lower_bounds")),
-                    upper_bounds=_int_map(df.get("upper_bounds")),
-                    split_offsets=tuple(split_offsets) if split_offsets is not None else None,
-                    equality_ids=tuple(equality_ids) if equality_ids is not None else None,
-                    referenced_data_file=df.get("referenced_data_file"),
-                    content_offset=df.get("content_offset"),
-                    content_size_in_bytes=df.get("content_size_in_bytes"),
-                    first_row_id=df.get("first_row_id"),
-                ),
-                record=record,
-            )
+            with _malformed("manifest", manifest.path):
+                entry = _manifest_entry(record, manifest, fields, encrypted, include_deleted, require_keys)
+            if entry is not None:
+                yield entry
+
+
+def _manifest_entry(
+    record: dict[str, Any],
+    manifest: ManifestFile,
+    fields: list[tuple[str, IcebergType]],
+    encrypted: bool,
+    include_deleted: bool,
+    require_keys: bool,
+) -> ManifestEntry | None:
+    """One manifest record as a ManifestEntry (None for a DELETED entry not asked for)."""
+    status = record["status"]
+    if status == DELETED and not include_deleted:
+        return None
+    df = record["data_file"]
+    path = df["file_path"]
+    sequence_number = record.get("sequence_number")
+    file_sequence_number = record.get("file_sequence_number")
+    if sequence_number is None or file_sequence_number is None:
+        if status != ADDED and manifest.sequence_number != 0:
+            raise FormatError(f"manifest {manifest.path}: entry for {path} has no sequence number")
+        if sequence_number is None:
+            sequence_number = manifest.sequence_number
+        if file_sequence_number is None:
+            file_sequence_number = manifest.sequence_number
+    content = df.get("content") or DATA
+    file_format = str(df["file_format"]).upper()
+    what = "data file" if content == DATA else "delete file"
+    raw_key = df.get("key_metadata")
+    km = None
+    if raw_key is not None or require_keys:
+        km = file_key_metadata(raw_key, what, path, encrypted=encrypted, needs_length=file_format != "PARQUET")
+    partition_raw = df.get("partition") or {}
+    partition = tuple(to_internal(partition_raw.get(name), ftype) for name, ftype in fields)
+    split_offsets = df.get("split_offsets")
+    equality_ids = df.get("equality_ids")
+    return ManifestEntry(
+        status=status,
+        snapshot_id=record.get("snapshot_id") if record.get("snapshot_id") is not None else manifest.added_snapshot_id,
+        sequence_number=sequence_number,
+        file_sequence_number=file_sequence_number,
+        file=ContentFile(
+            content=content,
+            file_path=path,
+            file_format=file_format,
+            spec_id=manifest.spec_id,
+            partition=partition,
+            record_count=df["record_count"],
+            file_size_in_bytes=df["file_size_in_bytes"],
+            key_metadata=km,
+            value_counts=_int_map(df.get("value_counts")),
+            null_value_counts=_int_map(df.get("null_value_counts")),
+            nan_value_counts=_int_map(df.get("nan_value_counts")),
+            lower_bounds=_int_map(df.get("lower_bounds")),
+            upper_bounds=_int_map(df.get("upper_bounds")),
+            split_offsets=tuple(split_offsets) if split_offsets is not None else None,
+            equality_ids=tuple(equality_ids) if equality_ids is not None else None,
+            referenced_data_file=df.get("referenced_data_file"),
+            content_offset=df.get("content_offset"),
+            content_size_in_bytes=df.get("content_size_in_bytes"),
+            first_row_id=df.get("first_row_id"),
+        ),
+        record=record,
+    )

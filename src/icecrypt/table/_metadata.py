@@ -17,6 +17,7 @@ import gzip
 import json
 import posixpath
 import re
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,11 +138,11 @@ def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a corrupt deflate stream
             raise FormatError(f"{path}: damaged gzip-compressed table metadata ({exc})") from None
     try:
         result = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep for the parser
         raise FormatError(f"{path}: table metadata is not valid JSON ({exc})") from None
     if not isinstance(result, dict):
         raise FormatError(f"{path}: table metadata is not a JSON object")
@@ -151,9 +152,10 @@ def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]
 def parse_metadata(raw: Mapping[str, Any], path: str) -> Any:
     """PyIceberg's model of ``raw`` (schemas, specs, sort orders, snapshots)."""
     from pydantic import ValidationError
+    from pyiceberg.exceptions import ValidationError as IcebergValidationError
     from pyiceberg.table.metadata import TableMetadataUtil
 
     try:
         return TableMetadataUtil.parse_obj(dict(raw))
-    except (ValidationError, ValueError) as exc:
+    except (ValidationError, IcebergValidationError, ValueError) as exc:  # PyIceberg's is no ValueError
         raise FormatError(f"{path}: invalid table metadata ({exc})") from None

@@ -1,0 +1,132 @@
+"""A fault at every counted filesystem call of each table operation (raised OSError,
+ENOSPC, and SIGKILL of a forked child), with the invariants of ``faultlib``."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import signal
+import sys
+import warnings
+
+import pytest
+from faultfs import FaultPlan
+from faultlib import MULTI_COMMIT, OPERATIONS, _listing, check_retry, check_state, sample_points
+
+#: calls that allocate or change storage: where ENOSPC can happen
+SPACE_CALLS = {"open_output_stream", "open_append_stream", "write", "close", "create_dir", "move", "copy_file"}
+#: kill points per operation (first/last call and each call kind always included)
+KILL_POINTS = int(os.environ.get("ICECRYPT_FAULT_KILL_POINTS", "24"))
+
+SUMMARY: dict[tuple[str, str], str] = {}
+
+
+def _sweep_points(census, kind):
+    if kind == "enospc":
+        return [i for i, (op, _) in enumerate(census, 1) if op in SPACE_CALLS]
+    return list(range(1, len(census) + 1))
+
+
+@pytest.mark.parametrize("kind", ["error", "enospc"])
+@pytest.mark.parametrize("name", list(OPERATIONS))
+def test_fault_at_every_call(world, references, name, kind):
+    ref = references[name]
+    points = _sweep_points(ref.census, kind)
+    if kind == "enospc" and not points:
+        # Nothing it does allocates space (remove_orphan_files only reads and deletes).
+        assert all(op not in SPACE_CALLS for op, _ in ref.census)
+        SUMMARY[(name, kind)] = "no call that can run out of space"
+        return
+    assert points, f"{name}: no injection point"
+    failures, outcomes = [], collections.Counter()
+    for n in points:
+        root = world.fresh(f"{kind}-{name}-{n}".replace(" ", "_").replace("(", "").replace(")", ""))
+        old_files = set(_listing(root))
+        table, handler = world.load(root)
+        handler.plan = FaultPlan(at=n, kind=kind)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                OPERATIONS[name](table)
+            raised = None
+        except Exception as exc:  # noqa: BLE001 - any error is fine; the state is what is checked
+            raised = exc
+        fired = handler.plan.fired
+        handler.plan = FaultPlan()
+        try:
+            assert fired is not None, f"call {n} never happened (census changed?)"
+            if raised is not None and kind == "enospc":
+                assert _has_errno(raised, errno.ENOSPC), f"ENOSPC lost: {type(raised).__name__}: {raised}"
+            # strict after a raised fault: nothing of the failed operation may be left.
+            # An operation that succeeded although a best-effort step failed (a delete
+            # of files it replaced) may leave orphans, for remove_orphan_files.
+            outcome = check_state(world, root, ref, strict=raised is not None, old_files=old_files)
+            # An operation that raised committed nothing: a caller who retries it (as
+            # any caller would) must not apply it twice.
+            if name not in MULTI_COMMIT:
+                assert raised is None or outcome.version == ref.old_version, "raised, yet committed"
+            check_retry(world, table, root, name, ref, outcome.version)
+            outcomes["new" if outcome.version == ref.new_version else "old"] += 1
+            outcomes["raised" if raised is not None else "succeeded"] += 1
+        except AssertionError as exc:
+            failures.append(f"call {n} {fired}: {exc} (operation raised {type(raised).__name__}: {raised})")
+        except Exception as exc:  # noqa: BLE001
+            failures.append(f"call {n} {fired}: {type(exc).__name__}: {exc} (operation raised {raised!r})")
+    SUMMARY[(name, kind)] = f"{len(points)} points: {dict(outcomes)}"
+    print(f"\n{name} [{kind}]: {len(points)} injection points of {len(ref.census)} counted calls "
+          f"({dict(collections.Counter(op for op, _ in ref.census))}); {dict(outcomes)}")
+    assert not failures, f"{name} [{kind}]: {len(failures)} of {len(points)} points failed:\n" + "\n".join(failures)
+
+
+def _has_errno(exc: BaseException, number: int) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if getattr(exc, "errno", None) == number or os.strerror(number) in str(exc) or "no space left" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@pytest.mark.parametrize("name", list(OPERATIONS))
+def test_kill_at_sampled_calls(world, references, name):
+    """SIGKILL of a forked child at the Nth call; the parent checks what is on disk."""
+    ref = references[name]
+    points = sample_points(ref.census, KILL_POINTS)
+    failures, outcomes = [], collections.Counter()
+    for n in points:
+        root = world.fresh(f"kill-{name}-{n}".replace(" ", "_").replace("(", "").replace(")", ""))
+        pid = os.fork()
+        if pid == 0:  # the child: run the operation, die at call n
+            code = 3
+            try:
+                table, handler = world.load(root)
+                handler.plan = FaultPlan(at=n, kind="kill")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    OPERATIONS[name](table)
+                code = 0
+            except BaseException:  # noqa: BLE001
+                code = 4
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        try:
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+                f"child was not killed at call {n} (status {status:#x})"
+            outcome = check_state(world, root, ref, strict=False, old_files=set())
+            table, _ = world.load(root)
+            check_retry(world, table, root, name, ref, outcome.version)
+            outcomes["new" if outcome.version == ref.new_version else "old"] += 1
+            if outcome.orphans:
+                outcomes["left orphans"] += 1
+            if outcome.temporaries:
+                outcomes["left temporaries"] += 1
+        except AssertionError as exc:
+            failures.append(f"call {n} {ref.census[n - 1]}: {exc}")
+        except Exception as exc:  # noqa: BLE001
+            failures.append(f"call {n} {ref.census[n - 1]}: {type(exc).__name__}: {exc}")
+    print(f"\n{name} [kill]: {len(points)} of {len(ref.census)} calls {points}; {dict(outcomes)}")
+    assert not failures, f"{name} [kill]: {len(failures)} of {len(points)} points failed:\n" + "\n".join(failures)

@@ -1,0 +1,6 @@
+"""tests/fuzz: harness modules (fuzz_*.py) and fuzzlib are imported from this directory."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
