@@ -16,7 +16,7 @@ EXTRAS ?= test,docs,avro,arrow,spark,iceberg,aws,vault,kmip,pkcs11,gcp,azure
 NATIVE := src/icecrypt/_gcm.pyx src/icecrypt/_native/gcm.c include/icecrypt/gcm.h setup.py
 PYTEST_ARGS ?=
 
-.PHONY: all demo test bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro
+.PHONY: all demo test bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro bench-abi3 fuzz sanitize
 
 all: build
 
@@ -58,6 +58,18 @@ demo: build
 bench: build
 	$(PY) benchmarks/throughput.py
 
+# The module built version-specific and against the limited API (abi3), measured
+# interleaved in one run (README, "Building": why abi3 is not the default).
+ABI3_DIR ?= build/abi3
+bench-abi3: build
+	rm -rf $(ABI3_DIR) && mkdir -p $(ABI3_DIR)
+	for v in regular:0 abi3:1; do \
+	    d=$(ABI3_DIR)/$${v%%:*}; mkdir -p $$d && cp -r setup.py pyproject.toml include src scripts $$d/ && \
+	    rm -f $$d/src/icecrypt/_gcm.c $$d/src/icecrypt/*.so && \
+	    (cd $$d && ICECRYPT_LIMITED_API=$${v##*:} $(abspath $(PY)) setup.py -q build_ext --inplace) || exit 1; \
+	done
+	$(PY) benchmarks/abi3.py --variant regular=$(ABI3_DIR)/regular/src --variant abi3=$(ABI3_DIR)/abi3/src --rounds 15
+
 bench-micro: build
 	$(PY) -m pytest benchmarks -o addopts= -o python_files='bench_*.py' -o pythonpath=tests --benchmark-enable -p no:cacheprovider
 
@@ -87,6 +99,14 @@ wheels: build
 	ICECRYPT_OPENSSL_TARBALL=$$(ls $${ICECRYPT_CACHE:-$$HOME/.cache/icecrypt}/openssl_3.5.*.orig.tar.gz | sort -V | tail -n1) \
 	ICECRYPT_VECTORS=$(abspath ../shared/vectors) \
 	$(PY) -m cibuildwheel --config-file cibuildwheel.toml --platform linux --output-dir wheelhouse
+
+# Hardening (see tests/fuzz, scripts/fuzz.sh, scripts/sanitize.sh).
+FUZZ_SECONDS ?= 180
+fuzz: build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
+
+sanitize: build
+	bash scripts/sanitize.sh
 
 docs: build
 	rm -rf docs/_build
