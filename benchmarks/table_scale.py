@@ -28,6 +28,9 @@ maintenance; without it table metadata, and so every commit, grows with history)
 Spark: the Parquet file source's planning over 10,000 files is measured by
 ``benchmarks/spark_parquet_planning.py``.
 
+After growth, the merging-on tables are compacted (``rewrite_data_files`` of every file,
+then ``rewrite_manifests``) and planned again: planning after maintenance.
+
 ``rewrite_data_files`` / ``rekey`` throughput: MB/s of encrypted data rewritten against a
 plain pyarrow read + write of the same rows (``--maintenance-rows``).
 """
@@ -169,6 +172,29 @@ def grow(label: str, roots: dict[str, Path], merge: bool, commits: int, args, km
             )
 
 
+def compacted_rows(roots: dict[str, Path], kms: MemoryKms) -> list[dict]:
+    """Planning after maintenance: the merging-on tables compacted by
+    ``rewrite_data_files`` (every file, bin-packed) and ``rewrite_manifests``, then
+    planned again; the figures before come from the last growth checkpoint."""
+    names = list(roots)
+    timing = {}
+    for name in names:
+        table = EncryptedTable.load(str(roots[name]), kms=kms)
+        t0 = time.perf_counter()
+        table.rewrite_data_files(options={"rewrite-all": "true"})
+        table.rewrite_manifests(force=True)
+        timing[name] = time.perf_counter() - t0
+    planning = measure_planning({n: str(roots[n]) for n in names}, kms)
+    row = {"variant": "compacted", **{n: {**planning[n], "maintenance_s": timing[n]} for n in names}}
+    e, p = row["encrypted"], row["plaintext"]
+    row["ratio"] = {"plan_full": e["plan_full_s"] / p["plan_full_s"], "plan_selective": e["plan_selective_s"] / p["plan_selective_s"]}
+    print(f"[compacted] rewrite_data_files + rewrite_manifests {e['maintenance_s']:.1f}/{p['maintenance_s']:.1f} s | "
+          f"plan full s {e['plan_full_s']:.3f}/{p['plan_full_s']:.3f} ({row['ratio']['plan_full']:.2f}x) | "
+          f"plan selective s {e['plan_selective_s']:.3f}/{p['plan_selective_s']:.3f} ({row['ratio']['plan_selective']:.2f}x) | "
+          f"tasks {e['tasks']}", flush=True)
+    return [row]
+
+
 def maintenance_rows(args, work: Path, kms: MemoryKms) -> list[dict]:
     """``rewrite_data_files`` and ``rekey(everything=True, expire=True)`` throughput (MB of
     encrypted data files rewritten per second) against a plain pyarrow read + write of the
@@ -241,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
              args.off_commits, args, kms, report)
         grow("merge-on", {"encrypted": work / "on-enc", "plaintext": work / "on-plain"}, True,
              args.commits, args, kms, report)
+        report.extend(compacted_rows({"encrypted": work / "on-enc", "plaintext": work / "on-plain"}, kms))
         report.extend(maintenance_rows(args, work, kms))
         on = [r for r in report if r["variant"] == "merge-on"]
         off = [r for r in report if r["variant"] == "merge-off"]
