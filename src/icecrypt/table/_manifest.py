@@ -118,6 +118,9 @@ class ContentFile:
     content_offset: int | None
     content_size_in_bytes: int | None
     first_row_id: int | None = dataclasses.field(repr=False, compare=False)
+    #: the key metadata exactly as the manifest stores it (validated by the decode
+    #: above), handed to scan tasks without re-encoding
+    key_metadata_bytes: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def is_dv(self) -> bool:
@@ -331,6 +334,7 @@ def _manifest_entry(
             content_offset=df.get("content_offset"),
             content_size_in_bytes=df.get("content_size_in_bytes"),
             first_row_id=df.get("first_row_id"),
+            key_metadata_bytes=raw_key if km is not None and isinstance(raw_key, bytes) else None,
         ),
         record=record,
     )

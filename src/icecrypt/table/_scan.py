@@ -369,7 +369,7 @@ class TableScan:
             record_count=file.record_count,
             file_size_in_bytes=file.file_size_in_bytes,
             sequence_number=sequence_number,
-            key_metadata=None if file.key_metadata is None else file.key_metadata.encode(),
+            key_metadata=None if file.key_metadata is None else (file.key_metadata_bytes or file.key_metadata.encode()),
             equality_ids=file.equality_ids,
             referenced_data_file=file.referenced_data_file,
             content_offset=file.content_offset,
