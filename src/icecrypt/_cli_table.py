@@ -79,6 +79,14 @@ def register(subparsers: Any) -> None:
                    help="ISO date/time (UTC unless given), milliseconds since the epoch, or an age like 7d, 12h, 30m")
     _add_common(p)
     p.set_defaults(func=_expire)
+
+    p = sub.add_parser("rotate-keys", help="commit a new KEK and/or move every KEK to a new master key")
+    p.add_argument("table")
+    p.add_argument("--no-new-kek", dest="new_kek", action="store_false",
+                   help="only re-wrap the KEKs (with --new-master-key); by default a new KEK is created")
+    p.add_argument("--new-master-key", metavar="ID", help="re-wrap every KEK under this KMS master key")
+    _add_common(p)
+    p.set_defaults(func=_rotate_keys)
     _register_maintenance(sub)
 
 
@@ -447,6 +455,19 @@ def _expire(args: argparse.Namespace) -> int:
     removed = table.expire_snapshots(parse_time(args.older_than))
     removed = list(removed or ())
     print(f"expired {len(removed)} snapshot(s){': ' + ', '.join(map(str, removed)) if removed else ''}")
+    return 0
+
+
+def _rotate_keys(args: argparse.Namespace) -> int:
+    if not args.new_kek and not args.new_master_key:
+        raise ValueError("nothing to rotate: --no-new-kek needs --new-master-key")
+    table = _load(args, _kms(args))
+    summary = table.rotate_keys(new_kek=args.new_kek, new_master_key_id=args.new_master_key)
+    if args.new_master_key:
+        print(f"re-wrapped {len(summary['rewrapped_kek_ids'])} KEK(s) under master key {summary['table_key_id']!r}")
+    if summary.get("kek_id"):
+        print(f"new KEK {summary['kek_id']}")
+    print(f"committed {table.metadata_location}")
     return 0
 
 

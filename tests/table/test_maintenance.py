@@ -336,3 +336,35 @@ def test_remove_orphan_files_after_the_old_master_key_was_retired(tmp_path):
     assert table.remove_orphan_files(older_than=_now_ms() + 1000).orphan_files == []
     assert digest(table.scan().to_arrow()) == before
     assert_clean(table)
+
+
+def test_cli_rotate_keys_commits_the_next_version(tmp_path, capfd):
+    """icecrypt table rotate-keys commits through the table (next v<N>.metadata.json, the
+    metadata log, the version hint), unlike keys rotate-*, which only write a file."""
+    from icecrypt.cli import main
+    from icecrypt.kms.local import LocalKms
+
+    keystore = tmp_path / "keys.json"
+    LocalKms.create_keystore(keystore, ["m1", "m2"])
+    kms = LocalKms(keystore)
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=kms, table_key_id="m1", partition_spec=CATEGORY)
+    table.append(make_rows(0, 100))
+    rows = digest(table.scan().to_arrow())
+    k = ["--kms-type", "local", "--kms-property", f"encryption.kms.local.keystore={keystore}"]
+    path = str(tmp_path / "t")
+
+    assert main(["table", "rotate-keys", path, *k]) == 0
+    out = capfd.readouterr().out
+    assert "new KEK" in out and "v3.metadata.json" in out
+    assert main(["table", "rotate-keys", path, "--no-new-kek", "--new-master-key", "m2", *k]) == 0
+    out = capfd.readouterr().out
+    assert "under master key 'm2'" in out and "v4.metadata.json" in out
+    assert main(["table", "rotate-keys", path, "--no-new-kek", *k]) == 1  # nothing to rotate
+    capfd.readouterr()
+
+    kms.remove_key("m1")
+    reloaded = EncryptedTable.load(path, kms=LocalKms(keystore))
+    assert reloaded.properties["encryption.key-id"] == "m2"
+    assert len(reloaded.metadata["metadata-log"]) == 3
+    assert digest(reloaded.scan().to_arrow()) == rows
+    assert_clean(reloaded)
