@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pyarrow.fs as pafs
 import pytest
 from arrowhelpers import CountingProxy
-from servers import require_module
 
 from icecrypt.arrow import EncryptedFileSystem
 from icecrypt.keys import EncryptionManager
@@ -31,17 +30,6 @@ def manager(kms) -> EncryptionManager:
 def efs(manager) -> pafs.PyFileSystem:
     """An EncryptedFileSystem over the local filesystem."""
     return EncryptedFileSystem.wrap(pafs.LocalFileSystem(), manager)
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[object]:
-    """A running moto server (``servers.moto.MotoServer``), started once per session."""
-    require_module("boto3")
-    require_module("moto.server")
-    from servers.moto import moto_server as start
-
-    with start() as server:
-        yield server
 
 
 @pytest.fixture(scope="session")
