@@ -6,7 +6,9 @@
 # FUZZ_SECONDS (default 180) is the total budget, split evenly across the harnesses run
 # (at least 5 s each).  ICECRYPT_FUZZ_TIMEOUT (default 10) is the per-input time bound
 # the oracle checks; libFuzzer's -timeout (twice that) backs it up for a hang in native
-# code.  atheris is installed into the project venv (.venv) if missing.
+# code.  FUZZ_SEED (default: none, libFuzzer picks one per run) fixes the mutation
+# sequence: CI sets it so that a run's outcome can be reproduced; leave it unset to
+# explore.  atheris is installed into the project venv (.venv) if missing.
 #
 # Coverage: icecrypt's Python code is instrumented by atheris (instrument_imports).  The
 # native module is not: that needs clang's -fsanitize=fuzzer-no-link in a separate build,
@@ -27,6 +29,8 @@ VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 TOTAL="${FUZZ_SECONDS:-180}"
 TIMEOUT="${ICECRYPT_FUZZ_TIMEOUT:-10}"
+SEED_ARGS=()
+[ -n "${FUZZ_SEED:-}" ] && SEED_ARGS=("-seed=$FUZZ_SEED")
 export ICECRYPT_FUZZ_TIMEOUT="$TIMEOUT"
 
 if [ ! -x "$PY" ]; then
@@ -55,7 +59,7 @@ else
     echo "fuzz.sh: no clang: the native module runs uninstrumented (Python coverage only)"
 fi
 
-echo "fuzz.sh: ${N} harnesses, ${EACH} s each (FUZZ_SECONDS=${TOTAL}), per-input bound ${TIMEOUT} s, artifacts in $OUT"
+echo "fuzz.sh: ${N} harnesses, ${EACH} s each (FUZZ_SECONDS=${TOTAL}, FUZZ_SEED=${FUZZ_SEED:-random}), per-input bound ${TIMEOUT} s, artifacts in $OUT"
 FAILED=0
 START=$(date +%s)
 printf '%-16s %12s %8s  %s\n' harness executions seconds outcome
@@ -65,7 +69,7 @@ for name in "${HARNESSES[@]}"; do
     t0=$(date +%s)
     (cd "$ROOT" && "$PY" tests/fuzz/run.py "$name" "$dir/corpus" \
         -max_total_time="$EACH" -timeout=$(( ${TIMEOUT%.*} * 2 + 5 )) -rss_limit_mb=3072 \
-        -max_len=2200000 -print_final_stats=1 -artifact_prefix="$dir/crashes/" \
+        -max_len=2200000 -print_final_stats=1 -artifact_prefix="$dir/crashes/" "${SEED_ARGS[@]}" \
         >"$dir/log" 2>&1)
     rc=$?
     t1=$(date +%s)

@@ -462,5 +462,23 @@ def test_constructor_checks(java_kms):
         EncryptionManager(java_kms, "")
     with pytest.raises(TypeError):
         EncryptionManager(java_kms, "keyA", [{"key-id": "x"}])
+    same = [EncryptedKey("a", b"1"), EncryptedKey("a", b"1")]
+    assert EncryptionManager(java_kms, "keyA", same).encryption_keys == [same[0]]  # a repeated entry is one entry
+    # two different entries under one id: Java would take the first, but a reader that
+    # took the other (a digest, an older icecrypt) could be fed a substituted key
     dup = [EncryptedKey("a", b"1"), EncryptedKey("a", b"2")]
-    assert EncryptionManager(java_kms, "keyA", dup).encryption_keys == [dup[0]]  # first wins, like Java
+    with pytest.raises(FormatError, match="two different entries with key id 'a'"):
+        EncryptionManager(java_kms, "keyA", dup)
+
+
+def test_conflicting_duplicate_key_id_in_table_metadata_is_refused(tables_dir, tmp_path):
+    from icecrypt.table import EncryptedTable
+
+    source = sorted((tables_dir / "enc_parquet_dek16" / "metadata").glob("*.metadata.json"))[-1]
+    document = json.loads(source.read_text())
+    first, second = document["encryption-keys"][:2]
+    document["encryption-keys"].insert(0, dict(second, **{"key-id": first["key-id"]}))
+    path = tmp_path / "v9.metadata.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(FormatError, match=r"v9\.metadata\.json: encryption-keys holds two different entries"):
+        EncryptedTable.load(str(path), kms=MemoryKms(ICEBERG_TEST_MASTER_KEYS))

@@ -359,7 +359,11 @@ class EncryptionManager:
         for key in encryption_keys:
             if not isinstance(key, EncryptedKey):
                 raise TypeError(f"encryption_keys must hold EncryptedKey objects, not {type(key).__name__}")
-            self._keys.setdefault(key.key_id, key)
+            known = self._keys.setdefault(key.key_id, key)
+            if known != key:
+                # which entry would win is a choice an attacker could exploit (a digest
+                # or reader taking the other one): two different entries are damage
+                raise FormatError(f"encryption-keys holds two different entries with key id {key.key_id!r}")
         self._cache = _KekCache(kek_cache_ttl * 1000.0, self._clock)
 
     @classmethod

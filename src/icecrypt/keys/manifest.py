@@ -183,10 +183,12 @@ def read_key_manifest(
     document = _load(path, filesystem, name)
     try:
         entries = [EncryptedKey.from_json(entry) for entry in document["encryption-keys"]]
+        manager = EncryptionManager(kms, document["table-key-id"], entries)
     except FormatError as exc:
         raise FormatError(f"{name}: {exc}") from None
-    manager = EncryptionManager(kms, document["table-key-id"], entries)
-    by_id = {entry.key_id: entry for entry in entries}
+    except ValueError as exc:  # an empty table-key-id
+        raise FormatError(f"{name}: not a key manifest ({exc})") from None
+    by_id = {entry.key_id: entry for entry in entries}  # unambiguous: the manager refuses conflicting ids
 
     def unwrap(key_id: str, what: str) -> StandardKeyMetadata:
         try:

@@ -159,3 +159,7 @@ def parse_metadata(raw: Mapping[str, Any], path: str) -> Any:
         return TableMetadataUtil.parse_obj(dict(raw))
     except (ValidationError, IcebergValidationError, ValueError) as exc:  # PyIceberg's is no ValueError
         raise FormatError(f"{path}: invalid table metadata ({exc})") from None
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        # PyIceberg's model validators index the document before validating it (a v1
+        # document without "schema" raises KeyError): the document is malformed
+        raise FormatError(f"{path}: invalid table metadata ({type(exc).__name__}: {exc})") from None
