@@ -12,7 +12,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-EXTRAS ?= test,docs,avro,arrow,spark,iceberg,aws,vault,kmip,pkcs11,gcp,azure
+EXTRAS ?= test,docs,avro,arrow,spark,connect,iceberg,sql,postgres,glue,fsspec,aws,vault,kmip,pkcs11,gcp,azure
 NATIVE := src/icecrypt/_gcm.pyx src/icecrypt/_native/gcm.c include/icecrypt/gcm.h setup.py
 PYTEST_ARGS ?=
 

@@ -11,6 +11,8 @@ have make || need+=(make)
 have perl || need+=(perl)                     # OpenSSL's Configure
 have java || need+=(openjdk-17-jre-headless)   # PySpark and parquet-mr interop tests
 have softhsm2-util || need+=(softhsm2)         # the PKCS#11 KMS tests
+# the PostgreSQL catalog tests (initdb/postgres run as an unprivileged user)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 python3 - <<'PY' 2>/dev/null || need+=(python3-dev)
 import os, sysconfig, sys
