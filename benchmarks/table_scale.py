@@ -93,11 +93,19 @@ def plan_once(location: str, kms: MemoryKms, row_filter: str | None) -> tuple[fl
     return time.perf_counter() - t0, len(tasks)
 
 
-def plan_peak(location: str, kms: MemoryKms) -> int:
+def plan_peak(location: str, kms: MemoryKms, streamed: bool = False) -> int:
+    """Peak traced memory of planning a full scan: the whole plan as a list
+    (``plan_files``), or streamed (``plan_tasks``: each task dropped once seen, as a
+    streaming reader or a task scheduler consumes them)."""
     gc.collect()
     tracemalloc.start()
     try:
-        EncryptedTable.load(location, kms=kms).scan().plan_files()
+        scan = EncryptedTable.load(location, kms=kms).scan()
+        if streamed:
+            for _ in scan.plan_tasks():
+                pass
+        else:
+            scan.plan_files()
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -120,6 +128,7 @@ def measure_planning(locations: dict[str, str], kms: MemoryKms, reps: int = 3) -
             "tasks": out[name]["full_tasks"],
             "selective_tasks": out[name]["selective_tasks"],
             "plan_peak_bytes": plan_peak(locations[name], kms),
+            "plan_stream_peak_bytes": plan_peak(locations[name], kms, streamed=True),
         }
     return result
 
@@ -167,7 +176,8 @@ def grow(label: str, roots: dict[str, Path], merge: bool, commits: int, args, km
                 f"append ms {e['append_ms']:6.2f}/{p['append_ms']:6.2f} ({row['ratio']['append']:.2f}x) | "
                 f"plan full s {e['plan_full_s']:.3f}/{p['plan_full_s']:.3f} ({row['ratio']['plan_full']:.2f}x) | "
                 f"plan selective s {e['plan_selective_s']:.3f}/{p['plan_selective_s']:.3f} ({row['ratio']['plan_selective']:.2f}x) | "
-                f"plan peak MiB {e['plan_peak_bytes'] / 2**20:.1f}/{p['plan_peak_bytes'] / 2**20:.1f} | tasks {e['tasks']}",
+                f"plan peak MiB {e['plan_peak_bytes'] / 2**20:.1f}/{p['plan_peak_bytes'] / 2**20:.1f} "
+                f"(streamed {e['plan_stream_peak_bytes'] / 2**20:.1f}/{p['plan_stream_peak_bytes'] / 2**20:.1f}) | tasks {e['tasks']}",
                 flush=True,
             )
 

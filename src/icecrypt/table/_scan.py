@@ -22,7 +22,9 @@ position deletes is not split, its row positions must be counted from the start)
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import os
 import threading
 from collections import defaultdict
@@ -304,61 +306,91 @@ class TableScan:
     def plan_files(self) -> list[FileScanTask]:
         """The file scan tasks of this scan (planned once)."""
         if self._tasks is None:
-            self._tasks = self._plan()
+            self._tasks = list(self.plan_tasks())
         return list(self._tasks)
 
-    def _plan(self) -> list[FileScanTask]:
-        metrics = PlanMetrics()
+    def plan_tasks(self) -> Iterator[FileScanTask]:
+        """The file scan tasks of this scan, streamed: delete manifests are read first
+        (every data file needs the whole delete index), then the data manifests one at a
+        time, so memory holds the delete index and one manifest, not the whole plan.
+        ``metrics`` is complete once the iterator is exhausted.  (After ``plan_files()``,
+        the kept plan is returned instead.)"""
+        if self._tasks is not None:
+            yield from self._tasks
+            return
+        metrics = self.metrics = PlanMetrics()
         if self.snapshot is None:
-            self.metrics = metrics
-            return []
+            return
         table = self.table
-        manifests = table.manifests(self.snapshot)
         evaluators = _Evaluators(table, self.schema, self.row_filter, self.case_sensitive)
-        selected = []
-        for manifest in manifests:
+        data_manifests: list[ManifestFile] = []
+        delete_manifests: list[ManifestFile] = []
+        for manifest in table.manifests(self.snapshot):
             metrics.manifests += 1
-            if evaluators.manifest(manifest):
-                selected.append(manifest)
-            else:
+            if not evaluators.manifest(manifest):
                 metrics.manifests_skipped += 1
+            else:
+                (delete_manifests if manifest.is_deletes else data_manifests).append(manifest)
 
-        def entries(manifest: ManifestFile) -> list[ManifestEntry]:
-            return list(read_manifest(manifest, table.locations, table.specs, self.schema, encrypted=table.encrypted))
-
-        if len(selected) > 1 and not isinstance(table.filesystem, pafs.LocalFileSystem):
-            per_manifest = list(_manifest_pool().map(entries, selected))  # object stores: hide latency
-        else:
-            per_manifest = [entries(manifest) for manifest in selected]
-
-        data: list[ManifestEntry] = []
         deletes: list[ManifestEntry] = []
-        for manifest, found in zip(selected, per_manifest):
-            for entry in found:
-                if manifest.is_deletes != (entry.file.content != DATA):
-                    raise FormatError(f"manifest {manifest.path}: {entry.file.file_path} does not match the manifest's content type")
-                if not evaluators.partition(entry.file):
-                    if entry.file.content == DATA:
-                        metrics.data_files += 1
-                        metrics.data_files_skipped += 1
-                    continue
-                if entry.file.content == DATA:
-                    metrics.data_files += 1
-                    if evaluators.metrics(entry.file):
-                        data.append(entry)
-                    else:
-                        metrics.data_files_skipped += 1
-                else:
-                    deletes.append(entry)
+        for manifest, found in self._read_manifests(delete_manifests):
+            deletes.extend(entry for entry in self._checked(manifest, found) if evaluators.partition(entry.file))
         unpartitioned = {spec_id for spec_id, spec in table.specs.items() if spec.is_unpartitioned()}
         index = _DeleteIndex(deletes, unpartitioned)
         metrics.delete_files = len(index)
-        tasks: list[FileScanTask] = []
-        for entry in data:
-            tasks.extend(self._tasks_for(entry, index.for_data_file(entry)))
-        metrics.tasks = len(tasks)
-        self.metrics = metrics
-        return tasks
+        del deletes
+
+        for manifest, found in self._read_manifests(data_manifests):
+            for entry in self._checked(manifest, found):
+                metrics.data_files += 1
+                if not (evaluators.partition(entry.file) and evaluators.metrics(entry.file)):
+                    metrics.data_files_skipped += 1
+                    continue
+                for task in self._tasks_for(entry, index.for_data_file(entry)):
+                    metrics.tasks += 1
+                    yield task
+
+    @staticmethod
+    def _checked(manifest: ManifestFile, entries: Iterable[ManifestEntry]) -> Iterator[ManifestEntry]:
+        for entry in entries:
+            if manifest.is_deletes != (entry.file.content != DATA):
+                raise FormatError(f"manifest {manifest.path}: {entry.file.file_path} does not match the manifest's content type")
+            yield entry
+
+    def _read_manifests(self, manifests: list[ManifestFile]) -> Iterator[tuple[ManifestFile, Iterable[ManifestEntry]]]:
+        """``(manifest, entries)`` in order.  Local files: the entries are decoded as they
+        are consumed (one entry at a time, however large a merged manifest is).  Object
+        stores: up to ``_MANIFEST_THREADS`` manifests are fetched and decoded ahead in the
+        shared pool (to hide latency) — a bounded window, so memory stays flat however
+        many manifests the snapshot has."""
+        table = self.table
+
+        def read(manifest: ManifestFile) -> Iterator[ManifestEntry]:
+            return read_manifest(manifest, table.locations, table.specs, self.schema, encrypted=table.encrypted)
+
+        def entries(manifest: ManifestFile) -> list[ManifestEntry]:
+            return list(read(manifest))
+
+        if len(manifests) <= 1 or isinstance(table.filesystem, pafs.LocalFileSystem):
+            for manifest in manifests:
+                yield manifest, read(manifest)
+            return
+        pool = _manifest_pool()
+        window: collections.deque = collections.deque()
+        pending = iter(manifests)
+        try:
+            for manifest in itertools.islice(pending, _MANIFEST_THREADS):
+                window.append((manifest, pool.submit(entries, manifest)))
+            while window:
+                manifest, future = window.popleft()
+                found = future.result()
+                following = next(pending, None)
+                if following is not None:
+                    window.append((following, pool.submit(entries, following)))
+                yield manifest, found
+        finally:
+            for _, future in window:
+                future.cancel()
 
     def _task_file(self, file: ContentFile, sequence_number: int) -> TaskFile:
         return TaskFile(
@@ -432,8 +464,8 @@ class TableScan:
     # --- reading --------------------------------------------------------------------------------
 
     def to_batches(self) -> pa.RecordBatchReader:
-        """A streaming reader of the scan's rows (one task at a time)."""
-        tasks = self.plan_files()
+        """A streaming reader of the scan's rows (one task at a time, planned as it goes)."""
+        tasks = self.plan_tasks()
         filesystem = self.table.locations.filesystem
 
         def generate() -> Iterator[pa.RecordBatch]:
