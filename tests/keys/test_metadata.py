@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from icecrypt import FormatError
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.keys.metadata import _decode
+from icecrypt.keys.metadata import _decode, _decode_common, _decode_general
 
 SECRET_KEY = bytes.fromhex("deadbeefcafebabe0badf00d5eed1e55")
 
@@ -190,3 +190,49 @@ def test_decoding_arbitrary_bytes_never_crashes(data):
         return
     # whatever is accepted re-encodes canonically and decodes to the same value
     assert StandardKeyMetadata.decode(km.encode()) == km
+
+
+def _general_or_error(data: bytes):
+    try:
+        return _decode_general(data)
+    except FormatError as exc:
+        return exc
+
+
+def _agrees(data: bytes) -> bool:
+    fast = _decode_common(data)
+    if fast is None:
+        return False
+    general = _general_or_error(data)
+    assert not isinstance(general, Exception), (data.hex(), general)
+    assert general == (fast, False)
+    assert type(fast.encryption_key) is bytes and (fast.aad_prefix is None or type(fast.aad_prefix) is bytes)
+    return True
+
+
+@given(
+    key=st.binary(max_size=70),
+    aad=st.none() | st.binary(max_size=70),
+    length=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    cut=st.integers(min_value=0, max_value=200),
+    tail=st.binary(max_size=3),
+)
+def test_fast_decoder_agrees_with_the_general_one(key, aad, length, cut, tail):
+    encoded = StandardKeyMetadata(key, aad, length).encode()
+    _agrees(encoded + tail)
+    _agrees(encoded[:cut])  # truncations: never accepted by the fast path unless complete
+
+
+@given(st.binary(max_size=80))
+def test_fast_decoder_agrees_on_arbitrary_bytes(data):
+    _agrees(data)
+    _agrees(b"\x01" + data)
+
+
+def test_fast_decoder_takes_the_common_shapes():
+    for km in (StandardKeyMetadata(b"k" * 16), StandardKeyMetadata(b"k" * 32, b"a" * 16, 123_456_789),
+               StandardKeyMetadata(b"k" * 24, b"", 0)):
+        assert _agrees(km.encode())
+    # 1.10's two-field layout and 10-byte lengths go the general way
+    assert _decode_common(StandardKeyMetadata(b"k" * 16, b"a").encode()[:-1]) is None
+    assert _decode_common(StandardKeyMetadata(b"k" * 16, None, 1 << 62).encode()) is None
