@@ -5,6 +5,7 @@ each adds its sub-commands with ``set_defaults(func=handler)``, where
 ``handler(args) -> int`` returns the exit status.  Errors leave as one line on stderr:
 
   0 success   1 other error   2 authentication failure   3 format error   4 KMS error
+  64 usage error (argparse's syntax errors, which would otherwise also exit 2)
 """
 
 from __future__ import annotations
@@ -20,6 +21,16 @@ EXIT_ERROR = 1
 EXIT_AUTH = 2
 EXIT_FORMAT = 3
 EXIT_KMS = 4
+EXIT_USAGE = 64  # sysexits.h EX_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a syntax error, the status that here means "authentication
+    failed": a script must be able to tell a typo from tampered data."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 # Modules that define register(subparsers); imported lazily so `icecrypt --help` is quick.
 COMMAND_MODULES = ("icecrypt._cli_ags1", "icecrypt._cli_keys", "icecrypt._cli_table")
@@ -31,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     from icecrypt import __version__
     from icecrypt._gcm import OPENSSL_LINKAGE, openssl_version
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="icecrypt",
         description="Apache Iceberg table encryption (AGS1 streams, key metadata, keys), "
         "byte-compatible with Iceberg Java.",

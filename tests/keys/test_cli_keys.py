@@ -156,3 +156,14 @@ def test_through_icecrypt_main(table, capfd):
     assert main(["keys", "rotate-kek", str(table), "--kms-type", "memory"]) == EXIT_KMS
     assert "no master key 'keyA'" in capfd.readouterr().err
     assert main(["keys", "list", str(table)]) == 0
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["keys"], ["keys", "list"], ["table", "verify", "t", "--no-such-option"],
+                                  ["key-metadata", "decode"]])
+def test_usage_errors_exit_64_not_the_authentication_status(argv, capfd):
+    from icecrypt.cli import EXIT_AUTH, EXIT_USAGE, main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == EXIT_USAGE != EXIT_AUTH
+    assert "usage: icecrypt" in capfd.readouterr().err
