@@ -60,11 +60,7 @@ import contextlib
 import functools
 import io
 import os
-import posixpath
-import threading
 import time
-import uuid
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -73,8 +69,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from icecrypt import ags1
-from icecrypt.errors import EncryptionKeyNotFoundError, FormatError
-from icecrypt.keys.manager import AAD_PREFIX_LENGTH, EncryptionManager
+from icecrypt._encfs import (
+    EncryptingStream,
+    KeyAccess,
+    KeyMetadataLike,
+    KeyRegistry,
+    KeyResolver,
+    strip_slashes as _canonical,
+)
+from icecrypt.keys.manager import EncryptionManager
 from icecrypt.keys.metadata import StandardKeyMetadata
 
 __all__ = [
@@ -83,10 +86,6 @@ __all__ = [
     "KeyResolver",
     "is_encrypted_filesystem",
 ]
-
-KeyMetadataLike = StandardKeyMetadata | bytes | bytearray | memoryview
-#: ``resolver(path) -> key metadata or None``: looks a file's key up on demand
-KeyResolver = Callable[[str], KeyMetadataLike | None]
 
 # Filesystems whose ``move`` of a file is an atomic rename within one directory.
 _RENAMING_TYPES = frozenset({"local", "hdfs", "mock"})
@@ -103,38 +102,10 @@ def is_encrypted_filesystem(filesystem: Any) -> bool:
     )
 
 
-def _as_key_metadata(value: Any, path: str) -> StandardKeyMetadata:
-    if isinstance(value, StandardKeyMetadata):
-        return value
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        try:
-            return StandardKeyMetadata.decode(value)
-        except FormatError as exc:
-            raise FormatError(f"{path}: malformed key metadata: {exc}") from None
-    raise TypeError(f"{path}: key metadata must be StandardKeyMetadata or bytes, not {type(value).__name__}")
-
-
-def _canonical(path: Any) -> str:
-    """The form paths are keyed by: ``str``, without trailing slashes."""
-    text = os.fsdecode(os.fspath(path))
-    stripped = text.rstrip("/")
-    return stripped or text
-
-
 def _renames_atomically(fs: pafs.FileSystem) -> bool:
     while isinstance(fs, pafs.SubTreeFileSystem):
         fs = fs.base_fs
     return fs.type_name in _RENAMING_TYPES
-
-
-def _plaintext_size(ciphertext_size: int | None) -> int | None:
-    """Plaintext size of a stored file of this size, or None when no AGS1 stream has it."""
-    if ciphertext_size is None:
-        return None
-    try:
-        return ags1.plaintext_length(ciphertext_size)
-    except FormatError:
-        return None
 
 
 # --------------------------------------------------------------------------- files
@@ -211,10 +182,13 @@ class _EncryptedInputFile:
                     self._base_file.close()
 
 
-class _EncryptedOutputStream(io.RawIOBase):
+class _EncryptedOutputStream(EncryptingStream):
     """What :class:`pyarrow.PythonFile` writes to: an Ags1Writer into the base
     filesystem whose file is published by a clean :meth:`close`, and discarded on any
-    failure or when the stream is dropped unclosed."""
+    failure or when the stream is dropped unclosed (the shared rules of
+    :class:`icecrypt._encfs.EncryptingStream`)."""
+
+    base_errors = (OSError, pa.ArrowException)
 
     def __init__(
         self,
@@ -223,98 +197,23 @@ class _EncryptedOutputStream(io.RawIOBase):
         key_metadata: StandardKeyMetadata,
         metadata: Any,
     ):
-        super().__init__()
         self._handler = handler
-        self._path = path
-        self._key_metadata = key_metadata
-        base = handler.base
-        if _renames_atomically(base):
-            directory, name = posixpath.split(path)
-            self._target = posixpath.join(directory, f".{name}.{uuid.uuid4().hex}.icecrypt-tmp")
-        else:
-            self._target = path
-        self._base_stream = base.open_output_stream(self._target, compression=None, metadata=metadata)
-        try:
-            self._writer = ags1.Ags1Writer(self._base_stream, key_metadata.encryption_key, key_metadata.aad_prefix)
-        except BaseException:
-            self._discard_base()
-            raise
-        self.name = path
+        self._metadata = metadata
+        self.renames = _renames_atomically(handler.base)
+        super().__init__(handler._registry, path, key_metadata)
         _guard.track(self)
 
-    def writable(self) -> bool:
-        return True
+    def _open_base(self, path: str) -> pa.NativeFile:
+        return self._handler.base.open_output_stream(path, compression=None, metadata=self._metadata)
 
-    def write(self, data: Any) -> int:
-        with _guard.call():
-            self._checkClosed()
-            try:
-                return self._writer.write(data)
-            except BaseException:
-                self.abort()
-                raise
+    def _move_base(self, src: str, dest: str) -> None:
+        self._handler.base.move(src, dest)
 
-    def close(self) -> None:
-        """Finish the AGS1 stream, publish the file and record its key metadata."""
-        with _guard.call():
-            if self.closed:
-                return
-            try:
-                self._writer.close()
-                self._base_stream.close()
-                if self._target != self._path:
-                    self._handler.base.move(self._target, self._path)
-                length = self._writer.ciphertext_length
-                self._handler._record_written(self._path, self._key_metadata.with_file_length(length))
-            except BaseException:
-                self.abort()
-                raise
-            finally:
-                super().close()
+    def _delete_base(self, path: str) -> None:
+        self._handler.base.delete_file(path)
 
-    def abort(self) -> None:
-        """Leave nothing that looks like a valid file (idempotent)."""
-        if self.closed:
-            return
-        try:
-            self._writer.abort()
-            self._discard_base()
-        finally:
-            super().close()
-
-    def _discard_base(self) -> None:
-        base = self._handler.base
-        if self._target != self._path:
-            try:
-                self._base_stream.close()
-            finally:
-                _delete_quietly(base, self._target)
-            return
-        if self._base_stream.closed:
-            return
-        # pyarrow has no way to abort an upload from Python, and closing the stream
-        # publishes what was written: first make its length impossible for AGS1 (a last
-        # block shorter than nonce + tag), then publish and delete.  When closing fails,
-        # nothing was published.
-        with contextlib.suppress(OSError, pa.ArrowException):
-            self._base_stream.write(b"\0")
-        try:
-            self._base_stream.close()
-        except (OSError, pa.ArrowException):
-            return
-        _delete_quietly(base, self._target)
-
-    def __del__(self) -> None:
-        if hasattr(self, "_writer") and not self.closed:
-            warnings.warn(f"unclosed encrypted output stream {self._path!r}: output discarded", ResourceWarning)
-            self.abort()
-
-
-def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
-    try:
-        fs.delete_file(path)
-    except OSError:
-        pass
+    def _call(self) -> contextlib.AbstractContextManager[Any]:
+        return _guard.call()
 
 
 # --------------------------------------------------------------------------- handler
@@ -331,7 +230,7 @@ def _arrow_entry(method: Callable[..., Any]) -> Callable[..., Any]:
     return entry
 
 
-class EncryptedFileSystemHandler(pafs.FileSystemHandler):
+class EncryptedFileSystemHandler(KeyAccess, pafs.FileSystemHandler):
     """The :class:`pyarrow.fs.FileSystemHandler` behind :meth:`EncryptedFileSystem.wrap`.
 
     ``base``: the filesystem holding the stored (encrypted) bytes.  ``manager``: source of
@@ -356,45 +255,19 @@ class EncryptedFileSystemHandler(pafs.FileSystemHandler):
             raise TypeError(f"base must be a pyarrow.fs.FileSystem, not {type(base).__name__}")
         if is_encrypted_filesystem(base):
             raise ValueError("base is already an EncryptedFileSystem: files would be encrypted twice")
-        if isinstance(plain_prefixes, (str, bytes)):
-            raise TypeError("plain_prefixes must be a collection of paths, not a single string")
         self._base = base
-        self._manager = manager
-        self._data_key_length = manager.data_key_length if manager is not None else None
-        self._resolver: KeyResolver | None = None
-        self._keys: dict[str, StandardKeyMetadata] = {}
-        if callable(keys) and not isinstance(keys, Mapping):
-            self._resolver = keys
-        elif keys is not None:
-            for path, value in keys.items():
-                name = _canonical(path)
-                self._keys[name] = _as_key_metadata(value, name)
-        self._written: dict[str, StandardKeyMetadata] = {}
-        self._plain_prefixes = tuple(sorted({_canonical(p) for p in plain_prefixes}))
-        self._lock = threading.Lock()
+        self._registry = KeyRegistry(manager, keys, plain_prefixes, _canonical)
         _guard.track(self)
 
     # -- pickling: the manager (KMS client) stays behind, its data-key length travels
     def __getstate__(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "base": self._base,
-                "data_key_length": self._data_key_length,
-                "resolver": self._resolver,
-                "keys": dict(self._keys),
-                "written": dict(self._written),
-                "plain_prefixes": self._plain_prefixes,
-            }
+        return {"base": self._base, **self._registry.__getstate__()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._base = state["base"]
-        self._manager = None
-        self._data_key_length = state["data_key_length"]
-        self._resolver = state["resolver"]
-        self._keys = state["keys"]
-        self._written = state["written"]
-        self._plain_prefixes = state["plain_prefixes"]
-        self._lock = threading.Lock()
+        self._base = state.pop("base")
+        self._registry = KeyRegistry.__new__(KeyRegistry)
+        self._registry.__setstate__(state)
+        self._registry.canonical = _canonical
         _guard.track(self)
 
     def __eq__(self, other: object) -> bool:
@@ -402,19 +275,16 @@ class EncryptedFileSystemHandler(pafs.FileSystemHandler):
             return NotImplemented
         if other is self:
             return True
-        with self._lock:
-            mine = (self._plain_prefixes, self._resolver, dict(self._keys))
-        with other._lock:
-            theirs = (other._plain_prefixes, other._resolver, dict(other._keys))
-        return mine == theirs and self._base.equals(other._base)
+        return self._registry.snapshot() == other._registry.snapshot() and self._base.equals(other._base)
 
     def __hash__(self) -> int:
-        return hash((self._base.type_name, self._plain_prefixes))
+        return hash((self._base.type_name, self._registry.plain_prefixes))
 
     def __repr__(self) -> str:
+        registry = self._registry
         return (
-            f"<EncryptedFileSystemHandler base={self._base.type_name!r} keys={len(self._keys)} "
-            f"written={len(self._written)} plain_prefixes={list(self._plain_prefixes)!r}>"
+            f"<EncryptedFileSystemHandler base={self._base.type_name!r} keys={len(registry.keys)} "
+            f"written={len(registry.written)} plain_prefixes={list(registry.plain_prefixes)!r}>"
         )
 
     # -- public API
@@ -423,53 +293,10 @@ class EncryptedFileSystemHandler(pafs.FileSystemHandler):
         """The wrapped filesystem (stored, encrypted bytes)."""
         return self._base
 
-    @property
-    def manager(self) -> EncryptionManager | None:
-        """The encryption manager (None when not given, and after unpickling)."""
-        return self._manager
-
-    @property
-    def plain_prefixes(self) -> tuple[str, ...]:
-        return self._plain_prefixes
-
-    def is_plain(self, path: str) -> bool:
-        """Whether ``path`` lies under one of the plain prefixes (stored unencrypted)."""
-        name = _canonical(path)
-        return any(name == p or name.startswith(p + "/") for p in self._plain_prefixes)
-
-    def find_key_metadata(self, path: str) -> StandardKeyMetadata | None:
-        """The key metadata of ``path``, or None when no key is known for it."""
-        name = _canonical(path)
-        with self._lock:
-            found = self._keys.get(name)
-        if found is None and self._resolver is not None:
-            value = self._resolver(name)
-            if value is not None:
-                found = _as_key_metadata(value, name)
-        return found
-
-    def key_metadata(self, path: str) -> StandardKeyMetadata:
-        """The key metadata of ``path``; EncryptionKeyNotFoundError when there is none.
-        For a file written through this filesystem it carries ``file_length``."""
-        found = self.find_key_metadata(path)
-        if found is None:
-            raise EncryptionKeyNotFoundError(
-                f"{_canonical(path)}: no key metadata for this file; the encrypted filesystem "
-                "refuses to read it (pass its key in keys=, or list its prefix in plain_prefixes=)"
-            )
-        return found
-
-    def written_keys(self) -> dict[str, StandardKeyMetadata]:
-        """Key metadata (with ``file_length``) of every file this handler created: files
-        written, and the targets of copies and moves of files whose key it knew."""
-        with self._lock:
-            return dict(self._written)
 
     def add_keys(self, keys: Mapping[Any, KeyMetadataLike]) -> None:
         """Make more files readable (e.g. keys read from another manifest)."""
-        converted = {_canonical(p): _as_key_metadata(v, _canonical(p)) for p, v in keys.items()}
-        with self._lock:
-            self._keys.update(converted)
+        self._registry.add(keys)
 
     def save_key_manifest(
         self,
@@ -486,85 +313,19 @@ class EncryptedFileSystemHandler(pafs.FileSystemHandler):
         (the manifest is JSON whose keys are all wrapped; it is never encrypted itself).
         ``manager``: default the handler's own (required after unpickling).
         """
-        from icecrypt.keys.manifest import write_key_manifest
-
-        manager = manager or self._manager
-        if manager is None:
-            raise ValueError("save_key_manifest needs an EncryptionManager (this handler has none)")
-        with self._lock:
-            keys = {**self._keys, **self._written} if all_keys else dict(self._written)
-        write_key_manifest(path, keys, manager, filesystem=self._base if filesystem is None else filesystem)
+        self._registry.save_manifest(path, self._base if filesystem is None else filesystem, manager, all_keys)
 
     # -- internals
-    def _new_file_key(self) -> StandardKeyMetadata:
-        if self._manager is not None:
-            return self._manager.new_file_key()
-        if self._data_key_length is None:
-            raise ValueError(
-                "this EncryptedFileSystem has no EncryptionManager: it cannot write encrypted files "
-                "(pass manager= to EncryptedFileSystem.wrap)"
-            )
-        # An unpickled handler: the same draw as EncryptionManager.new_file_key.
-        return StandardKeyMetadata(os.urandom(self._data_key_length), os.urandom(AAD_PREFIX_LENGTH))
-
-    def _record_written(self, path: str, key_metadata: StandardKeyMetadata) -> None:
-        name = _canonical(path)
-        with self._lock:
-            self._keys[name] = key_metadata
-            self._written[name] = key_metadata
-
-    def _forget(self, path: str, *, tree: bool, itself: bool) -> None:
-        """Drop the keys of deleted files: ``path`` itself and/or everything under it."""
-        name = _canonical(path)
-        with self._lock:
-            for table in (self._keys, self._written):
-                gone = [k for k in table if (itself and k == name) or (tree and k.startswith(name + "/"))]
-                for key in gone:
-                    del table[key]
-
-    def _carry(self, src: str, dest: str, *, move: bool) -> None:
-        """Give ``dest`` (and, for a directory, every path under it) the keys of ``src``."""
-        source, target = _canonical(src), _canonical(dest)
-        with self._lock:
-            found = {k: v for k, v in self._keys.items() if k == source or k.startswith(source + "/")}
-            if move:
-                for k in found:
-                    self._keys.pop(k, None)
-                    self._written.pop(k, None)
-            for k, v in found.items():
-                self._keys[target + k[len(source) :]] = v
-                self._written[target + k[len(source) :]] = v
-        if not found and self._resolver is not None:
-            resolved = self.find_key_metadata(source)
-            if resolved is not None:
-                self._record_written(target, resolved)
-
-    def _check_same_side(self, src: str, dest: str) -> None:
-        if self.is_plain(src) != self.is_plain(dest):
-            raise ValueError(
-                f"cannot move or copy {src!r} to {dest!r}: one is under plain_prefixes and the other "
-                "is not, so its bytes would be misread"
-            )
-
     def _file_info(self, info: pafs.FileInfo) -> pafs.FileInfo:
         if info.type != pafs.FileType.File or self.is_plain(info.path):
             return info
-        key_metadata = self.find_key_metadata(info.path)
-        if key_metadata is not None and key_metadata.file_length is not None:
-            try:
-                size = ags1.plaintext_length(key_metadata.file_length)
-            except FormatError as exc:
-                raise FormatError(f"{info.path}: key metadata has an impossible file_length: {exc}") from None
-        else:
-            size = _plaintext_size(info.size)
+        size = self._registry.plaintext_size(info.path, info.size)
         return pafs.FileInfo(info.path, pafs.FileType.File, mtime_ns=info.mtime_ns, size=size)
 
     def _open_reader(self, path: str) -> pa.NativeFile:
-        key_metadata = self.find_key_metadata(path)
-        if key_metadata is None:
-            if self._base.get_file_info(path).type == pafs.FileType.NotFound:
-                raise FileNotFoundError(f"{path}: no such file")
-            self.key_metadata(path)  # raises EncryptionKeyNotFoundError
+        key_metadata = self._registry.for_reading(
+            path, lambda: self._base.get_file_info(path).type != pafs.FileType.NotFound
+        )
         reader = _EncryptedInputFile(self._base.open_input_file(path), key_metadata, _canonical(path))
         return pa.PythonFile(reader, mode="r")
 
@@ -592,36 +353,34 @@ class EncryptedFileSystemHandler(pafs.FileSystemHandler):
     @_arrow_entry
     def delete_dir(self, path: str) -> None:
         self._base.delete_dir(path)
-        self._forget(path, tree=True, itself=True)
+        self._registry.forget(path, tree=True, itself=True)
 
     @_arrow_entry
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
         self._base.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-        self._forget(path, tree=True, itself=False)
+        self._registry.forget(path, tree=True, itself=False)
 
     @_arrow_entry
     def delete_root_dir_contents(self) -> None:
         self._base.delete_dir_contents("/", accept_root_dir=True)
-        with self._lock:
-            self._keys.clear()
-            self._written.clear()
+        self._registry.clear()
 
     @_arrow_entry
     def delete_file(self, path: str) -> None:
         self._base.delete_file(path)
-        self._forget(path, tree=False, itself=True)
+        self._registry.forget(path, tree=False, itself=True)
 
     @_arrow_entry
     def move(self, src: str, dest: str) -> None:
-        self._check_same_side(src, dest)
+        self._registry.check_same_side(src, dest)
         self._base.move(src, dest)
-        self._carry(src, dest, move=True)
+        self._registry.carry(src, dest, move=True)
 
     @_arrow_entry
     def copy_file(self, src: str, dest: str) -> None:
-        self._check_same_side(src, dest)
+        self._registry.check_same_side(src, dest)
         self._base.copy_file(src, dest)
-        self._carry(src, dest, move=False)
+        self._registry.carry(src, dest, move=False)
 
     @_arrow_entry
     def open_input_stream(self, path: str) -> pa.NativeFile:
@@ -639,7 +398,7 @@ class EncryptedFileSystemHandler(pafs.FileSystemHandler):
     def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
         if self.is_plain(path):
             return self._base.open_output_stream(path, compression=None, metadata=metadata)
-        stream = _EncryptedOutputStream(self, path, self._new_file_key(), metadata)
+        stream = _EncryptedOutputStream(self, path, self._registry.new_file_key(), metadata)
         return pa.PythonFile(stream, mode="w")
 
     @_arrow_entry
