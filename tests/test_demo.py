@@ -22,6 +22,7 @@ def test_demo_end_to_end(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    assert "2b. PyIceberg's SqlCatalog on warehouse/catalog.db lists [('sales', 'orders')], at our current metadata file: True" in out, out
     for step in ("1. keystore", "2. 30,000 orders", "4. PySpark", "5. verify", "5b.", "6. new KEK", "7. after rotation", "8. one flipped byte"):
         assert step in out, out
     assert "all checks passed" in out and "found: " in out

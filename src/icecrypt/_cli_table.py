@@ -87,6 +87,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--new-master-key", metavar="ID", help="re-wrap every KEK under this KMS master key")
     _add_common(p)
     p.set_defaults(func=_rotate_keys)
+
+    p = sub.add_parser("repair", help="restore keys a writer without encryption support dropped (from the metadata log)")
+    p.add_argument("table")
+    p.add_argument("--dry-run", action="store_true", help="find and authenticate the keys, commit nothing")
+    _add_common(p)
+    p.set_defaults(func=_repair)
     _register_maintenance(sub)
 
 
@@ -97,6 +103,12 @@ def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
     if table_arg:
         p.add_argument("--location-map", action="append", default=[], metavar="PREFIX=PATH",
                        help="read recorded locations under PREFIX from PATH (repeatable)")
+    # --- catalog options (icecrypt.catalog; catalog-core) ---
+    p.add_argument("--catalog", action="append", default=[], metavar="K=V",
+                   help="catalog property (repeatable: uri=..., warehouse=..., type=sql|glue, s3.*); "
+                        "the table is then an identifier such as db.orders")
+    p.add_argument("--catalog-name", default="default", help="the catalog's name (default: default)")
+    # --- end catalog options ---
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes on stderr")
 
 
@@ -131,12 +143,27 @@ def _filesystem(location: str) -> tuple[Any, str]:
     return None, location
 
 
-def _load(args: argparse.Namespace, kms: Any) -> Any:
+def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any:
+    """The TABLE argument loaded; ``check_keys=False`` (verify, repair) also opens a table
+    whose metadata lost keys (KeysLostError otherwise)."""
     from icecrypt.table import EncryptedTable
 
+    # --- a table by catalog identifier (catalog-core) ---
+    if args.catalog:
+        return _catalog(args, kms).load_table(args.table, check_keys=check_keys)
+    # --- end ---
     filesystem, path = _filesystem(args.table)
-    return EncryptedTable.load(path, kms=kms, filesystem=filesystem,
+    return EncryptedTable.load(path, kms=kms, filesystem=filesystem, check_keys=check_keys,
                                location_map=_pairs(args.location_map, "--location-map") or None)
+
+
+# --- catalog helper (catalog-core) ---
+def _catalog(args: argparse.Namespace, kms: Any) -> Any:
+    """The catalog the --catalog options describe (KMS from the --kms-* options)."""
+    from icecrypt.catalog import load_catalog
+
+    return load_catalog(args.catalog_name, kms=kms, **_pairs(args.catalog, "--catalog"))
+# --- end catalog helper ---
 
 
 def _note(args: argparse.Namespace, text: str) -> None:
@@ -242,9 +269,17 @@ def _create(args: argparse.Namespace) -> int:
     kms = _kms(args)
     if args.table_key_id and kms is None:
         raise ValueError("an encrypted table (--table-key-id) needs a KMS: --kms-type and --kms-property")
-    filesystem, location = _filesystem(args.location)
-    table = EncryptedTable.create(location, schema, kms=kms, table_key_id=args.table_key_id,
-                                  partition_spec=spec, properties=properties, filesystem=filesystem)
+    if args.catalog:  # --- LOCATION is an identifier in a catalog (catalog-core) ---
+        catalog = _catalog(args, kms)
+        namespace = args.location.rsplit(".", 1)[0] if "." in args.location else args.location
+        if not catalog.namespace_exists(namespace):
+            catalog.create_namespace(namespace)
+        table = catalog.create_table(args.location, schema, table_key_id=args.table_key_id, partition_spec=spec,
+                                     properties=properties)
+    else:
+        filesystem, location = _filesystem(args.location)
+        table = EncryptedTable.create(location, schema, kms=kms, table_key_id=args.table_key_id,
+                                      partition_spec=spec, properties=properties, filesystem=filesystem)
     state = f"encrypted under {args.table_key_id!r}" if table.encrypted else "plaintext"
     print(f"created {state} table {table.location} ({table.metadata_location})")
     return 0
@@ -413,7 +448,7 @@ def _snapshots(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    table = _load(args, _kms(args))
+    table = _load(args, _kms(args), check_keys=False)  # lost keys are problems to report
     report = table.verify(args.snapshot, progress=lambda total: _progress(args, total, "verify"))
     if args.json:
         import dataclasses
@@ -468,6 +503,12 @@ def _rotate_keys(args: argparse.Namespace) -> int:
     if summary.get("kek_id"):
         print(f"new KEK {summary['kek_id']}")
     print(f"committed {table.metadata_location}")
+    return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args), check_keys=False)
+    print(table.repair_keys(dry_run=args.dry_run))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The main job of the quick start (``make demo``), on the embedded default.
 
-A local keystore KMS and a local warehouse: a few million generated orders go into an
-encrypted Iceberg table in several commits (natively encrypted Parquet data files, AGS1
+A local keystore KMS and a local warehouse with the embedded SQLite catalog
+(``<warehouse>/catalog.db``, which PyIceberg's ``SqlCatalog`` reads too): a few million
+generated orders go into an encrypted Iceberg table in several commits (natively encrypted Parquet data files, AGS1
 manifests and manifest lists, the manifest-list keys wrapped by a KEK, the KEK by the
 master key), PySpark reads it back (``icecrypt.iceberg``), every file is verified, the KEK
 and then the master key are rotated, and the table is read again through the new master
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyiceberg.transforms import IdentityTransform
 
     from icecrypt import avro
+    from icecrypt.catalog import load_catalog
     from icecrypt.keys import EncryptionManager, write_key_manifest
     from icecrypt.table import EncryptedTable
 
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     keystore = os.path.join(work, "keystore.json")
-    location = os.path.join(work, "warehouse", "sales", "orders")
+    warehouse = os.path.join(work, "warehouse")
+    location = os.path.join(warehouse, "sales", "orders")
     print(f"icecrypt demo in {work} ({openssl_version()})")
     ok = True
 
@@ -135,9 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1. keystore {os.path.basename(keystore)} (mode {oct(os.stat(keystore).st_mode & 0o777)}), "
           f"master key {MASTER_KEY_IDS[0]!r}")
 
-    # 2. An encrypted, partitioned format-version 3 table, filled in several commits.
+    # 2. An encrypted, partitioned format-version 3 table in the embedded SQLite catalog,
+    #    filled in several commits (each one a compare-and-swap in the catalog).
     spec = PartitionSpec(PartitionField(source_id=4, field_id=1000, transform=IdentityTransform(), name="country"))
-    table = EncryptedTable.create(location, SCHEMA, kms=kms, table_key_id=MASTER_KEY_IDS[0], partition_spec=spec)
+    catalog = load_catalog("demo", warehouse=warehouse, kms=kms)
+    catalog.create_namespace("sales")
+    table = catalog.create_table("sales.orders", SCHEMA, table_key_id=MASTER_KEY_IDS[0], partition_spec=spec)
     per_commit = -(-args.rows // args.commits)
     generated = write_seconds = 0.0
     expected_total = 0
@@ -156,6 +162,16 @@ def main(argv: list[str] | None = None) -> int:
           f"(generation {generated:.1f} s apart); files by magic: {heads}")
     ok &= set(heads) <= {"PARE", "AGS1"}
 
+    # 2b. PyIceberg's own SqlCatalog on the same database sees the table where we committed it.
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    theirs = SqlCatalog("demo", uri=catalog.uri)
+    listed = theirs.list_tables("sales")
+    same = theirs.load_table("sales.orders").metadata_location == table.metadata_store.to_recorded(table.metadata_location)
+    print(f"2b. PyIceberg's SqlCatalog on {os.path.relpath(catalog.uri.removeprefix('sqlite:///'), work)} lists "
+          f"{listed}, at our current metadata file: {same}")
+    ok &= listed == [("sales", "orders")] and same
+
     # 3. The key chain of the current snapshot, as recorded in metadata.json.
     current = next(s for s in table.metadata["snapshots"] if s["snapshot-id"] == table.current_snapshot_id)
     keys = {k["key-id"]: k for k in table.metadata.get("encryption-keys", [])}
@@ -167,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = start_spark()
     try:
         t0 = time.perf_counter()
-        df = spark.read.format("icecrypt.iceberg").options(**kms_options).load(location)
+        df = spark.read.format("icecrypt.iceberg").options(**kms_options).load(table.metadata_location)
         count = df.count()
         by_country = {r["country"]: r["n"] for r in df.groupBy("country").count().withColumnRenamed("count", "n").collect()}
         spark_seconds = time.perf_counter() - t0
@@ -219,11 +235,12 @@ def main(argv: list[str] | None = None) -> int:
 
         # 7. Read again: only the new master key exists now.
         t0 = time.perf_counter()
-        again = spark.read.format("icecrypt.iceberg").options(**kms_options).load(location).count()
+        again = spark.read.format("icecrypt.iceberg").options(**kms_options).load(table.metadata_location).count()
         print(f"7. after rotation PySpark reads {again:,} rows in {time.perf_counter() - t0:.1f} s "
               f"(keystore now holds {LocalKms(keystore).key_ids})")
         ok &= again == expected_total + 1000
-        python_rows = EncryptedTable.load(location, kms=LocalKms(keystore)).scan(columns=["order_id"]).to_arrow().num_rows
+        reloaded = load_catalog("demo", warehouse=warehouse, kms=LocalKms(keystore)).load_table("sales.orders")
+        python_rows = reloaded.scan(columns=["order_id"]).to_arrow().num_rows
         ok &= python_rows == again
     finally:
         spark.stop()
@@ -238,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         byte = f.read(1)
         f.seek(100)
         f.write(bytes([byte[0] ^ 1]))
-    damaged = EncryptedTable.load(copy, kms=LocalKms(keystore), location_map={location: copy}).verify()
+    copied_metadata = os.path.join(copy, "metadata", os.path.basename(table.metadata_location))
+    damaged = EncryptedTable.load(copied_metadata, kms=LocalKms(keystore), location_map={location: copy}).verify()
     print(f"8. one flipped byte in {os.path.basename(manifest)}: "
           f"{'found: ' + str(damaged.problems[0]) if not damaged.ok else 'NOT DETECTED'}")
     ok &= not damaged.ok

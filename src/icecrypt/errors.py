@@ -43,6 +43,42 @@ class CommitConflictError(IcecryptError):
     """
 
 
+class CatalogError(IcecryptError):
+    """A catalog refused an operation or holds something it cannot use.
+
+    Messages name the catalog and the namespace or table identifier."""
+
+
+class NoSuchNamespaceError(CatalogError, KeyError):
+    """The namespace does not exist in the catalog."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class NoSuchTableError(CatalogError, KeyError):
+    """The table does not exist in the catalog (or was dropped meanwhile)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class NamespaceAlreadyExistsError(CatalogError):
+    """A namespace of that name exists already."""
+
+
+class TableAlreadyExistsError(CatalogError):
+    """A table of that identifier exists already."""
+
+
+class NamespaceNotEmptyError(CatalogError):
+    """The namespace still holds tables and cannot be dropped."""
+
+
+class InvalidIdentifierError(CatalogError, ValueError):
+    """A namespace or table identifier is malformed (empty, no namespace, empty level)."""
+
+
 class KmsError(IcecryptError):
     """A key management service failed to wrap or unwrap a key.
 
@@ -79,9 +115,49 @@ __all__ = [
     "KeyUsageLimitError",
     "EncryptionKeyNotFoundError",
     "CommitConflictError",
+    "CatalogError",
+    "NoSuchNamespaceError",
+    "NoSuchTableError",
+    "NamespaceAlreadyExistsError",
+    "TableAlreadyExistsError",
+    "NamespaceNotEmptyError",
+    "InvalidIdentifierError",
     "KmsError",
     "KmsKeyNotFoundError",
     "KmsAccessDeniedError",
     "KmsInvalidWrappedKeyError",
     "KmsUnavailableError",
 ]
+
+
+# --- keys dropped by a writer that does not know encryption (icecrypt.table._repair) -----
+
+
+class KeysLostError(FormatError):
+    """An encrypted table's current metadata lost keys its snapshots need: snapshots
+    without ``key-id`` whose manifest lists are encrypted, ``key-id`` values naming no
+    ``encryption-keys`` entry, or missing KEKs (typically a metadata-only commit by a
+    writer that does not know Iceberg encryption).
+
+    ``metadata_location``: the damaged metadata file; ``snapshot_ids``: the snapshots
+    affected; ``dropped_by``: the first metadata file of the metadata-log that lacks
+    them (the commit that dropped them), None when the log does not tell.
+    ``EncryptedTable.repair_keys()`` / ``icecrypt table repair`` restores them.
+    """
+
+    def __init__(
+        self, message: str, *, metadata_location: str, snapshot_ids: tuple[int, ...] = (), dropped_by: str | None = None
+    ):
+        super().__init__(message)
+        self.metadata_location = metadata_location
+        self.snapshot_ids = tuple(snapshot_ids)
+        self.dropped_by = dropped_by
+
+
+class RepairError(IcecryptError):
+    """``repair_keys()`` refused: the previous metadata files disagree about a key, a
+    needed key is in none of them, or a recovered key does not authenticate the file
+    it is for.  Nothing was committed."""
+
+
+__all__ += ["KeysLostError", "RepairError"]

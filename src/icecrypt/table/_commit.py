@@ -25,6 +25,14 @@ How exclusive the creation is depends on the filesystem:
   winner's write lands before the loser's checks, but not always.  **Concurrent writers
   to one table on an object store must be serialized by the caller** (one committing
   process, or an external lock).
+
+Tables in a catalog (``icecrypt.catalog``) commit differently, as Iceberg Java's
+metastore tables do: the new version is written under a fresh name
+``<NNNNN>-<uuid>.metadata.json`` (:func:`new_metadata_file_name`, which no other writer
+can pick) and the catalog then swaps the table's metadata location from the base version
+to it, compare-and-swap (a :class:`MetadataStore`).  Only the swap decides who won, so
+catalog tables are safe with concurrent writers on any filesystem, object stores
+included (:func:`commit_metadata_to_store`).
 """
 
 from __future__ import annotations
@@ -34,23 +42,27 @@ import json
 import posixpath
 import re
 import secrets
+import uuid
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow.fs as pafs
 
 from icecrypt._atomic import AtomicFile
-from icecrypt.errors import CommitConflictError
+from icecrypt.errors import CommitConflictError, NoSuchTableError
 
 __all__ = [
     "VERSION_HINT",
+    "MetadataStore",
     "VersionExistsError",
     "commit_metadata",
+    "commit_metadata_to_store",
     "create_table_metadata",
     "is_atomic",
     "latest_metadata_location",
     "metadata_file_name",
+    "new_metadata_file_name",
     "read_metadata",
     "serialize_metadata",
     "version_of",
@@ -68,6 +80,29 @@ class VersionExistsError(Exception):
 
 def metadata_file_name(version: int) -> str:
     return f"v{version}.metadata.json"
+
+
+def new_metadata_file_name(version: int) -> str:
+    """``<NNNNN>-<uuid>.metadata.json``: the name Iceberg Java's metastore catalogs (and
+    PyIceberg) give version ``version`` of a catalog table's metadata."""
+    return f"{version:05d}-{uuid.uuid4()}.metadata.json"
+
+
+class MetadataStore(Protocol):
+    """Where a catalog keeps a table's current metadata location (paths on the table's
+    filesystem).  ``icecrypt.catalog`` implements it per table."""
+
+    def current(self) -> str:
+        """The current metadata file (NoSuchTableError if the table is gone)."""
+        ...
+
+    def swap(self, expected: str, new: str) -> None:
+        """Make ``new`` current if ``expected`` still is; CommitConflictError otherwise."""
+        ...
+
+    def create(self, new: str) -> None:
+        """Register a new table whose first metadata file is ``new``."""
+        ...
 
 
 def version_of(metadata_location: str) -> int:
@@ -278,3 +313,71 @@ def create_table_metadata(filesystem: pafs.FileSystem, metadata_dir: str, metada
         raise FileExistsError(f"{path}: a table already exists here") from None
     _write_hint(filesystem, metadata_dir, 1)
     return path
+
+
+def commit_metadata_to_store(
+    filesystem: pafs.FileSystem,
+    store: MetadataStore,
+    base_location: str | None,
+    metadata: Mapping[str, Any],
+    *,
+    metadata_dir: str | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> str:
+    """Commit ``metadata`` of a catalog table as the version after ``base_location``
+    (None: a new table, registered in ``store`` with ``store.create``); returns its path.
+
+    The file ``<NNNNN>-<uuid>.metadata.json`` is written in ``metadata_dir`` (default:
+    beside ``base_location``), then ``store.swap(base_location, path)``.  A lost swap
+    deletes the file and raises ``VersionExistsError`` (retryable, as when a Hadoop
+    version exists).  When the swap fails otherwise, the store is asked again: a swap
+    that landed anyway stands; one that surely did not is cleaned up; when the store
+    cannot tell, the file is kept (it may be the table's current version) and the error
+    propagates."""
+    if metadata_dir is None:
+        if base_location is None:
+            raise ValueError("commit_metadata_to_store: a new table needs metadata_dir")
+        metadata_dir = posixpath.dirname(base_location)
+    try:
+        version = version_of(base_location) + 1 if base_location is not None else 0
+    except ValueError:  # a metadata file name of no known kind: count from its log
+        version = len(metadata.get("metadata-log") or ())
+    path = posixpath.join(metadata_dir, new_metadata_file_name(version))
+    payload = serialize_metadata(metadata)
+    if base_location is None:
+        filesystem.create_dir(metadata_dir, recursive=True)
+    _create_exclusive(filesystem, path, payload)
+    try:
+        if base_location is None:
+            store.create(path)
+        else:
+            store.swap(base_location, path)
+    except CommitConflictError as exc:
+        _remove_quietly(filesystem, path)
+        raise VersionExistsError(path) from exc
+    except BaseException:
+        landed = _is_current(store, path)
+        if landed:
+            if base_location is not None:
+                _after_commit(filesystem, base_location, metadata, base)
+            return path
+        if landed is False:
+            _remove_quietly(filesystem, path)
+        raise  # landed None: the outcome is unknown, the file is kept (it may be current)
+    if base_location is not None:
+        _after_commit(filesystem, base_location, metadata, base)
+    return path
+
+
+def _is_current(store: MetadataStore, path: str) -> bool | None:
+    try:
+        return store.current() == path
+    except NoSuchTableError:
+        return False
+    except Exception:
+        return None
+
+
+def _remove_quietly(filesystem: pafs.FileSystem, path: str) -> None:
+    with contextlib.suppress(OSError):
+        filesystem.delete_file(path)

@@ -799,7 +799,7 @@ def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> list[str]
         metadata["metadata-log"] = []
         metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
         try:
-            location = _commit.commit_metadata(target.filesystem, base_location, metadata)
+            location = target.commit_metadata(base_location, metadata, base=base)
         except (_commit.VersionExistsError, CommitConflictError):
             if attempt > w.DEFAULT_COMMIT_RETRIES:
                 raise CommitConflictError(f"{target.metadata_location}: re-key cleanup kept losing to concurrent commits") from None

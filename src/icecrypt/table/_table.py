@@ -48,9 +48,18 @@ class EncryptedTable:
     filesystem path), ``kms``, ``encryption_manager`` and :meth:`refresh`.
     """
 
-    def __init__(self, metadata: dict[str, Any], metadata_location: str, locations: Locations, kms: KeyManagementClient | None):
+    def __init__(
+        self,
+        metadata: dict[str, Any],
+        metadata_location: str,
+        locations: Locations,
+        kms: KeyManagementClient | None,
+        *,
+        check_keys: bool = True,
+    ):
         self.locations = locations
         self.kms = kms
+        self.check_keys = check_keys  # repair: KeysLostError when keys were dropped (_repair)
         self._install(metadata, metadata_location)
 
     # --- loading ------------------------------------------------------------------------------
@@ -63,6 +72,7 @@ class EncryptedTable:
         kms: KeyManagementClient | None = None,
         filesystem: pafs.FileSystem | None = None,
         location_map: Mapping[str, str] | None = None,
+        check_keys: bool = True,
     ) -> EncryptedTable:
         """Load a table from a ``metadata.json`` file or a table directory.
 
@@ -72,11 +82,13 @@ class EncryptedTable:
         ``filesystem`` (None = local) or a URI the ``location_map`` rewrites.
         ``kms`` holds the table key (``encryption.key-id``); it is required for an
         encrypted table.  ``location_map`` rewrites recorded path prefixes, e.g.
-        ``{"s3://bucket/table": "/data/table"}``.
+        ``{"s3://bucket/table": "/data/table"}``.  ``check_keys=False`` opens an
+        encrypted table whose metadata lost keys (a ``KeysLostError`` otherwise), to
+        inspect it or :meth:`repair_keys` it.
         """
         locations = Locations(filesystem, location_map)
         path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
-        return cls(read_metadata_file(locations.filesystem, path), path, locations, kms)
+        return cls(read_metadata_file(locations.filesystem, path), path, locations, kms, check_keys=check_keys)
 
     def _install(
         self, metadata: dict[str, Any], metadata_location: str, committed_manager: EncryptionManager | None = None
@@ -113,21 +125,35 @@ class EncryptedTable:
         if current is not None and current != -1 and current not in snapshots:
             # as Java's TableMetadata ("Cannot find current version"): a dangling id is damage
             raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
+        if manager is not None and getattr(self, "check_keys", True):  # keys dropped by another writer (repair)
+            from icecrypt.table._repair import check_keys
+
+            check_keys(metadata, metadata_location, self.locations, cache=self.__dict__.setdefault("_repair_cache", {}))
         self.metadata = metadata
         self.metadata_location = metadata_location
         self.model = model
         self.encryption_manager: EncryptionManager | None = manager
         self._snapshots = snapshots
 
+    #: Where the table's catalog keeps its current metadata location
+    #: (``icecrypt.table._commit.MetadataStore``); None for a table loaded by path.
+    #: Set by ``icecrypt.catalog``: refresh() then asks the catalog, and every commit
+    #: swaps the catalog's metadata location.
+    metadata_store: Any = None
+
     def refresh(self) -> EncryptedTable:
         """Re-read the newest committed version of this table (after a commit here or
-        elsewhere); returns self."""
+        elsewhere); returns self.  A catalog table asks its catalog which version is
+        current; a path table looks for newer ``v<N>.metadata.json`` files."""
         from icecrypt.table._commit import latest_metadata_location
 
-        try:
-            path = latest_metadata_location(self.filesystem, self.metadata_location)
-        except ValueError:  # a metadata file name that is neither Hadoop's nor Java's
-            path = self.metadata_location
+        if self.metadata_store is not None:
+            path = self.metadata_store.current()
+        else:
+            try:
+                path = latest_metadata_location(self.filesystem, self.metadata_location)
+            except ValueError:  # a metadata file name that is neither Hadoop's nor Java's
+                path = self.metadata_location
         self._install(read_metadata_file(self.filesystem, path), path)
         return self
 
@@ -402,6 +428,15 @@ class EncryptedTable:
         from icecrypt.table import _maintenance
 
         return _maintenance.remove_orphan_files(self, older_than, dry_run, location=location)
+
+    def repair_keys(self, *, dry_run: bool = False) -> Any:
+        """Restore the ``key-id`` values and ``encryption-keys`` entries the current
+        metadata lost (a writer that does not know encryption dropped them) from the
+        previous metadata files, each authenticated, in one new commit; refuses
+        (``RepairError``) when anything is ambiguous.  Returns a ``RepairReport``."""
+        from icecrypt.table import _repair
+
+        return _repair.repair_keys(self, dry_run=dry_run)
 
     def key_usage(self) -> Any:
         """Key fingerprints (never keys) of every reachable file, and KEK ids in use."""

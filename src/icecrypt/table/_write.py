@@ -44,6 +44,7 @@ from icecrypt.errors import CommitConflictError, FormatError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
 from icecrypt.table import _commit
+from icecrypt.table._io import Locations
 from icecrypt.table._manifest_write import (
     ADDED,
     DATA,
@@ -99,6 +100,9 @@ class _Target:
     table: Any = None  # the EncryptedTable to refresh after a commit
     # (location, metadata, manager) of the last commit made through this target
     last_commit: tuple[str, dict[str, Any], EncryptionManager | None] | None = field(default=None, repr=False)
+    # where a catalog keeps the table's current metadata location (_commit.MetadataStore);
+    # None = a path table, committed Hadoop-style
+    store: Any = None
 
     @classmethod
     def of(cls, table: Any) -> _Target:
@@ -110,7 +114,38 @@ class _Target:
             to_fs_path=table.fs_path,
             kms=table.kms,
             table=table,
+            store=getattr(table, "metadata_store", None),
         )
+
+    def current_location(self) -> str:
+        """The table's newest committed metadata file: what its catalog says, or for a
+        path table the newest ``v<N>.metadata.json`` (hint, then probing forward)."""
+        if self.store is not None:
+            return self.store.current()
+        return _commit.latest_metadata_location(self.filesystem, self.metadata_location)
+
+    def commit_metadata(
+        self, base_location: str | None, metadata: dict[str, Any], base: dict[str, Any] | None = None
+    ) -> str:
+        """Commit ``metadata`` as the version after ``base_location`` (whose content is
+        ``base``, if the caller has it); returns the new metadata file's path.
+        ``base_location`` None creates the table (its first metadata file, in
+        ``<location>/metadata``).
+
+        Every write path commits here: a path table creates ``v<N+1>.metadata.json``
+        exclusively (``_commit.commit_metadata``), a catalog table writes
+        ``<NNNNN>-<uuid>.metadata.json`` and has the catalog swap its metadata location
+        (``_commit.commit_metadata_to_store``).  Raising ``_commit.VersionExistsError``
+        (another writer committed first; retryable) or CommitConflictError means
+        nothing was committed."""
+        if base_location is None:
+            metadata_dir = self.to_fs_path(f"{metadata['location'].rstrip('/')}/metadata")
+            if self.store is None:
+                return _commit.create_table_metadata(self.filesystem, metadata_dir, metadata)
+            return _commit.commit_metadata_to_store(self.filesystem, self.store, None, metadata, metadata_dir=metadata_dir)
+        if self.store is None:
+            return _commit.commit_metadata(self.filesystem, base_location, metadata, base=base)
+        return _commit.commit_metadata_to_store(self.filesystem, self.store, base_location, metadata, base=base)
 
     def latest(self) -> tuple[str, dict[str, Any]]:
         """The newest committed metadata file and its content.
@@ -118,7 +153,7 @@ class _Target:
         When the table object already holds that version, its parsed document is
         returned (version files are created once and never change; the write path
         replaces containers rather than editing them), so a commit parses no JSON."""
-        location = _commit.latest_metadata_location(self.filesystem, self.metadata_location)
+        location = self.current_location()
         if self.table is not None and location == self.table.metadata_location:
             metadata = self.table.metadata
         else:
@@ -166,18 +201,21 @@ class _Target:
         if self.table is None:
             return
         last, self.last_commit = self.last_commit, None
+        # a catalog that cannot be asked right now (database, network) counts as storage
+        # that cannot be read: the commit stands either way
+        transient: tuple[type[BaseException], ...] = (Exception,) if self.store is not None else (OSError,)
         if last is not None and last[0] == location:
             # what this target just committed is the table's new state, unless a newer
             # version landed meanwhile: no need to read back and parse the file
-            with contextlib.suppress(OSError, ValueError):
-                if _commit.latest_metadata_location(self.filesystem, location) == location:
+            with contextlib.suppress(ValueError, *transient):
+                if self.current_location() == location:
                     self.table._install(last[1], location, last[2])
                     return
         for attempt in range(3):
             try:
                 self.table.refresh()
                 return
-            except OSError as exc:
+            except transient as exc:
                 failure = exc
                 time.sleep(0.05 * (attempt + 1))
         warnings.warn(
@@ -456,7 +494,7 @@ def _commit_change(
         change = build(base, manager)
         metadata, list_location = _apply(target, base_location, base, manager, change, snapshot_id, commit_id, attempt)
         try:
-            location = _commit.commit_metadata(target.filesystem, base_location, metadata, base=base)
+            location = target.commit_metadata(base_location, metadata, base=base)
             target.last_commit = (location, metadata, manager)
             return location
         except (_commit.VersionExistsError, CommitConflictError) as exc:
@@ -511,10 +549,38 @@ def create_metadata(
     sort_order: SortOrder | None = None,
     properties: dict[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
+    store: Any = None,
 ) -> tuple[pafs.FileSystem, str, dict[str, str]]:
-    """Write ``v1.metadata.json`` of a new table; returns (filesystem, its path there,
-    location map {recorded location: filesystem path}, empty when they are equal)."""
+    """Write the first metadata file of a new table; returns (filesystem, its path there,
+    location map {recorded location: filesystem path}, empty when they are equal).
+
+    Without ``store`` that is ``v1.metadata.json`` (Hadoop layout, version hint); with a
+    catalog's ``store`` (``_commit.MetadataStore``) it is
+    ``00000-<uuid>.metadata.json``, registered through ``store.create``."""
     filesystem, fs_location, recorded = _resolve_location(location, filesystem)
+    metadata = new_table_metadata(
+        recorded, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
+        sort_order=sort_order, properties=properties,
+    )  # fmt: skip
+    location_map = {recorded: fs_location} if recorded != fs_location else {}
+    to_fs_path = Locations(filesystem, location_map).to_fs_path
+    target = _Target(filesystem, "", to_fs_path, kms, store=store)
+    path = target.commit_metadata(None, metadata)
+    return filesystem, path, location_map
+
+
+def new_table_metadata(
+    recorded: str,
+    schema: Schema | pa.Schema,
+    *,
+    kms: Any,
+    table_key_id: str | None,
+    partition_spec: PartitionSpec | None = None,
+    sort_order: SortOrder | None = None,
+    properties: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The first metadata document of a new format-version 3 table at location
+    ``recorded`` (checks the properties, and that the KMS can use the master key)."""
     properties = {str(k): str(v) for k, v in (properties or {}).items()}
     if table_key_id is not None:
         if properties.get(ENCRYPTION_TABLE_KEY, table_key_id) != table_key_id:
@@ -561,8 +627,7 @@ def create_metadata(
         "snapshot-log": [],
         "metadata-log": [],
     }
-    path = _commit.create_table_metadata(filesystem, posixpath.join(fs_location, "metadata"), metadata)
-    return filesystem, path, ({recorded: fs_location} if recorded != fs_location else {})
+    return metadata
 
 
 def create(
@@ -1137,7 +1202,7 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
             manager.remove_keys(removable_keys(base, expired_ids))
             metadata = manager.apply_to_metadata(metadata)
         try:
-            location = _commit.commit_metadata(target.filesystem, base_location, metadata)
+            location = target.commit_metadata(base_location, metadata, base=base)
         except (_commit.VersionExistsError, CommitConflictError):
             if attempt > DEFAULT_COMMIT_RETRIES:
                 raise CommitConflictError(
@@ -1190,7 +1255,7 @@ def rotate_keys(
         metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
         _log_previous(metadata, base, base_location)
         try:
-            location = _commit.commit_metadata(target.filesystem, base_location, metadata)
+            location = target.commit_metadata(base_location, metadata, base=base)
         except (_commit.VersionExistsError, CommitConflictError):
             if attempt > DEFAULT_COMMIT_RETRIES:
                 raise CommitConflictError(

@@ -1,0 +1,404 @@
+"""The catalog interface: namespaces and tables by identifier, commits by compare-and-swap.
+
+:class:`Catalog` implements the public API once; a backend (``_sql``, ``_glue``) only
+implements the ``_ns_*`` / ``_table_*`` hooks, each atomic on the backend's side.
+Backends see normalized identifiers (``namespace: tuple[str, ...]``, ``name: str``) and
+metadata locations exactly as the catalog records them (``file:///...``, ``s3://...``,
+plain paths); this class maps them to paths on the table's pyarrow filesystem.
+
+Every :class:`~icecrypt.table.EncryptedTable` a catalog returns carries a
+:class:`_CatalogTableStore` (``table.metadata_store``): ``refresh()`` asks the catalog
+for the current metadata file, and every write commits a new
+``<NNNNN>-<uuid>.metadata.json`` and then ``_table_swap(expected, new)``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from icecrypt.errors import (
+    InvalidIdentifierError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from icecrypt.table._io import Locations
+
+__all__ = ["Catalog", "Identifier"]
+
+Identifier = str | tuple[str, ...] | list[str]
+
+#: PyIceberg's FileIO properties for S3 (its pyarrow FileIO reads the same names)
+S3_ENDPOINT = "s3.endpoint"
+S3_ACCESS_KEY_ID = "s3.access-key-id"
+S3_SECRET_ACCESS_KEY = "s3.secret-access-key"
+S3_SESSION_TOKEN = "s3.session-token"
+S3_REGION = "s3.region"
+CLIENT_REGION = "client.region"
+KMS_PROPERTY_PREFIX = "encryption."
+
+
+def _levels(value: Identifier, what: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        levels = tuple(value.split(".")) if value else ()
+    elif isinstance(value, (tuple, list)):
+        levels = tuple(value)
+    else:
+        raise InvalidIdentifierError(f"{what} must be a str or a tuple of str, not {type(value).__name__}")
+    for level in levels:
+        if not isinstance(level, str) or not level:
+            raise InvalidIdentifierError(f"{what} {value!r}: every level must be a non-empty string")
+    return levels
+
+
+def _show(levels: tuple[str, ...]) -> str:
+    return ".".join(levels)
+
+
+class _CatalogTableStore:
+    """Where one catalog table's current metadata location lives
+    (``icecrypt.table._commit.MetadataStore``), in filesystem paths.
+
+    The catalog records locations (``file:///wh/db/t/metadata/00003-....metadata.json``);
+    the table reads paths on its filesystem.  Paths read from the catalog are mapped back
+    to what the catalog holds, so a swap compares against the catalog's exact string."""
+
+    def __init__(self, catalog: Catalog, namespace: tuple[str, ...], name: str, locations: Locations, location: str):
+        self.catalog = catalog
+        self.namespace = namespace
+        self.name = name
+        self.locations = locations
+        # the recorded metadata directory of the table's location, and its path
+        self._metadata_dir = (location.rstrip("/") + "/metadata", locations.to_fs_path(location.rstrip("/") + "/metadata"))
+        self._recorded: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def identifier(self) -> tuple[str, ...]:
+        return (*self.namespace, self.name)
+
+    def _remember(self, recorded: str) -> str:
+        path = self.locations.to_fs_path(recorded)
+        with self._lock:
+            if len(self._recorded) > 64:
+                self._recorded.clear()
+            self._recorded[path] = recorded
+        return path
+
+    def to_recorded(self, path: str) -> str:
+        """The location the catalog records for the metadata file at ``path`` (e.g.
+        ``file:///wh/db/t/metadata/00001-....metadata.json`` for a local path)."""
+        return self._to_recorded(path)
+
+    def _to_recorded(self, path: str) -> str:
+        with self._lock:
+            known = self._recorded.get(path)
+        if known is not None:
+            return known
+        # a new file beside a known one: same recorded directory
+        directory = posixpath.dirname(path)
+        with self._lock:
+            for fs_path, recorded in self._recorded.items():
+                if posixpath.dirname(fs_path) == directory:
+                    return f"{recorded.rsplit('/', 1)[0]}/{posixpath.basename(path)}"
+        recorded_dir, fs_dir = self._metadata_dir
+        if directory == fs_dir:
+            return f"{recorded_dir}/{posixpath.basename(path)}"
+        return path
+
+    def current(self) -> str:
+        recorded = self.catalog._table_location(self.namespace, self.name)
+        if recorded is None:
+            raise NoSuchTableError(f"catalog {self.catalog.name!r}: table {_show(self.identifier)} does not exist (dropped?)")
+        return self._remember(recorded)
+
+    def swap(self, expected: str, new: str) -> None:
+        self.catalog._table_swap(self.namespace, self.name, self._to_recorded(expected), self._to_recorded(new))
+        self._remember(self._to_recorded(new))
+
+    def create(self, new: str) -> None:
+        self.catalog._table_create(self.namespace, self.name, self._to_recorded(new))
+        self._remember(self._to_recorded(new))
+
+    def __repr__(self) -> str:
+        return f"<catalog {self.catalog.name!r} table {_show(self.identifier)}>"
+
+
+class Catalog:
+    """An Iceberg catalog of encrypted (and plaintext) tables.
+
+    ``properties`` take PyIceberg's names (``type``, ``uri``, ``warehouse``,
+    ``s3.endpoint``, ``s3.access-key-id``, ``s3.secret-access-key``, ``s3.region``, ...)
+    and Iceberg Java's KMS properties (``encryption.kms-type``, ``encryption.kms-impl``
+    and what the KMS client takes), which build the KMS client when the first encrypted
+    table needs it; ``kms=`` gives a client directly instead.
+    """
+
+    def __init__(self, name: str, *, kms: Any = None, **properties: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise InvalidIdentifierError("a catalog needs a non-empty name")
+        self.name = name
+        self.properties: dict[str, str] = {str(k): str(v) for k, v in properties.items()}
+        self._kms = kms
+        self._filesystems: dict[tuple[str, str], pafs.FileSystem] = {}
+
+    # --- configuration ----------------------------------------------------------------------
+
+    @property
+    def kms(self) -> Any:
+        """The KMS client: ``kms=``, else one built from the ``encryption.*`` properties
+        (None when neither is given: plaintext tables only)."""
+        if self._kms is None and any(k in self.properties for k in ("encryption.kms-type", "encryption.kms-impl")):
+            from icecrypt.kms import create_kms_client
+
+            self._kms = create_kms_client(self.properties)
+        return self._kms
+
+    @property
+    def warehouse(self) -> str | None:
+        raw = self.properties.get("warehouse")
+        return raw.rstrip("/") if raw else None
+
+    def filesystem_for(self, location: str) -> pafs.FileSystem:
+        """The pyarrow filesystem that holds ``location`` (local paths and ``file:``
+        URIs: the local filesystem; ``s3://``: S3 configured by the ``s3.*`` properties;
+        other URIs: whatever pyarrow makes of them)."""
+        scheme = location.split("://", 1)[0].lower() if "://" in location else "file"
+        if scheme == "file" or len(scheme) == 1:
+            return pafs.LocalFileSystem()
+        bucket = location.split("://", 1)[1].split("/", 1)[0]
+        key = (scheme, bucket if scheme not in ("s3", "s3a", "s3n") else "")
+        if key not in self._filesystems:
+            if scheme in ("s3", "s3a", "s3n"):
+                self._filesystems[key] = self._s3_filesystem()
+            else:
+                self._filesystems[key] = pafs.FileSystem.from_uri(location)[0]
+        return self._filesystems[key]
+
+    def _s3_filesystem(self) -> pafs.FileSystem:
+        p = self.properties
+        options: dict[str, Any] = {}
+        endpoint = p.get(S3_ENDPOINT)
+        if endpoint:
+            scheme, _, rest = endpoint.partition("://")
+            if rest:
+                options["endpoint_override"] = rest.rstrip("/")
+                options["scheme"] = scheme
+            else:
+                options["endpoint_override"] = endpoint
+        if p.get(S3_ACCESS_KEY_ID):
+            options["access_key"] = p[S3_ACCESS_KEY_ID]
+            options["secret_key"] = p.get(S3_SECRET_ACCESS_KEY, "")
+            if p.get(S3_SESSION_TOKEN):
+                options["session_token"] = p[S3_SESSION_TOKEN]
+        region = p.get(S3_REGION) or p.get(CLIENT_REGION)
+        if region:
+            options["region"] = region
+        return pafs.S3FileSystem(**options)
+
+    def _locations(self, location: str) -> Locations:
+        return Locations(self.filesystem_for(location))
+
+    def _default_table_location(self, namespace: tuple[str, ...], name: str) -> str:
+        """``<warehouse>/<ns>/<sub>/<name>`` (Iceberg Java's JdbcCatalog layout)."""
+        if self.warehouse is None:
+            raise InvalidIdentifierError(
+                f"catalog {self.name!r}: no location given for table {_show((*namespace, name))} and no warehouse property"
+            )
+        return "/".join((self.warehouse, *namespace, name))
+
+    # --- identifiers ----------------------------------------------------------------------
+
+    @staticmethod
+    def _namespace(namespace: Identifier) -> tuple[str, ...]:
+        levels = _levels(namespace, "namespace")
+        if not levels:
+            raise InvalidIdentifierError("namespace must not be empty")
+        return levels
+
+    @staticmethod
+    def _identifier(identifier: Identifier) -> tuple[tuple[str, ...], str]:
+        levels = _levels(identifier, "table identifier")
+        if len(levels) < 2:
+            raise InvalidIdentifierError(
+                f"table identifier {identifier!r} needs a namespace and a name (e.g. 'db.table')"
+            )
+        return levels[:-1], levels[-1]
+
+    def _describe(self, namespace: tuple[str, ...], name: str | None = None) -> str:
+        return f"catalog {self.name!r}: {'table' if name else 'namespace'} {_show((*namespace, name) if name else namespace)}"
+
+    # --- namespaces -------------------------------------------------------------------------
+
+    def create_namespace(self, namespace: Identifier, properties: Mapping[str, str] | None = None) -> None:
+        """Create ``namespace`` (NamespaceAlreadyExistsError if it exists)."""
+        ns = self._namespace(namespace)
+        self._ns_create(ns, {str(k): str(v) for k, v in (properties or {}).items()})
+
+    def list_namespaces(self) -> list[tuple[str, ...]]:
+        """Every namespace of the catalog, sorted."""
+        return sorted(set(self._ns_list()))
+
+    def namespace_exists(self, namespace: Identifier) -> bool:
+        return self._ns_exists(self._namespace(namespace))
+
+    def drop_namespace(self, namespace: Identifier) -> None:
+        """Drop an empty namespace (NoSuchNamespaceError, NamespaceNotEmptyError)."""
+        self._ns_drop(self._namespace(namespace))
+
+    # --- tables -----------------------------------------------------------------------------
+
+    def _store(self, namespace: tuple[str, ...], name: str, location: str) -> _CatalogTableStore:
+        return _CatalogTableStore(self, namespace, name, self._locations(location), location)
+
+    def create_table(
+        self,
+        identifier: Identifier,
+        schema: Any,
+        *,
+        table_key_id: str | None,
+        partition_spec: Any = None,
+        properties: Mapping[str, str] | None = None,
+        location: str | None = None,
+    ) -> Any:
+        """Create a format-version 3 table (encrypted under KMS master key
+        ``table_key_id``; None = plaintext) at ``location`` (default: under the
+        warehouse) and return it as an :class:`~icecrypt.table.EncryptedTable` whose
+        writes commit through this catalog."""
+        from icecrypt.table import _write
+
+        namespace, name = self._identifier(identifier)
+        if not self._ns_exists(namespace):
+            raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
+        if self._table_location(namespace, name) is not None:
+            raise TableAlreadyExistsError(f"{self._describe(namespace, name)} already exists")
+        location = (location or self._default_table_location(namespace, name)).rstrip("/")
+        if "://" not in location:
+            location = os.path.abspath(location)
+        store = self._store(namespace, name, location)
+        filesystem = store.locations.filesystem
+        _write.create_metadata(
+            location, schema, kms=self.kms if table_key_id is not None else self._kms, table_key_id=table_key_id,
+            partition_spec=partition_spec, properties=dict(properties) if properties is not None else None,
+            filesystem=filesystem, store=store,
+        )  # fmt: skip
+        return self.load_table((*namespace, name))
+
+    def load_table(self, identifier: Identifier, *, check_keys: bool = True) -> Any:
+        """The table ``identifier`` at its current version (NoSuchTableError); its writes
+        commit through this catalog (compare-and-swap of the metadata location).
+        ``check_keys=False``: open an encrypted table whose metadata lost keys, to
+        inspect or repair it (as ``EncryptedTable.load``)."""
+        from icecrypt.table import EncryptedTable
+        from icecrypt.table._metadata import read_metadata_file
+
+        namespace, name = self._identifier(identifier)
+        recorded = self._table_location(namespace, name)
+        if recorded is None:
+            raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
+        store = self._store(namespace, name, recorded.rsplit("/", 2)[0])
+        path = store._remember(recorded)
+        metadata = read_metadata_file(store.locations.filesystem, path)
+        kms = self.kms if (metadata.get("properties") or {}).get("encryption.key-id") else self._kms
+        options = {} if check_keys else {"check_keys": False}
+        table = EncryptedTable(metadata, path, store.locations, kms, **options)
+        table.metadata_store = store
+        return table
+
+    def register_table(self, identifier: Identifier, metadata_location: str) -> Any:
+        """Add an existing table to the catalog by its metadata file (as PyIceberg's and
+        Java's ``registerTable``); returns it loaded."""
+        from icecrypt.table._metadata import read_metadata_file
+
+        namespace, name = self._identifier(identifier)
+        if not self._ns_exists(namespace):
+            raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
+        locations = self._locations(metadata_location)
+        read_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))  # exists, parses
+        self._table_create(namespace, name, metadata_location)
+        return self.load_table((*namespace, name))
+
+    def list_tables(self, namespace: Identifier) -> list[tuple[str, ...]]:
+        """The identifiers of the tables in ``namespace`` (not in sub-namespaces), sorted."""
+        ns = self._namespace(namespace)
+        if not self._ns_exists(ns):
+            raise NoSuchNamespaceError(f"{self._describe(ns)} does not exist")
+        return sorted((*ns, name) for name in self._table_list(ns))
+
+    def table_exists(self, identifier: Identifier) -> bool:
+        namespace, name = self._identifier(identifier)
+        return self._table_location(namespace, name) is not None
+
+    def drop_table(self, identifier: Identifier, *, purge: bool = False) -> None:
+        """Remove the table from the catalog; with ``purge`` also delete its files
+        (data, delete, manifest and metadata files its metadata references)."""
+        namespace, name = self._identifier(identifier)
+        table = self.load_table((*namespace, name)) if purge else None
+        self._table_drop(namespace, name)
+        if table is not None:
+            _purge(table)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    # --- backend hooks ----------------------------------------------------------------------
+
+    def _ns_create(self, namespace: tuple[str, ...], properties: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    def _ns_exists(self, namespace: tuple[str, ...]) -> bool:
+        raise NotImplementedError
+
+    def _ns_list(self) -> list[tuple[str, ...]]:
+        raise NotImplementedError
+
+    def _ns_drop(self, namespace: tuple[str, ...]) -> None:
+        raise NotImplementedError
+
+    def _table_location(self, namespace: tuple[str, ...], name: str) -> str | None:
+        raise NotImplementedError
+
+    def _table_create(self, namespace: tuple[str, ...], name: str, metadata_location: str) -> None:
+        raise NotImplementedError
+
+    def _table_swap(self, namespace: tuple[str, ...], name: str, expected: str, new: str) -> None:
+        raise NotImplementedError
+
+    def _table_drop(self, namespace: tuple[str, ...], name: str) -> None:
+        raise NotImplementedError
+
+    def _table_list(self, namespace: tuple[str, ...]) -> list[str]:
+        raise NotImplementedError
+
+
+def _purge(table: Any) -> None:
+    """Delete what a dropped table's metadata references (best effort, as Java's
+    ``CatalogUtil.dropTableData``: a file that cannot be deleted is left)."""
+    from icecrypt.table import _write as w
+
+    target = w._Target.of(table)
+    base = table.metadata
+    manager = target.manager(base) if base.get("snapshots") else None
+    io = target.io(manager)
+    files: set[str] = set()
+    cache: dict[str, Any] = {}
+    for snapshot in base.get("snapshots") or ():
+        try:
+            files |= w._referenced_files(io, manager, snapshot, cache, live_only=False)
+        except (OSError, ValueError):
+            continue
+    for entry in base.get("metadata-log") or ():
+        files.add(entry["metadata-file"])
+    paths = {table.fs_path(f) for f in files} | {table.metadata_location}
+    for path in sorted(paths):
+        try:
+            table.filesystem.delete_file(path)
+        except OSError:
+            pass
+

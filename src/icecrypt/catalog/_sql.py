@@ -1,0 +1,348 @@
+"""The SQL catalog: the JDBC catalog's tables, shared with Iceberg Java and PyIceberg.
+
+Iceberg Java's ``JdbcCatalog`` and PyIceberg's ``SqlCatalog`` keep a catalog in two
+tables (created here when missing, with the same DDL)::
+
+    iceberg_tables(catalog_name, table_namespace, table_name,
+                   metadata_location, previous_metadata_location, iceberg_type)
+    iceberg_namespace_properties(catalog_name, namespace, property_key, property_value)
+
+A namespace is stored as its levels joined by ``.``; a namespace exists when it has a
+property row (an empty one gets ``exists = true``, as both implementations write) or a
+table.  ``iceberg_type`` (the "v1" schema) is ``TABLE`` for tables, ``VIEW`` for views,
+NULL in rows written before it existed; views are not tables here.  Catalogs created by
+older versions without the column ("v0") are used as they are.
+
+A commit is one conditional UPDATE: ``metadata_location = new,
+previous_metadata_location = expected WHERE ... AND metadata_location = expected``; it
+won when it changed one row.  The database serializes the updates, so this is a
+compare-and-swap across processes and machines (SQLite: within one machine, with a busy
+timeout so writers wait for each other's locks instead of failing).
+
+``uri`` is an SQLAlchemy URL (``sqlite:////abs/path/catalog.db``,
+``postgresql+psycopg2://user:password@host:port/db``); without one the catalog is the
+SQLite file ``<warehouse>/catalog.db`` (the embedded default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from icecrypt.catalog._base import Catalog, _show
+from icecrypt.errors import (
+    CatalogError,
+    CommitConflictError,
+    NamespaceAlreadyExistsError,
+    NamespaceNotEmptyError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+
+__all__ = ["SqlCatalog", "DEFAULT_SQLITE_NAME"]
+
+DEFAULT_SQLITE_NAME = "catalog.db"
+TABLE_TYPE = "TABLE"
+NAMESPACE_EXISTS_PROPERTY = "exists"
+SQLITE_BUSY_TIMEOUT_S = 60.0
+
+_ENGINES: dict[tuple[int, str], Any] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _schema() -> tuple[Any, Any, Any]:
+    from sqlalchemy import Column, MetaData, String, Table
+
+    meta = MetaData()
+    tables = Table(
+        "iceberg_tables", meta,
+        Column("catalog_name", String(255), primary_key=True, nullable=False),
+        Column("table_namespace", String(255), primary_key=True, nullable=False),
+        Column("table_name", String(255), primary_key=True, nullable=False),
+        Column("metadata_location", String(1000), nullable=True),
+        Column("previous_metadata_location", String(1000), nullable=True),
+        Column("iceberg_type", String(5), nullable=True),
+    )  # fmt: skip
+    namespaces = Table(
+        "iceberg_namespace_properties", meta,
+        Column("catalog_name", String(255), primary_key=True, nullable=False),
+        Column("namespace", String(255), primary_key=True, nullable=False),
+        Column("property_key", String(255), primary_key=True, nullable=False),
+        Column("property_value", String(1000), nullable=False),
+    )  # fmt: skip
+    return meta, tables, namespaces
+
+
+def _local_warehouse_path(warehouse: str) -> str:
+    if warehouse.startswith("file://"):
+        rest = warehouse[len("file://") :]
+        return rest[rest.index("/") :] if not rest.startswith("/") and "/" in rest else rest
+    if warehouse.startswith("file:"):
+        return warehouse[len("file:") :]
+    if "://" in warehouse:
+        raise CatalogError(
+            f"warehouse {warehouse!r}: the embedded SQLite catalog needs a local warehouse; "
+            "give a uri (sqlite:///..., postgresql+psycopg2://...) for a remote one"
+        )
+    return os.path.abspath(warehouse)
+
+
+def _engine(uri: str) -> Any:
+    """One engine per URI and process (engines hold connection pools; a forked child
+    must not reuse its parent's connections)."""
+    from sqlalchemy import create_engine, event
+
+    key = (os.getpid(), uri)
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is not None:
+            return engine
+        if uri.startswith("sqlite"):
+            engine = create_engine(uri, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+
+            @event.listens_for(engine, "connect")
+            def _busy_timeout(dbapi_connection: Any, _record: Any) -> None:
+                cursor = dbapi_connection.cursor()
+                cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+                cursor.close()
+        else:
+            engine = create_engine(uri, pool_pre_ping=True)
+        _ENGINES[key] = engine
+        return engine
+
+
+class SqlCatalog(Catalog):
+    """An Iceberg catalog in an SQL database (SQLite, PostgreSQL, anything SQLAlchemy
+    reaches), in the JDBC catalog's tables that Iceberg Java and PyIceberg share.
+
+    ``uri``: SQLAlchemy URL; default ``sqlite:///<warehouse>/catalog.db``.
+    ``warehouse``: where new tables go (``<warehouse>/<namespace levels>/<table>``), a
+    local path, ``file://`` or ``s3://`` URI.  ``init_catalog_tables`` (default true):
+    create the two tables when missing.
+    """
+
+    def __init__(self, name: str, *, kms: Any = None, **properties: str) -> None:
+        super().__init__(name, kms=kms, **properties)
+        try:
+            import sqlalchemy  # noqa: F401
+        except ImportError:
+            raise ImportError(
+                "the SQL catalog needs SQLAlchemy 2 (pip install sqlalchemy; psycopg2 for PostgreSQL)"
+            ) from None
+        uri = self.properties.get("uri")
+        if not uri:
+            if not self.warehouse:
+                raise CatalogError(f"catalog {name!r}: an SQL catalog needs a uri or a (local) warehouse")
+            directory = _local_warehouse_path(self.warehouse)
+            os.makedirs(directory, exist_ok=True)
+            uri = f"sqlite:///{os.path.join(directory, DEFAULT_SQLITE_NAME)}"
+        self.uri = uri
+        self._engine = _engine(uri)
+        _, self._tables, self._namespaces = _schema()
+        self._typed = True
+        if self.properties.get("init_catalog_tables", "true").strip().lower() in ("true", "1", "yes"):
+            self._create_tables()
+        self._typed = self._has_type_column()
+
+    # --- schema -------------------------------------------------------------------------------
+
+    def _create_tables(self) -> None:
+        from sqlalchemy.exc import DBAPIError
+
+        meta = self._tables.metadata
+        for attempt in range(3):
+            try:
+                meta.create_all(self._engine, checkfirst=True)
+                return
+            except DBAPIError as exc:  # e.g. another process created them between check and create
+                if attempt == 2:
+                    reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+                    raise CatalogError(
+                        f"catalog {self.name!r} at {self._safe_uri()}: creating the catalog tables failed ({reason})"
+                    ) from exc
+
+    def _has_type_column(self) -> bool:
+        from sqlalchemy import inspect
+
+        try:
+            columns = inspect(self._engine).get_columns("iceberg_tables")
+        except Exception as exc:
+            raise CatalogError(f"catalog {self.name!r} at {self._safe_uri()}: iceberg_tables is not readable ({exc})") from exc
+        return any(c["name"].lower() == "iceberg_type" for c in columns)
+
+    def _safe_uri(self) -> str:
+        """The URI without a password (for messages)."""
+        from sqlalchemy.engine import make_url
+
+        try:
+            return make_url(self.uri).render_as_string(hide_password=True)
+        except Exception:
+            return "<uri>"
+
+    @contextlib.contextmanager
+    def _db(self, what: str, *, write: bool = False) -> Iterator[Any]:
+        """A connection (a transaction, committed on exit, with ``write``); a database
+        failure becomes a CatalogError naming the catalog (never the password).
+        IntegrityError passes through: callers turn it into "already exists"."""
+        from sqlalchemy.exc import DBAPIError, IntegrityError
+
+        try:
+            with self._engine.begin() if write else self._engine.connect() as conn:
+                yield conn
+        except IntegrityError:
+            raise
+        except DBAPIError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+            raise CatalogError(f"catalog {self.name!r} at {self._safe_uri()}: {what} failed ({reason})") from exc
+
+    def _table_filter(self, stmt: Any) -> Any:
+        if not self._typed:
+            return stmt
+        column = self._tables.c.iceberg_type
+        return stmt.where((column == TABLE_TYPE) | column.is_(None))
+
+    def _where_table(self, stmt: Any, namespace: tuple[str, ...], name: str) -> Any:
+        t = self._tables.c
+        return self._table_filter(
+            stmt.where(t.catalog_name == self.name, t.table_namespace == _show(namespace), t.table_name == name)
+        )
+
+    # --- namespaces -------------------------------------------------------------------------------
+
+    def _ns_exists(self, namespace: tuple[str, ...]) -> bool:
+        from sqlalchemy import select
+
+        text = _show(namespace)
+        prefix = text.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"
+        t, n = self._tables.c, self._namespaces.c
+        with self._db("namespace lookup") as conn:
+            stmt = select(t.table_name).where(
+                t.catalog_name == self.name, (t.table_namespace == text) | t.table_namespace.like(prefix, escape="!")
+            )
+            if conn.execute(stmt.limit(1)).first() is not None:
+                return True
+            stmt = select(n.property_key).where(
+                n.catalog_name == self.name, (n.namespace == text) | n.namespace.like(prefix, escape="!")
+            )
+            return conn.execute(stmt.limit(1)).first() is not None
+
+    def _ns_create(self, namespace: tuple[str, ...], properties: dict[str, str]) -> None:
+        from sqlalchemy import insert
+        from sqlalchemy.exc import IntegrityError
+
+        if self._ns_exists(namespace):
+            raise NamespaceAlreadyExistsError(f"{self._describe(namespace)} already exists")
+        rows = {NAMESPACE_EXISTS_PROPERTY: "true", **properties}
+        try:
+            with self._db("namespace creation", write=True) as conn:
+                conn.execute(
+                    insert(self._namespaces),
+                    [
+                        {"catalog_name": self.name, "namespace": _show(namespace), "property_key": k, "property_value": v}
+                        for k, v in rows.items()
+                    ],
+                )
+        except IntegrityError:
+            raise NamespaceAlreadyExistsError(f"{self._describe(namespace)} already exists") from None
+
+    def _ns_list(self) -> list[tuple[str, ...]]:
+        from sqlalchemy import select, union
+
+        stmt = union(
+            select(self._tables.c.table_namespace).where(self._tables.c.catalog_name == self.name),
+            select(self._namespaces.c.namespace).where(self._namespaces.c.catalog_name == self.name),
+        )
+        with self._db("namespace listing") as conn:
+            return [tuple(row[0].split(".")) for row in conn.execute(stmt) if row[0]]
+
+    def _ns_drop(self, namespace: tuple[str, ...]) -> None:
+        from sqlalchemy import delete
+
+        if not self._ns_exists(namespace):
+            raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
+        tables = self._table_list(namespace)
+        if tables:
+            raise NamespaceNotEmptyError(
+                f"{self._describe(namespace)} is not empty: {len(tables)} table(s) ({', '.join(sorted(tables)[:5])})"
+            )
+        with self._db("namespace drop", write=True) as conn:
+            n = self._namespaces.c
+            conn.execute(delete(self._namespaces).where(n.catalog_name == self.name, n.namespace == _show(namespace)))
+
+    # --- tables ---------------------------------------------------------------------------------
+
+    def _table_location(self, namespace: tuple[str, ...], name: str) -> str | None:
+        from sqlalchemy import select
+
+        with self._db("table lookup") as conn:
+            row = conn.execute(self._where_table(select(self._tables.c.metadata_location), namespace, name)).first()
+        if row is None:
+            return None
+        if not row[0]:
+            raise CatalogError(f"{self._describe(namespace, name)} has no metadata_location")
+        return str(row[0])
+
+    def _table_create(self, namespace: tuple[str, ...], name: str, metadata_location: str) -> None:
+        from sqlalchemy import insert
+        from sqlalchemy.exc import IntegrityError
+
+        if not self._ns_exists(namespace):
+            raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
+        row = {
+            "catalog_name": self.name,
+            "table_namespace": _show(namespace),
+            "table_name": name,
+            "metadata_location": metadata_location,
+            "previous_metadata_location": None,
+        }
+        if self._typed:
+            row["iceberg_type"] = TABLE_TYPE
+        try:
+            with self._db("table creation", write=True) as conn:
+                conn.execute(insert(self._tables).values(**row))
+        except IntegrityError:
+            raise TableAlreadyExistsError(f"{self._describe(namespace, name)} already exists") from None
+
+    def _table_swap(self, namespace: tuple[str, ...], name: str, expected: str, new: str) -> None:
+        from sqlalchemy import update
+
+        stmt = self._where_table(update(self._tables), namespace, name).where(
+            self._tables.c.metadata_location == expected
+        )
+        with self._db("commit", write=True) as conn:
+            result = conn.execute(stmt.values(metadata_location=new, previous_metadata_location=expected))
+            changed = result.rowcount
+        if changed == 1:
+            return
+        current = self._table_location(namespace, name)
+        if current is None:
+            raise NoSuchTableError(f"{self._describe(namespace, name)} was dropped; commit of {new} not applied")
+        raise CommitConflictError(
+            f"{self._describe(namespace, name)}: another writer committed first (metadata location is {current}, "
+            f"expected {expected}); {new} was not committed"
+        )
+
+    def _table_drop(self, namespace: tuple[str, ...], name: str) -> None:
+        from sqlalchemy import delete
+
+        with self._db("table drop", write=True) as conn:
+            result = conn.execute(self._where_table(delete(self._tables), namespace, name))
+        if result.rowcount < 1:
+            raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
+
+    def _table_list(self, namespace: tuple[str, ...]) -> list[str]:
+        from sqlalchemy import select
+
+        t = self._tables.c
+        stmt = self._table_filter(
+            select(t.table_name).where(t.catalog_name == self.name, t.table_namespace == _show(namespace))
+        )
+        with self._db("table listing") as conn:
+            return [str(row[0]) for row in conn.execute(stmt)]
+
+    def __repr__(self) -> str:
+        return f"<SqlCatalog {self.name!r} {self._safe_uri()}>"
