@@ -19,9 +19,12 @@
 Keys never travel in clear: options hold either the path of a key manifest
 (``keys.manifest``, :mod:`icecrypt.keys.manifest`) or the text of one
 (``keys.wrapped``, from :func:`wrap_keys`), plus the KMS properties of
-:func:`icecrypt.kms.create_kms_client` (Spark lower-cases option names).  Every worker
-unwraps what it needs itself.  Reading plaintext files takes an explicit
-``encryption=none``.  The modules ``_avro``, ``_parquet`` and ``_iceberg`` document their
+:func:`icecrypt.kms.create_kms_client` (Spark lower-cases option names).  By default every
+worker unwraps what it needs itself; with ``keys.transport=task`` the driver does and the
+tasks carry their files' data keys, so executors never call the KMS (``icecrypt.iceberg``
+always works that way; see ``icecrypt.spark._keys``).  Reading plaintext files takes an
+explicit ``encryption=none``.  :func:`pack_environment` and :func:`use_archive` ship icecrypt
+to executors as a packed virtual environment (``icecrypt.spark._ship``).  The modules ``_avro``, ``_parquet`` and ``_iceberg`` document their
 options.
 """
 
@@ -37,6 +40,7 @@ from icecrypt.keys import ENCRYPTION_TABLE_KEY, StandardKeyMetadata
 from icecrypt.kms import KeyManagementClient, create_kms_client
 from icecrypt.spark._common import OPT_JOB_ID, OPT_KEYS_MANIFEST, OPT_KEYS_WRAPPED, resolve
 from icecrypt.spark._keys import wrap_keys as _wrap_keys
+from icecrypt.spark._ship import executor_conf, pack_environment, use_archive
 
 __all__ = [
     "DATA_SOURCES",
@@ -45,7 +49,10 @@ __all__ = [
     "IcebergDataSource",
     "ParquetDataSource",
     "register",
+    "executor_conf",
+    "pack_environment",
     "rewrite_data_files",
+    "use_archive",
     "wrap_keys",
     "write",
 ]

@@ -26,12 +26,14 @@ __all__ = [
     "OPT_COLUMNS",
     "OPT_ENCRYPTION",
     "OPT_KEYS_MANIFEST",
+    "OPT_KEYS_TRANSPORT",
     "OPT_KEYS_WRAPPED",
     "OPT_SPLIT_SIZE",
     "DataFile",
     "columns_option",
     "encrypted",
     "file_error",
+    "key_transport",
     "kms_properties",
     "list_files",
     "output_location",
@@ -53,6 +55,10 @@ OPT_ENCRYPTION = "encryption"
 OPT_KEYS_MANIFEST = "keys.manifest"
 #: key metadata wrapped under a KMS master key, made by :func:`icecrypt.spark.wrap_keys`
 OPT_KEYS_WRAPPED = "keys.wrapped"
+#: how file keys reach the tasks: ``executor`` (default: every Python worker unwraps them
+#: through the KMS) or ``task`` (the driver unwraps them; each task carries the DEKs of its
+#: own files and executors never call the KMS); see :mod:`icecrypt.spark._keys`
+OPT_KEYS_TRANSPORT = "keys.transport"
 #: bytes per split (Avro: plaintext bytes; Parquet: stored file bytes, row groups by midpoint)
 OPT_SPLIT_SIZE = "split-size"
 #: comma-separated column names to read (projection; Spark does not push it to Python sources)
@@ -73,12 +79,17 @@ OPT_JOB_ID = "write.job-id"
 #: every option the file data sources read themselves; the other options are KMS properties
 #: (``icecrypt.iceberg`` strips its own table options before these)
 SOURCE_OPTIONS = frozenset({
-    OPT_PATH, OPT_PATHS, OPT_ENCRYPTION, OPT_KEYS_MANIFEST, OPT_KEYS_WRAPPED, OPT_SPLIT_SIZE, OPT_COLUMNS,
+    OPT_PATH, OPT_PATHS, OPT_ENCRYPTION, OPT_KEYS_MANIFEST, OPT_KEYS_WRAPPED, OPT_KEYS_TRANSPORT, OPT_SPLIT_SIZE,
+    OPT_COLUMNS,
     OPT_BATCH_SIZE, OPT_CODEC, OPT_COMPRESSION, OPT_COMPRESSION_LEVEL, OPT_ROW_GROUP_SIZE, OPT_JOB_ID,
 })
 
 ENCRYPTION_NONE = "none"
 ENCRYPTION_STANDARD = "standard"
+
+#: values of ``keys.transport``
+TRANSPORT_EXECUTOR = "executor"
+TRANSPORT_TASK = "task"
 
 # Storage options (the names PyIceberg uses for its FileIO properties).
 OPT_S3_ENDPOINT = "s3.endpoint"
@@ -108,6 +119,18 @@ def encrypted(options: Mapping[str, str]) -> bool:
         return True
     raise ValueError(f"option {OPT_ENCRYPTION}={mode!r} is not supported (use {ENCRYPTION_STANDARD!r} or "
                      f"{ENCRYPTION_NONE!r})")
+
+
+def key_transport(options: Mapping[str, str]) -> str:
+    """Option ``keys.transport``: ``executor`` (the default) or ``task``."""
+    raw = options.get(OPT_KEYS_TRANSPORT)
+    if raw is None or not str(raw).strip():
+        return TRANSPORT_EXECUTOR
+    mode = str(raw).strip().lower()
+    if mode not in (TRANSPORT_EXECUTOR, TRANSPORT_TASK):
+        raise ValueError(f"option {OPT_KEYS_TRANSPORT}={raw!r} is not supported: use {TRANSPORT_EXECUTOR!r} (executors "
+                         f"unwrap keys through the KMS) or {TRANSPORT_TASK!r} (the driver does; tasks carry data keys)")
+    return mode
 
 
 def kms_properties(options: Mapping[str, str]) -> dict[str, str]:

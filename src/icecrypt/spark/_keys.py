@@ -8,11 +8,22 @@ KEK's ``KEY_TIMESTAMP`` as AAD (:class:`icecrypt.keys.EncryptionManager`).  Two 
 * ``keys.manifest`` — a key-metadata manifest file (:mod:`icecrypt.keys.manifest`);
 * ``keys.wrapped`` — the text of such a manifest inline, made by :func:`wrap_keys`.
 
-Partitions and commit messages carry no key bytes in clear either: every Python worker
-(planner and executors) resolves keys itself from the options, with the KMS the options
-describe, and keeps what it unwrapped in a small per-process cache (Spark reuses Python
-workers, so a KEK is unwrapped once per worker, not once per task).  Key metadata that
-has to cross Spark (write tasks -> commit) travels wrapped under a per-job KEK.
+How keys reach the tasks of the file sources (option ``keys.transport``):
+
+* ``executor`` (the default) — partitions and commit messages carry no key bytes in
+  clear: every Python worker (planner and executors) resolves keys itself from the
+  options, with the KMS the options describe, and keeps what it unwrapped in a small
+  per-process cache (Spark reuses Python workers, so a KEK is unwrapped once per worker,
+  not once per task).  Key metadata that has to cross Spark (write tasks -> commit)
+  travels wrapped under a per-job KEK.  Executors need KMS access.
+* ``task`` — the driver's planner unwraps the keys and each read partition carries the
+  key metadata (DEK and AAD prefix) of its own files; a write task returns the key
+  metadata it made for its file in its commit message.  Executors never call the KMS
+  (they never even build a client: :func:`kms_client` connects on first use), and no
+  KEK or master key ever leaves the driver.  This is how ``icecrypt.iceberg`` always
+  works, as Iceberg Java does.
+
+``docs/guides/spark.md`` ("Key transport") weighs the two.
 """
 
 from __future__ import annotations
@@ -93,10 +104,46 @@ def _fingerprint(properties: Mapping[str, str]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class _LazyKms(KeyManagementClient):
+    """A KMS client that is created on its first wrap or unwrap.
+
+    Executors load table metadata, which needs a client object, but with task-carried
+    keys they never wrap or unwrap anything: building the real client there (reading a
+    keystore, resolving credentials) would fail where executors have no KMS access."""
+
+    def __init__(self, properties: Mapping[str, str]) -> None:
+        self._properties = dict(properties)
+        self._client: KeyManagementClient | None = None
+        self._lock = threading.Lock()
+        self.kms_type = self._properties.get("encryption.kms-type") or "custom"
+
+    def _real(self) -> KeyManagementClient:
+        with self._lock:
+            if self._client is None:
+                self._client = create_kms_client(self._properties)
+            return self._client
+
+    def wrap_key(self, key: bytes, wrapping_key_id: str) -> bytes:
+        return self._real().wrap_key(key, wrapping_key_id)
+
+    def unwrap_key(self, wrapped_key: bytes, wrapping_key_id: str) -> bytes:
+        return self._real().unwrap_key(wrapped_key, wrapping_key_id)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} kms-type={self.kms_type!r}>"
+
+
 def kms_client(options: Mapping[str, str]) -> KeyManagementClient:
-    """The KMS client the options describe (one per set of properties and process)."""
+    """The KMS client the options describe (one per set of properties and process),
+    created when it is first used."""
     properties = kms_properties(options)
-    return _CLIENTS.get(_fingerprint(properties), lambda: create_kms_client(properties))
+    return _CLIENTS.get(_fingerprint(properties), lambda: _LazyKms(properties))
 
 
 def table_key_id(options: Mapping[str, str]) -> str:

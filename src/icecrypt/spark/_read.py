@@ -9,7 +9,9 @@ Where each step runs (PySpark 4.x Python Data Source API):
   its partitions.  So :class:`FileReader` plans in ``partitions()`` and keeps its file
   list and key ring out of its pickled state.
 * ``DataSourceReader.read(partition)`` — the task workers: each resolves the keys of its
-  files from the options itself (see :mod:`icecrypt.spark._keys`).
+  files from the options itself (see :mod:`icecrypt.spark._keys`), or, with option
+  ``keys.transport=task``, takes them from its partition, where the planner put the key
+  metadata of that partition's files (and of no other file).
 
 Spark gives Python data sources the full schema to read (PySpark 4.3 has no column
 pruning hook for them, only ``pushFilters``, which also needs
@@ -27,20 +29,35 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from icecrypt.errors import EncryptionKeyNotFoundError
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.spark import _keys
-from icecrypt.spark._common import DataFile, columns_option, encrypted, file_error, list_files
+from icecrypt.spark._common import (
+    OPT_KEYS_TRANSPORT,
+    TRANSPORT_TASK,
+    DataFile,
+    columns_option,
+    encrypted,
+    file_error,
+    key_transport,
+    list_files,
+)
 from icecrypt.spark._schema import Projection, spark_schema
 
 __all__ = ["FilePartition", "FileReader", "FileSource"]
 
 
 class FilePartition(InputPartition):
-    """Pieces of files one task reads; what a piece is depends on the format."""
+    """Pieces of files one task reads; what a piece is depends on the format (its first
+    item is always the :class:`DataFile`).
+
+    ``keys`` (``keys.transport=task`` only): the key metadata of the partition's files by
+    canonical name, set by the planner; it travels with the task and is never shown."""
 
     def __init__(self, index: int, pieces: Sequence[Any]) -> None:
         super().__init__(index)
         self.pieces = tuple(pieces)
+        self.keys: dict[str, StandardKeyMetadata] | None = None
 
     def __repr__(self) -> str:
         return f"FilePartition({self.value}, {len(self.pieces)} pieces)"
@@ -55,6 +72,7 @@ class FileReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options = dict(options)
         self.encrypted = encrypted(self.options)
+        self.transport = key_transport(self.options)
         self._files = list_files(self.options, self.extension)
         self._ring = _keys.keyring(self.options) if self.encrypted else None
         first = self._files[0]
@@ -76,7 +94,12 @@ class FileReader(DataSourceReader):
         """The file's key metadata (None when reading plaintext files)."""
         if not self.encrypted:
             return None
-        ring = getattr(self, "_ring", None) or _keys.keyring(self.options)
+        ring = getattr(self, "_ring", None)
+        if ring is None:
+            if self.transport == TRANSPORT_TASK:  # a task without its keys: never ask the KMS
+                raise EncryptionKeyNotFoundError(f"{self.source}: no key metadata for {file.uri} in the task "
+                                                 f"({OPT_KEYS_TRANSPORT}={TRANSPORT_TASK})")
+            ring = _keys.keyring(self.options)
         return ring.get(file)
 
     # --- format hooks -------------------------------------------------------------------
@@ -101,9 +124,19 @@ class FileReader(DataSourceReader):
     # --- DataSourceReader ------------------------------------------------------------------
 
     def partitions(self) -> list[FilePartition]:
-        return self.plan(self._files)
+        partitions = self.plan(self._files)
+        if self.encrypted and self.transport == TRANSPORT_TASK:
+            for partition in partitions:  # each task gets the keys of its own files only
+                files = {piece[0].uri: piece[0] for piece in partition.pieces}
+                partition.keys = {_keys.canonical(uri): self.key(file) for uri, file in files.items()}
+        return partitions
 
     def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:
+        if self.encrypted and self.transport == TRANSPORT_TASK:
+            if partition.keys is None:
+                raise EncryptionKeyNotFoundError(f"{self.source}: partition {partition.value} carries no keys "
+                                                 f"({OPT_KEYS_TRANSPORT}={TRANSPORT_TASK})")
+            self._ring = _keys.KeyRing(partition.keys, f"partition {partition.value}")
         apply = self.projection.apply
         for piece in partition.pieces:
             try:

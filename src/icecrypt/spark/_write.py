@@ -7,7 +7,10 @@ in the key manifest at commit.
 * ``write()`` runs in each task: a fresh DEK and AAD prefix, one file named
   ``part-<partition>-<job id>-<task attempt>.<ext>`` (written atomically by the format
   module), and a commit message holding the file's key metadata wrapped under the job's
-  KEK.
+  KEK (the task unwraps the job KEK through the KMS, once per Python worker).  With
+  option ``keys.transport=task`` there is no job KEK: the commit message carries the key
+  metadata the task made for its file, as Iceberg's task commits do, and executors never
+  call the KMS.
 * ``commit()`` runs on the driver: it unwraps the tasks' key metadata, merges it into the
   key manifest (replacing the directory's previous files on overwrite) and removes files
   of this job that no committed task reported (attempts Spark discarded), with the hidden
@@ -36,7 +39,16 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from icecrypt.errors import IcecryptError
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.spark import _keys
-from icecrypt.spark._common import OPT_JOB_ID, OPT_KEYS_MANIFEST, encrypted, file_error, output_location, resolve
+from icecrypt.spark._common import (
+    OPT_JOB_ID,
+    OPT_KEYS_MANIFEST,
+    TRANSPORT_TASK,
+    encrypted,
+    file_error,
+    key_transport,
+    output_location,
+    resolve,
+)
 from icecrypt.spark._schema import arrow_for_write
 
 __all__ = ["EncryptedFileWriter", "TaskFiles", "read_manifest"]
@@ -46,10 +58,13 @@ _JOB_ID = re.compile(r"[0-9a-f]{32}\Z")
 
 @dataclasses.dataclass(frozen=True)
 class WrittenFile:
-    """One file a task wrote: its URI and its key metadata wrapped by the job's KEK."""
+    """One file a task wrote: its URI and its key metadata, wrapped by the job's KEK
+    (``wrapped_key``) or, with ``keys.transport=task``, as the task made it
+    (``key_metadata``, never shown in the repr)."""
 
     uri: str
-    wrapped_key: bytes
+    wrapped_key: bytes | None = dataclasses.field(default=None, repr=False)
+    key_metadata: StandardKeyMetadata | None = dataclasses.field(default=None, repr=False)
 
 
 class TaskFiles(WriterCommitMessage):
@@ -99,7 +114,9 @@ class EncryptedFileWriter(DataSourceArrowWriter):
         self.directory = directory
         self.prefix = prefix
         filesystem.create_dir(directory, recursive=True)
-        self.kek = _keys.new_job_kek(self.options)
+        self.transport = key_transport(self.options)
+        # keys.transport=task: no job KEK, the tasks return their key metadata as made
+        self.kek = None if self.transport == TRANSPORT_TASK else _keys.new_job_kek(self.options)
 
     # --- subclass hook ------------------------------------------------------------------
 
@@ -130,11 +147,14 @@ class EncryptedFileWriter(DataSourceArrowWriter):
         uri = self.prefix + path
         try:
             key_metadata = self.write_file(batches, schema, path, _keys.new_file_key(self.options))
-            wrapped = _keys.seal_key(self.options, self.kek, key_metadata)
+            if self.kek is None:
+                written = WrittenFile(uri, key_metadata=key_metadata)
+            else:
+                written = WrittenFile(uri, wrapped_key=_keys.seal_key(self.options, self.kek, key_metadata))
         except Exception as exc:
             _remove(self.filesystem, path)
             raise file_error(exc, f"{self.source}: writing {uri}", path) from exc
-        return TaskFiles((WrittenFile(uri, wrapped),))
+        return TaskFiles((written,))
 
     # --- driver -----------------------------------------------------------------------------
 
@@ -160,7 +180,7 @@ class EncryptedFileWriter(DataSourceArrowWriter):
         from icecrypt.keys.manifest import write_key_manifest
 
         written = {f.uri: f for message in messages if message is not None for f in message.files}
-        keys = {uri: _keys.open_key(self.options, self.kek, f.wrapped_key) for uri, f in written.items()}
+        keys = {uri: self._key_of(f) for uri, f in written.items()}
         manager = _keys.manifest_manager(self.options)
         manifest_fs, manifest_path, existing = read_manifest(self.options)
         merged = {**existing, **keys}
@@ -177,6 +197,15 @@ class EncryptedFileWriter(DataSourceArrowWriter):
             remaining = {name: km for name, km in merged.items() if _keys.canonical(name) not in gone}
             if len(remaining) != len(merged):
                 write_key_manifest(manifest_path, remaining, manager, filesystem=manifest_fs)
+
+    def _key_of(self, written: WrittenFile) -> StandardKeyMetadata:
+        """The key metadata a task reported, unwrapped (refusing one in the wrong form)."""
+        if self.kek is not None and written.wrapped_key is not None:
+            return _keys.open_key(self.options, self.kek, written.wrapped_key)
+        if self.kek is None and written.key_metadata is not None:
+            return written.key_metadata
+        raise IcecryptError(f"{self.source}: the commit message for {written.uri} does not carry its key the way "
+                            f"this job sends keys (keys.transport={self.transport})")
 
     def abort(self, messages: list[TaskFiles | None]) -> None:
         for path in self._job_files():
