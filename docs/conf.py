@@ -52,7 +52,7 @@ nitpicky = True
 # network).  Only names outside icecrypt belong in this list.
 nitpick_ignore_regex = [
     (r"py:.*", r"(pa|pq|pqe|pafs|pyarrow)(\..*)?"),
-    (r"py:.*", r"(pyspark|pyiceberg|fastavro|boto3|hvac|kmip)(\..*)?"),
+    (r"py:.*", r"(pyspark|pyiceberg|fastavro|boto3|hvac|kmip|fsspec|sqlalchemy)(\..*)?"),
     (r"py:.*", r"(Schema|PartitionSpec|SortOrder|BooleanExpression)"),
     (r"py:.*", r"(Buffer|typing_extensions\.Buffer|collections\.abc\..*|os\.PathLike.*|io\..*)"),
     # the standard library (no inventory either)

@@ -8,6 +8,7 @@ format), ``icecrypt.keys`` (StandardKeyMetadata, the DEK/KEK/master-key hierarch
 from icecrypt._gcm import get_default_threads, openssl_version, set_default_threads
 from icecrypt.errors import (
     AuthenticationError,
+    CatalogError,
     CommitConflictError,
     DecryptionError,
     EncryptionKeyNotFoundError,
@@ -19,23 +20,28 @@ from icecrypt.errors import (
     KmsInvalidWrappedKeyError,
     KmsKeyNotFoundError,
     KmsUnavailableError,
+    KeysLostError,
+    RepairError,
 )
 
 from icecrypt._version import __version__
 
 __all__ = [
     "AuthenticationError",
+    "CatalogError",
     "CommitConflictError",
     "DecryptionError",
     "EncryptionKeyNotFoundError",
     "FormatError",
     "IcecryptError",
     "KeyUsageLimitError",
+    "KeysLostError",
     "KmsAccessDeniedError",
     "KmsError",
     "KmsInvalidWrappedKeyError",
     "KmsKeyNotFoundError",
     "KmsUnavailableError",
+    "RepairError",
     "get_default_threads",
     "openssl_version",
     "set_default_threads",

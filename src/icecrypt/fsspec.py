@@ -4,13 +4,13 @@
 instance, or a protocol name with ``target_options``) and encrypts what is written,
 decrypts what is read.  pandas, Polars, DuckDB and Dask read and write through it as
 through any fsspec filesystem.  The rules are those of :mod:`icecrypt.arrow`, from the
-same code (:mod:`icecrypt._encfs`):
+same code (``icecrypt._encfs``):
 
 Keys
     Each file has its own :class:`~icecrypt.keys.StandardKeyMetadata`.  Reads look the
     path up in ``keys`` (a mapping or a resolver callable); writes draw a fresh key from
     ``manager`` and record it, with its ``file_length``, once the file has closed
-    cleanly (:meth:`EncryptedFileSystem.key_metadata`, ``written_keys()``,
+    cleanly (``key_metadata(path)``, ``written_keys()``,
     ``save_key_manifest()``).  A file without a key is refused with
     :class:`~icecrypt.EncryptionKeyNotFoundError` unless it lies under one of
     ``plain_prefixes``.  Paths are the base filesystem's, keyed in its normalized form
@@ -41,7 +41,7 @@ Protocol and caching
     ``manager``/``keys``.  Instances are never cached or shared: every construction is a
     new filesystem with its own keys, identified by a random token (``__eq__``,
     ``__hash__``, dask tokenization), and no key material enters a token, a repr,
-    ``storage_options`` or :meth:`to_dict`.
+    ``storage_options`` or ``to_dict()``.
 
 Pickling
     As the pyarrow wrapper: the base filesystem, the plain prefixes, the resolver and
@@ -178,7 +178,7 @@ class EncryptedFile(io.RawIOBase):
         return self.read(-1)
 
     def read_buffer(self, nbytes: int | None = -1) -> Any:
-        """Like :meth:`read`, into a buffer of Arrow's memory pool (a
+        """Like ``read()``, into a buffer of Arrow's memory pool (a
         :class:`pyarrow.Buffer`): what :class:`pyarrow.PythonFile` asks for when
         pyarrow reads through this file; the pool reuses its pages, where a fresh
         ``bytes`` per read costs page faults.
@@ -235,7 +235,7 @@ class EncryptedFile(io.RawIOBase):
 
 class _EncryptingFile(EncryptingStream):
     """A file written through an :class:`EncryptedFileSystem` (see
-    :class:`icecrypt._encfs.EncryptingStream` for when it is published)."""
+    ``icecrypt._encfs.EncryptingStream`` for when it is published)."""
 
     def __init__(self, fs: EncryptedFileSystem, path: str, key_metadata: StandardKeyMetadata):
         self.fs = fs
@@ -390,7 +390,7 @@ class EncryptedFileSystem(KeyAccess, ChainedFileSystem, metaclass=_Uncached):
         manager: EncryptionManager | None = None,
         all_keys: bool = False,
     ) -> None:
-        """Write a key manifest (:func:`icecrypt.keys.write_key_manifest`) of the files
+        """Write a key manifest (:func:`icecrypt.keys.manifest.write_key_manifest`) of the files
         written through this filesystem (``all_keys``: of every key it knows) to ``path``
         on ``filesystem`` (an fsspec filesystem, default the base one; never this
         encrypting one).  ``manager``: default this filesystem's own."""
@@ -540,7 +540,7 @@ def _manifest_location(filesystem: Any, path: str) -> tuple[Any, Any]:
 def read_key_manifest(
     path: str, kms: KeyManagementClient, *, filesystem: AbstractFileSystem | None = None
 ) -> dict[str, StandardKeyMetadata]:
-    """:func:`icecrypt.keys.read_key_manifest` of a manifest on an fsspec filesystem
+    """:func:`icecrypt.keys.manifest.read_key_manifest` of a manifest on an fsspec filesystem
     (default: the local one)."""
     from icecrypt.keys.manifest import read_key_manifest as read
 

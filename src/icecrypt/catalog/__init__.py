@@ -33,6 +33,7 @@ from icecrypt.errors import (
 __all__ = [
     "Catalog",
     "CatalogError",
+    "GlueCatalog",
     "InvalidIdentifierError",
     "NamespaceAlreadyExistsError",
     "NamespaceNotEmptyError",
@@ -64,8 +65,10 @@ def load_catalog(name: str, *, kms: Any = None, **properties: str) -> Catalog:
 
 
 def __getattr__(attr: str) -> Any:
-    if attr == "SqlCatalog":
-        from icecrypt.catalog._sql import SqlCatalog
+    # the backends import their drivers' packages (SQLAlchemy, boto3) only when used
+    for module, cls_name in CATALOG_TYPES.values():
+        if attr == cls_name:
+            import importlib
 
-        return SqlCatalog
+            return getattr(importlib.import_module(module), cls_name)
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

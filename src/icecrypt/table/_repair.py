@@ -23,7 +23,7 @@ Only once something is lost are the files of the ``metadata-log`` read, newest f
 to name the commit that dropped the keys: the first file after the newest one that
 still held them (the current file if that was the newest log entry).
 
-**Repair** (:func:`repair_keys`) takes every lost ``key-id`` and ``encryption-keys``
+**Repair** (:meth:`EncryptedTable.repair_keys <icecrypt.table.EncryptedTable.repair_keys>`) takes every lost ``key-id`` and ``encryption-keys``
 entry from the previous metadata files, refusing when two files disagree (two key ids
 for one snapshot, two different entries under one id) or none holds it, unwraps each
 recovered manifest-list key through the KMS and reads the manifest list with it (the
@@ -298,7 +298,7 @@ def check_keys(
 
 @dataclasses.dataclass(frozen=True)
 class RepairReport:
-    """What :func:`repair_keys` restored (ids and file names, never key bytes).
+    """What :meth:`EncryptedTable.repair_keys <icecrypt.table.EncryptedTable.repair_keys>` restored (ids and file names, never key bytes).
 
     ``restored_key_ids``: snapshot id -> the ``key-id`` put back; ``restored_entries``:
     ``encryption-keys`` id -> the metadata file it was taken from; ``dropped_by``: the
