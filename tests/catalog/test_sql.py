@@ -142,6 +142,10 @@ def test_plaintext_table_and_errors(catalog, tmp_path):
     table = catalog.create_table("db.t", SCHEMA, table_key_id=None, location=str(tmp_path / "elsewhere"))
     assert not table.encrypted and table.location == str(tmp_path / "elsewhere")
     table.append(rows(0, 4))
+    from icecrypt.table import PlaintextFileError
+
+    with pytest.raises(PlaintextFileError, match="not encrypted"):
+        catalog.load_table("db.t", require_encryption=True)
     with pytest.raises(TableAlreadyExistsError, match="db.t"):
         catalog.create_table("db.t", SCHEMA, table_key_id=None)
     with pytest.raises(NoSuchTableError, match="db.missing"):

@@ -133,6 +133,28 @@ def test_plaintext_table(tmp_path):
     assert table.verify().ok
 
 
+def test_require_encryption_refuses_plaintext_tables(tmp_path, kms):
+    import json
+
+    from icecrypt.table import PlaintextFileError
+
+    data = all_types(10)
+    EncryptedTable.create(str(tmp_path / "plain"), data.schema, kms=None, table_key_id=None).append(data)
+    with pytest.raises(PlaintextFileError, match=r"plain/metadata/v2\.metadata\.json: the table is not encrypted"):
+        EncryptedTable.load(tmp_path / "plain", require_encryption=True)
+    table = EncryptedTable.create(str(tmp_path / "enc"), data.schema, kms=kms, table_key_id="keyA")
+    table.append(data)
+    table = EncryptedTable.load(tmp_path / "enc", kms=kms, require_encryption=True)
+    assert table.encrypted
+    # a newer version that dropped encryption.key-id is refused at refresh; the object keeps its state
+    current = json.loads((tmp_path / "enc/metadata/v2.metadata.json").read_text())
+    del current["properties"]["encryption.key-id"]
+    (tmp_path / "enc/metadata/v3.metadata.json").write_text(json.dumps(current))
+    with pytest.raises(PlaintextFileError, match="v3.metadata.json"):
+        table.refresh()
+    assert table.metadata_location.endswith("v2.metadata.json")
+
+
 def test_plaintext_avro_data_files(tmp_path):
     """Plain Avro data files (as Java writes in unencrypted tables): the data file of the
     second append is replaced by an Avro file with the same rows, and its manifest entry

@@ -290,11 +290,12 @@ class Catalog:
         )  # fmt: skip
         return self.load_table((*namespace, name))
 
-    def load_table(self, identifier: Identifier, *, check_keys: bool = True) -> Any:
+    def load_table(self, identifier: Identifier, *, check_keys: bool = True, require_encryption: bool = False) -> Any:
         """The table ``identifier`` at its current version (NoSuchTableError); its writes
         commit through this catalog (compare-and-swap of the metadata location).
         ``check_keys=False``: open an encrypted table whose metadata lost keys, to
-        inspect or repair it (as ``EncryptedTable.load``)."""
+        inspect or repair it; ``require_encryption=True``: refuse a plaintext table (both
+        as ``EncryptedTable.load``)."""
         from icecrypt.table import EncryptedTable
         from icecrypt.table._metadata import read_metadata_file
 
@@ -306,8 +307,8 @@ class Catalog:
         path = store._remember(recorded)
         metadata = read_metadata_file(store.locations.filesystem, path)
         kms = self.kms if (metadata.get("properties") or {}).get("encryption.key-id") else self._kms
-        options = {} if check_keys else {"check_keys": False}
-        table = EncryptedTable(metadata, path, store.locations, kms, **options)
+        table = EncryptedTable(metadata, path, store.locations, kms, check_keys=check_keys,
+                               require_encryption=require_encryption)
         table.metadata_store = store
         return table
 

@@ -56,10 +56,12 @@ class EncryptedTable:
         kms: KeyManagementClient | None,
         *,
         check_keys: bool = True,
+        require_encryption: bool = False,
     ):
         self.locations = locations
         self.kms = kms
         self.check_keys = check_keys  # repair: KeysLostError when keys were dropped (_repair)
+        self.require_encryption = require_encryption
         self._install(metadata, metadata_location)
 
     # --- loading ------------------------------------------------------------------------------
@@ -73,6 +75,7 @@ class EncryptedTable:
         filesystem: pafs.FileSystem | None = None,
         location_map: Mapping[str, str] | None = None,
         check_keys: bool = True,
+        require_encryption: bool = False,
     ) -> EncryptedTable:
         """Load a table from a ``metadata.json`` file or a table directory.
 
@@ -84,11 +87,15 @@ class EncryptedTable:
         encrypted table.  ``location_map`` rewrites recorded path prefixes, e.g.
         ``{"s3://bucket/table": "/data/table"}``.  ``check_keys=False`` opens an
         encrypted table whose metadata lost keys (a ``KeysLostError`` otherwise), to
-        inspect it or :meth:`repair_keys` it.
+        inspect it or :meth:`repair_keys` it.  ``require_encryption=True`` refuses a
+        table without ``encryption.key-id`` (:class:`PlaintextFileError`), at load and
+        at every refresh: a pipeline that must only ever see encrypted data says so,
+        instead of reading whatever the path holds.
         """
         locations = Locations(filesystem, location_map)
         path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
-        return cls(read_metadata_file(locations.filesystem, path), path, locations, kms, check_keys=check_keys)
+        return cls(read_metadata_file(locations.filesystem, path), path, locations, kms, check_keys=check_keys,
+                   require_encryption=require_encryption)
 
     def _install(
         self, metadata: dict[str, Any], metadata_location: str, committed_manager: EncryptionManager | None = None
@@ -102,6 +109,11 @@ class EncryptedTable:
         KMS for a KEK once per cache TTL, not once per commit or refresh."""
         model = parse_metadata(metadata, metadata_location)
         properties = metadata.get("properties") or {}
+        if getattr(self, "require_encryption", False) and not properties.get(ENCRYPTION_TABLE_KEY):
+            raise PlaintextFileError(
+                f"{metadata_location}: the table is not encrypted (no {ENCRYPTION_TABLE_KEY} property) "
+                "and encryption is required (refused)"
+            )
         manager = None
         if properties.get(ENCRYPTION_TABLE_KEY):
             if self.kms is None:
