@@ -208,3 +208,32 @@ def test_unfit_writes_are_refused(ispark, kms, kms_options, tmp_path):
     assert "not encrypted under master key 'other'" in error(frame, location, **{"table-key-id": "other"})
     assert EncryptedTable.load(str(location), kms=kms).current_snapshot_id is None
     assert not list(location.rglob("*.parquet")) and not (tmp_path / "nowhere").exists()
+
+
+def test_catalog_tables_by_identifier(ispark, kms, kms_options, tmp_path):
+    """Option ``catalog``: load()/save() take an identifier; the commit swaps the catalog's
+    pointer (the table PyIceberg's SqlCatalog sees moves too); a missing table is created
+    in the catalog from the DataFrame with option table-key-id."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from icecrypt.catalog import load_catalog
+
+    warehouse = str(tmp_path / "wh")
+    catalog = load_catalog("spark", warehouse=warehouse, kms=kms)
+    catalog.create_namespace("db")
+    options = {**kms_options, "catalog": "spark", "catalog.warehouse": warehouse}
+    rows = ispark.createDataFrame([(i, f"c{i % 3}", float(i)) for i in range(40)], "id long, category string, amount double")
+    rows.repartition(2).write.format(FORMAT).options(**options).option("table-key-id", MASTER).mode("append").save("db.events")
+    table = catalog.load_table("db.events")
+    assert table.encrypted and len(table.snapshots()) == 1
+    first = table.metadata_location
+    rows.where("id < 10").write.format(FORMAT).options(**options).mode("append").save("db.events")
+    table = catalog.load_table("db.events")
+    assert len(table.snapshots()) == 2 and table.metadata_location != first
+    assert not any(p.name.startswith("v") for p in (tmp_path / "wh/db/events/metadata").glob("*.metadata.json"))
+    py = SqlCatalog("spark", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+    assert py.load_table("db.events").metadata_location.endswith(table.metadata_location.rsplit("/", 1)[1])
+    back = ispark.read.format(FORMAT).options(**options).load("db.events")
+    assert back.count() == 50 and back.where("id < 10").count() == 20
+    with pytest.raises(Exception, match="db.missing"):
+        ispark.read.format(FORMAT).options(**options).load("db.missing").count()

@@ -25,6 +25,13 @@ Reading — where each step runs (PySpark 4.x Python Data Source API):
   task's data and delete files with the key metadata the task carries.  Executors never
   call the KMS.
 
+Tables in a catalog (``icecrypt.catalog``): option ``catalog`` names the catalog and the
+options ``catalog.<property>`` configure it (``catalog.uri``, ``catalog.warehouse``,
+``catalog.type``, ...); ``load()``/``save()`` then take an identifier (``db.table``).
+Planning and the commit run on the driver and go through the catalog (the commit swaps the
+catalog's metadata location, so concurrent writers are safe); write tasks read the
+metadata file the job started from and need no catalog access.
+
 Keys travel as in Iceberg Java: inside the tasks (the pickled partitions), never in the
 options (KMS properties only), plans, ``repr``\\ s or messages.
 
@@ -116,9 +123,16 @@ OPT_WRITE_FORMAT = "write-format"
 #: writes: bytes of Arrow data per data file (default: the table's write.target-file-size-bytes)
 OPT_TARGET_FILE_SIZE = "target-file-size-bytes"
 
+#: reads and writes: the name of an ``icecrypt.catalog`` catalog; load()/save() then take a
+#: table identifier (``db.table``), and commits go through the catalog.  Its properties
+#: are the options ``catalog.<property>`` (``catalog.uri``, ``catalog.warehouse``,
+#: ``catalog.type``, ``catalog.s3.endpoint``, ...); the KMS options serve it too.
+OPT_CATALOG = "catalog"
+_CATALOG_PREFIX = "catalog."
+
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_LOCATION_MAP, OPT_FILTER, OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT,
-                          OPT_TARGET_FILE_SIZE})
+                          OPT_TARGET_FILE_SIZE, OPT_CATALOG})
 _KMS_PREFIX = "encryption.kms"
 
 
@@ -128,7 +142,8 @@ _KMS_PREFIX = "encryption.kms"
 def _location(options: Mapping[str, str], action: str) -> str:
     location = options.get(OPT_PATH)
     if not location:
-        raise ValueError(f"{NAME}: no table given: use .{action}(<table directory or metadata.json>)")
+        what = "a table identifier" if options.get(OPT_CATALOG) else "table directory or metadata.json"
+        raise ValueError(f"{NAME}: no table given: use .{action}(<{what}>)")
     return str(location)
 
 
@@ -161,7 +176,22 @@ def _snapshot_id(options: Mapping[str, str]) -> int | None:
 
 def _kms_options(options: Mapping[str, str]) -> dict[str, str]:
     """The options without this source's own (the rest are KMS and storage properties)."""
-    return {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+    return {k: v for k, v in options.items() if k not in _OWN_OPTIONS and not k.startswith(_CATALOG_PREFIX)}
+
+
+def _catalog(options: Mapping[str, str]) -> Any:
+    """The catalog option ``catalog`` names (None without it), with the ``catalog.*``
+    properties and the options' KMS (one KMS client per process and properties)."""
+    name = (options.get(OPT_CATALOG) or "").strip()
+    if not name:
+        return None
+    from icecrypt.catalog import load_catalog
+
+    if _location_map(options):
+        raise ValueError(f"{NAME}: option {OPT_LOCATION_MAP} is for tables named by path, not with option {OPT_CATALOG}")
+    properties = {k[len(_CATALOG_PREFIX):]: v for k, v in options.items() if k.startswith(_CATALOG_PREFIX)}
+    kms = _keys.kms_client(_kms_options(options)) if _has_kms(options) else None
+    return load_catalog(name, kms=kms, **properties)
 
 
 def _has_kms(options: Mapping[str, str]) -> bool:
@@ -179,16 +209,25 @@ def _open_table(options: Mapping[str, str], location: str) -> EncryptedTable:
     without ``encryption.key-id`` is refused (a plaintext table is never taken for an
     encrypted one).  A missing table is a FileNotFoundError.
     """
-    location_map = _location_map(options)
-    filesystem, _, _ = resolve(Locations(None, location_map).map_location(location), options)
     want_encrypted = encrypted(options)
     if want_encrypted and not _has_kms(options):
         raise ValueError(f"{NAME}: no KMS given: set the KMS options (encryption.kms-type, ... or "
                          "encryption.kms-impl) that unwrap the table's keys; a plaintext table is read or written "
                          "only with option encryption=none")
-    kms = _keys.kms_client(_kms_options(options)) if _has_kms(options) else None
+    catalog = _catalog(options)
     try:
-        table = EncryptedTable.load(location, kms=kms, filesystem=filesystem, location_map=location_map)
+        if catalog is not None:
+            from icecrypt.errors import NoSuchTableError
+
+            try:
+                table = catalog.load_table(location)
+            except NoSuchTableError as exc:
+                raise FileNotFoundError(str(exc)) from None
+        else:
+            location_map = _location_map(options)
+            filesystem, _, _ = resolve(Locations(None, location_map).map_location(location), options)
+            kms = _keys.kms_client(_kms_options(options)) if _has_kms(options) else None
+            table = EncryptedTable.load(location, kms=kms, filesystem=filesystem, location_map=location_map)
     except FileNotFoundError:
         raise
     except Exception as exc:
@@ -363,6 +402,12 @@ class IcebergWriter(DataSourceArrowWriter):
         return table, False
 
     def _create(self, schema: StructType, key_id: str) -> EncryptedTable:
+        catalog = _catalog(self.options)
+        if catalog is not None:
+            try:
+                return catalog.create_table(self.location, to_arrow_schema(schema, timezone="UTC"), table_key_id=key_id)
+            except Exception as exc:
+                raise file_error(exc, f"{NAME}: creating table {self.location} in catalog {catalog.name!r}") from exc
         if _location_map(self.options):
             raise ValueError(f"{NAME}: option {OPT_LOCATION_MAP} is for existing tables; a new table is created at "
                              "the location given to save()")
@@ -374,11 +419,21 @@ class IcebergWriter(DataSourceArrowWriter):
         except Exception as exc:
             raise file_error(exc, f"{NAME}: creating table {self.location}") from exc
 
-    def _table(self) -> EncryptedTable:
-        """The table's newest version (what write_files and the commits build on)."""
+    def _table(self, *, commit: bool = False) -> EncryptedTable:
+        """The table's newest version (what write_files and the commits build on).
+
+        A catalog table is loaded through its catalog for a commit (on the driver: the
+        commit swaps the catalog's pointer); tasks read the metadata file the job started
+        from, so executors need no access to the catalog."""
         kms = _keys.kms_client(_kms_options(self.options)) if self.encrypted else None
-        table = EncryptedTable.load(self.metadata_location, kms=kms, filesystem=self.filesystem,
-                                    location_map=self.location_map).refresh()
+        catalog = _catalog(self.options) if commit else None
+        if catalog is not None:
+            table = catalog.load_table(self.location)
+        else:
+            table = EncryptedTable.load(self.metadata_location, kms=kms, filesystem=self.filesystem,
+                                        location_map=self.location_map)
+            if not self.options.get(OPT_CATALOG):
+                table.refresh()
         if self.encrypted and not table.encrypted:  # changed since the job started: never write plaintext
             raise PlaintextFileError(f"{NAME}: table {self.location} is no longer encrypted (refused)")
         return table
@@ -409,7 +464,7 @@ class IcebergWriter(DataSourceArrowWriter):
         data_files = [f for message in messages if message is not None for f in message.data_files]
         commit = overwrite_files if self.overwrite else append_files
         try:
-            commit(self._table(), data_files)  # deletes the data files if it fails
+            commit(self._table(commit=True), data_files)  # deletes the data files if it fails
         except Exception as exc:
             raise file_error(exc, f"{NAME}: committing to table {self.location}") from exc
 
@@ -424,9 +479,12 @@ class IcebergWriter(DataSourceArrowWriter):
     def _drop_if_empty(self) -> None:
         """Remove the metadata of the table this job created if nothing was committed."""
         with contextlib.suppress(Exception):  # the job's own error matters more
-            table = self._table()
+            table = self._table(commit=True)
             if table.snapshots():
                 return
+            catalog = _catalog(self.options)
+            if catalog is not None:
+                catalog.drop_table(self.location)
             metadata_dir = posixpath.dirname(table.metadata_location)
             for info in self.filesystem.get_file_info(pafs.FileSelector(metadata_dir)):
                 name = posixpath.basename(info.path)
