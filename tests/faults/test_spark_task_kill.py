@@ -22,8 +22,9 @@ scenario            write                                          kill
 ==================  =============================================  ==========================
 
 The tables roll data files every ~50 kB (``target-file-size-bytes``), so the killed
-attempt has published data files before it dies: they are orphans no commit references
-(a finding, see ``test_iceberg_killed_attempt_leaves_no_visible_orphan``).
+attempt has published data files before it dies. Their names carry the job's id (the
+table's operation id, the file sources' job id), and the driver deletes them after the
+commit or in the abort: no attempt that died leaves a file behind.
 """
 
 from __future__ import annotations
@@ -212,12 +213,12 @@ def test_iceberg_killed_attempt_orphans_are_removable(runs):
     assert table.scan().to_arrow().num_rows == ROWS + INITIAL.num_rows
 
 
-@pytest.mark.xfail(strict=True, reason="finding: a table task killed after its writer rolled a data file leaves "
-                                       "that (complete, published) file unreferenced in data/ until "
-                                       "remove_orphan_files; the file names carry no job id the driver could clean by")
 def test_iceberg_killed_attempt_leaves_no_visible_orphan(runs):
+    """The data files carry the job's operation id: after the commit the driver deletes
+    what the killed attempt left (it never reported them)."""
     assert runs.ok("ice_retry")
     assert runs.tables["ice_retry"].unreferenced_visible == []
+    assert [f for f in runs.tables["ice_retry"].files if f not in runs.tables["ice_retry"].referenced] == []
 
 
 def test_iceberg_job_failure_commits_nothing(runs):

@@ -361,3 +361,21 @@ def test_tables_on_s3(s3, kms):
         if name.endswith((".parquet", ".avro", ".puffin")):
             with fs.open_input_file(name) as f:
                 assert f.read(4) in (b"PARE", b"AGS1"), name
+
+
+def test_job_leftovers_are_found_by_operation_id(tmp_path, kms):
+    """A distributed job names its data files with one operation id: after committing what
+    its tasks reported, remove_job_leftovers deletes what a dead attempt wrote (same id,
+    not reported), and nothing else — not the committed files, not another job's."""
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=kms, table_key_id="keyA", partition_spec=CATEGORY)
+    job, other = "11111111-2222-3333-4444-555555555555", "99999999-2222-3333-4444-555555555555"
+    dead = _write.write_files(table, make_rows(0, 50), operation_id=job, task_id=7)       # never reported
+    retried = _write.write_files(table, make_rows(0, 50), operation_id=job, task_id=8)
+    foreign = _write.write_files(table, make_rows(50, 60), operation_id=other, task_id=1)
+    assert all(f"-{job}-" in f["file_path"] and "/00007-" in f["file_path"] for f in dead)
+    _write.append_files(table, retried)
+    removed = _write.remove_job_leftovers(table, job, [f["file_path"] for f in retried])
+    assert sorted(removed) == sorted(table.locations.to_fs_path(f["file_path"]) for f in dead)
+    for f in retried + foreign:
+        assert Path(table.locations.to_fs_path(f["file_path"])).exists()
+    assert EncryptedTable.load(table.metadata_location, kms=kms).scan().to_arrow().num_rows == 50

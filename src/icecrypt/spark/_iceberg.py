@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -379,6 +380,9 @@ class IcebergWriter(DataSourceArrowWriter):
         self.target_file_size = positive_int(self.options, OPT_TARGET_FILE_SIZE, 1) \
             if self.options.get(OPT_TARGET_FILE_SIZE) else None
         table, self.created = self._open_or_create(schema)
+        # one id for every data file of this job (file names carry it), so the driver
+        # finds what attempts that died before reporting left behind
+        self.operation_id = str(uuid.uuid4())
         self.encrypted = table.encrypted
         self.metadata_location = table.metadata_location
         self.filesystem = table.filesystem
@@ -451,7 +455,8 @@ class IcebergWriter(DataSourceArrowWriter):
 
         try:
             data_files = write_files(self._table(), batches(), file_format=self.file_format,
-                                     target_file_size=self.target_file_size)
+                                     target_file_size=self.target_file_size, operation_id=self.operation_id,
+                                     task_id=_task_attempt_id())
         except Exception as exc:
             raise file_error(exc, f"{NAME}: writing data files of table {self.location}") from exc
         return TaskDataFiles(data_files)
@@ -464,15 +469,35 @@ class IcebergWriter(DataSourceArrowWriter):
         data_files = [f for message in messages if message is not None for f in message.data_files]
         commit = overwrite_files if self.overwrite else append_files
         try:
-            commit(self._table(commit=True), data_files)  # deletes the data files if it fails
+            table = self._table(commit=True)
+            commit(table, data_files)  # deletes the data files if it fails
         except Exception as exc:
             raise file_error(exc, f"{NAME}: committing to table {self.location}") from exc
+        self._remove_leftovers(table, [f["file_path"] for f in data_files])
+
+    def _remove_leftovers(self, table: EncryptedTable, keep: list[str]) -> None:
+        """Files of this job's attempts that died before reporting (a killed executor):
+        no commit references them; found by the job's operation id in their names."""
+        from icecrypt.table._write import remove_job_leftovers
+
+        with contextlib.suppress(Exception):  # the job's outcome stands either way
+            remove_job_leftovers(table, self.operation_id, keep)
 
     def abort(self, messages: list[TaskDataFiles | None]) -> None:
         locations = Locations(self.filesystem, self.location_map)
+        reported = []
         for message in messages:
             for data_file in message.data_files if message is not None else ():
                 _remove(self.filesystem, locations.to_fs_path(data_file["file_path"]))
+                reported.append(data_file["file_path"])
+        with contextlib.suppress(Exception):
+            table = EncryptedTable.load(self.metadata_location, kms=None if not self.encrypted else
+                                        _keys.kms_client(_kms_options(self.options)), filesystem=self.filesystem,
+                                        location_map=self.location_map, check_keys=False)
+            from icecrypt.table._write import remove_job_leftovers
+
+            # the reported files' directories (now empty of them), where dead attempts wrote too
+            remove_job_leftovers(table, self.operation_id, [], [posixpath.dirname(p) for p in reported])
         if self.created:
             self._drop_if_empty()
 
@@ -495,6 +520,17 @@ class IcebergWriter(DataSourceArrowWriter):
 
     def __repr__(self) -> str:
         return f"<IcebergWriter {self.location} {'overwrite' if self.overwrite else 'append'}>"
+
+
+def _task_attempt_id() -> int:
+    """Spark's id of the running task attempt (unique in the application), 0 outside Spark."""
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        return int(context.taskAttemptId()) if context is not None else 0
+    except Exception:
+        return 0
 
 
 def _remove(filesystem: pafs.FileSystem, path: str) -> None:

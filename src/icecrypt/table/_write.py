@@ -28,7 +28,7 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -662,7 +662,8 @@ def create(
 
 
 def _write_new_data(
-    target: _Target, base: dict[str, Any], data: Any, file_format: str | None, target_file_size: int | None
+    target: _Target, base: dict[str, Any], data: Any, file_format: str | None, target_file_size: int | None,
+    operation_id: str | None = None, task_id: int = 0,
 ) -> tuple[TableIO, list[dict[str, Any]], list[str], PartitionSpec, Schema]:
     io = target.io(target.manager(base))
     schema = _schema(base)
@@ -671,7 +672,8 @@ def _write_new_data(
     options = DataWriteOptions.from_properties(properties, file_format=file_format, target_file_size=target_file_size)
     data_files, started = write_data_files(
         io, data, schema=schema, spec=spec, location=base["location"], properties=properties,
-        options=options, sort_order_id=base.get("default-sort-order-id", 0),
+        options=options, sort_order_id=base.get("default-sort-order-id", 0), operation_id=operation_id,
+        task_id=task_id,
     )  # fmt: skip
     return io, data_files, started, spec, schema
 
@@ -686,7 +688,8 @@ def _added_entries(data_files: list[dict[str, Any]], snapshot_id: int) -> list[d
 
 
 def write_files(
-    table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None
+    table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None,
+    operation_id: str | None = None, task_id: int = 0,
 ) -> list[dict[str, Any]]:
     """Write ``data`` as data files of the table's current schema and partition spec,
     without committing them; returns their manifest ``data_file`` records (plain,
@@ -694,12 +697,46 @@ def write_files(
 
     This is the half of an append a distributed writer runs on its workers; the driver
     then commits every worker's records in one :func:`append_files`.  Nothing is left
-    behind if this raises.
+    behind if this raises.  ``operation_id`` (one per distributed job) and ``task_id``
+    (unique per task attempt) go into the file names,
+    ``<task id>-<pid>-<operation id>-<count>.<ext>``, as Java's ``OutputFileFactory``
+    names them: the driver can then find files of attempts that died before reporting
+    (:func:`remove_job_leftovers`).
     """
     target = _Target.of(table)
     _, base = target.latest()
-    _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size)
+    _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size, operation_id, task_id)
     return data_files
+
+
+def remove_job_leftovers(
+    table: Any, operation_id: str, keep: Iterable[str], directories: Iterable[str] = ()
+) -> list[str]:
+    """Delete the data files of job ``operation_id`` (see :func:`write_files`) that are
+    not in ``keep`` (the job's committed or still-wanted file locations), looking in the
+    directories of ``keep``, in ``directories`` and in the table's ``data`` directory;
+    hidden temporary files of the job's unfinished writes go too.  Best effort: returns
+    the locations deleted, never raises for a file it cannot list or delete."""
+    import pyarrow.fs as _pafs
+
+    marker = f"-{operation_id}-"
+    locations = table.locations
+    keep_fs = {locations.to_fs_path(path) for path in keep}
+    dirs = {posixpath.dirname(path) for path in keep_fs}
+    dirs.update(locations.to_fs_path(d) for d in directories)
+    dirs.add(locations.to_fs_path(f"{table.location.rstrip('/')}/data"))
+    removed = []
+    for directory in sorted(dirs):
+        try:
+            infos = table.filesystem.get_file_info(_pafs.FileSelector(directory, allow_not_found=True))
+        except OSError:
+            continue
+        for info in infos:
+            if info.type == _pafs.FileType.File and marker in info.base_name and info.path not in keep_fs:
+                with contextlib.suppress(OSError):
+                    table.filesystem.delete_file(info.path)
+                    removed.append(info.path)
+    return removed
 
 
 def append_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:

@@ -489,7 +489,8 @@ class _WriteJob:
     """State shared by the partition writers of one append."""
 
     def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, location: str,
-                 properties: dict[str, str], options: DataWriteOptions, sort_order_id: int) -> None:  # fmt: skip
+                 properties: dict[str, str], options: DataWriteOptions, sort_order_id: int,
+                 operation_id: str | None = None, task_id: int = 0) -> None:  # fmt: skip
         self.io = io
         self.schema = schema
         self.plan = _PartitionPlan.create(spec, schema)
@@ -498,14 +499,17 @@ class _WriteJob:
         self.sort_order_id = sort_order_id
         self.arrow_schema = arrow_write_schema(schema)
         self.stats_plan = compute_statistics_plan(schema, properties)
-        self.write_id = uuid.uuid4()
+        # a distributed job passes one operation id to all its tasks (and a task id unique
+        # per attempt), so the driver can find what its killed attempts left behind
+        self.write_id = operation_id or uuid.uuid4()
+        self.task_id = task_id
         self._counter = itertools.count(1)
         self.started: list[str] = []  # every file location opened, for cleanup on failure
         self.data_files: list[dict[str, Any]] = []
 
     def next_file_name(self, extension: str) -> str:
         # Java's OutputFileFactory: <partition id>-<task id>-<operation id>-<file count>
-        return f"00000-{os.getpid() % 100000}-{self.write_id}-{next(self._counter):05d}.{extension}"
+        return f"{self.task_id:05d}-{os.getpid() % 100000}-{self.write_id}-{next(self._counter):05d}.{extension}"
 
     def add(self, location: str, file_format: str, values: tuple, rows: int, length: int, key: Any, stats: dict) -> None:
         partition = {field.name: value for field, value in zip(self.plan.spec.fields, values)}
@@ -539,6 +543,8 @@ def write_data_files(
     properties: dict[str, str],
     options: DataWriteOptions,
     sort_order_id: int = 0,
+    operation_id: str | None = None,
+    task_id: int = 0,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Write ``data`` as data files of the table at ``location``.
 
@@ -546,7 +552,7 @@ def write_data_files(
     exception, files in progress are aborted and the finished ones deleted before it
     propagates, so a failed append leaves nothing behind.
     """
-    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id)
+    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id)
     writers: dict[tuple, _PartitionWriter] = {}
     try:
         for batch in iter_batches(data):
