@@ -93,15 +93,18 @@ class TableIO:
                 codec="deflate",
             )
             return key.file_length, key
-        import fastavro
+        from icecrypt._avro_container import DEFAULT_SYNC_INTERVAL, write_container
+        from icecrypt.avro import DEFAULT_DEFLATE_LEVEL
 
         # the same publication as the encrypted branch and the data files: a temporary
         # file made durable and renamed into place (locally), so both kinds of table
-        # leave nothing under a final name unless it is complete, at the same cost
+        # leave nothing under a final name unless it is complete, at the same cost; and
+        # the same container as Java writes (raw deflate, level 9, 64000-byte blocks),
+        # as the encrypted branch writes inside AGS1
         target = _AtomicTarget(path, self.format_filesystem)
         try:
-            fastavro.writer(target.stream, fastavro.parse_schema(avro_schema), records, codec="deflate",
-                            metadata=metadata)
+            write_container(target.stream, avro_schema, records, codec="deflate", sync_interval=DEFAULT_SYNC_INTERVAL,
+                            metadata=dict(metadata), compression_level=DEFAULT_DEFLATE_LEVEL)
             length = target.commit()
         except BaseException:
             target.discard()
