@@ -52,6 +52,12 @@ EACH=$(( TOTAL / N ))
 [ "$EACH" -lt 5 ] && EACH=5
 
 OUT="$(mktemp -d "${TMPDIR:-/tmp}/icecrypt-fuzz.XXXXXX")"
+# the harnesses' scratch files (libFuzzer exits without running Python's finalizers)
+SCRATCH_BASE=/dev/shm
+[ -d "$SCRATCH_BASE" ] && [ -w "$SCRATCH_BASE" ] || SCRATCH_BASE="${TMPDIR:-/tmp}"
+ICECRYPT_FUZZ_WORKDIR="$(mktemp -d "$SCRATCH_BASE/icecrypt-fuzz-scratch.XXXXXX")"
+export ICECRYPT_FUZZ_WORKDIR
+trap 'rm -rf "$ICECRYPT_FUZZ_WORKDIR"' EXIT
 
 if command -v clang >/dev/null 2>&1; then
     echo "fuzz.sh: clang is installed, but an instrumented native build is not wired in yet: Python coverage only"
