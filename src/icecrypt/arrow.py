@@ -161,15 +161,9 @@ class _EncryptedInputFile:
     def read_buffer(self, nbytes: int | None = -1) -> pa.Buffer:
         """Up to ``nbytes`` plaintext bytes from the position, in a new Arrow buffer."""
         with _guard.call():
-            want = max(0, self._size - self._pos)
-            if nbytes is not None and nbytes >= 0:
-                want = min(want, nbytes)
-            # A buffer of Arrow's memory pool, which reuses its pages: fresh bytes
-            # objects (as Ags1Reader.read returns) faulted in 5x more pages per scan.
-            data = pa.allocate_buffer(want)
-            self._reader.readinto_at(data, self._pos)
-            self._pos += want
-            return _guard.track(data)
+            data = _read_pool_buffer(self._reader, self._pos, self._size, nbytes)
+            self._pos += data.size
+            return data
 
     read = read_buffer
 
@@ -485,6 +479,19 @@ class _ExitGuard:
 
 
 _guard = _ExitGuard()
+
+
+def _read_pool_buffer(reader: Any, pos: int, size: int, nbytes: int | None) -> pa.Buffer:
+    """Up to ``nbytes`` (all when None or negative) plaintext bytes of ``reader`` (an
+    Ags1Reader of a ``size``-byte plaintext) from ``pos``, in a buffer of Arrow's memory
+    pool, registered with the exit guard.  The pool reuses its pages: fresh bytes
+    objects (as Ags1Reader.read returns) faulted in 5x more pages per scan."""
+    want = max(0, size - pos)
+    if nbytes is not None and nbytes >= 0:
+        want = min(want, nbytes)
+    data = pa.allocate_buffer(want)
+    reader.readinto_at(data, pos)
+    return _guard.track(data)
 
 #: longest wait at exit for Arrow threads still inside this module's code
 EXIT_TIMEOUT = 10.0

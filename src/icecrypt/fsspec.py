@@ -186,21 +186,15 @@ class EncryptedFile(io.RawIOBase):
         The file and its buffers are then held by Arrow's threads, which must not drop
         them while the interpreter finalizes (apache/arrow#34314): they are registered
         with :mod:`icecrypt.arrow`'s exit hook, as that module's own files are."""
-        import pyarrow as pa
-
-        from icecrypt.arrow import _guard
+        from icecrypt.arrow import _guard, _read_pool_buffer
 
         if not self._arrow_tracked:
             _guard.track(self)
             self._arrow_tracked = True
         self._checkClosed()
-        want = max(0, self.size - self._pos)
-        if nbytes is not None and nbytes >= 0:
-            want = min(want, nbytes)
-        data = pa.allocate_buffer(want)
-        self._reader.readinto_at(data, self._pos)
-        self._pos += want
-        return _guard.track(data)
+        data = _read_pool_buffer(self._reader, self._pos, self.size, nbytes)
+        self._pos += data.size
+        return data
 
     def readinto(self, buffer: Any) -> int:
         self._checkClosed()
