@@ -140,6 +140,14 @@ def test_type_and_range_checks():
         StandardKeyMetadata(bytes(16), None, 1 << 63)
     with pytest.raises(TypeError):
         StandardKeyMetadata.decode("0120")
+    # with_file_length checks the length as the constructor does
+    km = StandardKeyMetadata(bytes(16), None, 1)
+    for bad in (1.5, True, "7"):
+        with pytest.raises(TypeError):
+            km.with_file_length(bad)
+    for bad in (1 << 63, -(1 << 63) - 1):
+        with pytest.raises(ValueError, match="64-bit"):
+            km.with_file_length(bad)
 
 
 def test_immutable_value_object():
@@ -149,6 +157,9 @@ def test_immutable_value_object():
     longer = km.with_file_length(99)
     assert longer.file_length == 99 and km.file_length is None
     assert longer.with_file_length(None) == km
+    assert type(longer) is StandardKeyMetadata and longer.encryption_key == km.encryption_key
+    assert longer.encode() == StandardKeyMetadata(bytes(16), bytes(16), 99).encode()
+    assert longer.with_file_length(99) is longer  # nothing to change: the same immutable object
     assert hash(km) == hash(StandardKeyMetadata(bytes(16), bytes(16)))
     assert km != StandardKeyMetadata(bytes(16), b"")  # empty AAD prefix differs from none
 

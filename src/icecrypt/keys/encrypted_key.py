@@ -36,7 +36,7 @@ class EncryptedKey:
     stored as ``None`` because Java writes neither.  Equality and hashing are by value.
     """
 
-    __slots__ = ("_key_id", "_encrypted_key_metadata", "_encrypted_by_id", "_properties")
+    __slots__ = ("_key_id", "_encrypted_key_metadata", "_encrypted_by_id", "_properties", "_base64")
 
     def __init__(
         self,
@@ -62,6 +62,7 @@ class EncryptedKey:
         object.__setattr__(self, "_encrypted_key_metadata", bytes(memoryview(encrypted_key_metadata)))
         object.__setattr__(self, "_encrypted_by_id", encrypted_by_id)
         object.__setattr__(self, "_properties", props)
+        object.__setattr__(self, "_base64", None)  # to_json's text, made once: every commit writes every entry
 
     @property
     def key_id(self) -> str:
@@ -104,13 +105,18 @@ class EncryptedKey:
         """A JSON object with Java's field names and order; absent fields are omitted."""
         obj: dict[str, Any] = {
             "key-id": self._key_id,
-            "encrypted-key-metadata": base64.b64encode(self._encrypted_key_metadata).decode("ascii"),
+            "encrypted-key-metadata": self._base64 or self._encode_base64(),
         }
         if self._encrypted_by_id is not None:
             obj["encrypted-by-id"] = self._encrypted_by_id
         if self._properties:
             obj["properties"] = dict(self._properties)
         return obj
+
+    def _encode_base64(self) -> str:
+        text = base64.b64encode(self._encrypted_key_metadata).decode("ascii")
+        object.__setattr__(self, "_base64", text)
+        return text
 
     @classmethod
     def from_json(cls, obj: Any) -> EncryptedKey:
@@ -156,6 +162,7 @@ class EncryptedKey:
         object.__setattr__(entry, "_encrypted_key_metadata", wrapped)
         object.__setattr__(entry, "_encrypted_by_id", by)
         object.__setattr__(entry, "_properties", None)
+        object.__setattr__(entry, "_base64", None)
         if memo is not None:
             if len(_PARSED) >= _PARSED_MAX:
                 _PARSED.clear()

@@ -36,6 +36,14 @@ def _as_bytes(value: Any, what: str) -> bytes:
         raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}") from None
 
 
+def _check_file_length(length: Any) -> None:
+    if length is not None:
+        if isinstance(length, bool) or not isinstance(length, int):
+            raise TypeError(f"file_length must be an int or None, not {type(length).__name__}")
+        if not _LONG_MIN <= length <= _LONG_MAX:
+            raise ValueError(f"file_length {length} does not fit in a signed 64-bit long")
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class StandardKeyMetadata:
     """Iceberg's per-file key metadata: encryption key, AAD prefix and stored length.
@@ -59,12 +67,7 @@ class StandardKeyMetadata:
         object.__setattr__(self, "encryption_key", _as_bytes(self.encryption_key, "encryption_key"))
         if self.aad_prefix is not None:
             object.__setattr__(self, "aad_prefix", _as_bytes(self.aad_prefix, "aad_prefix"))
-        length = self.file_length
-        if length is not None:
-            if isinstance(length, bool) or not isinstance(length, int):
-                raise TypeError(f"file_length must be an int or None, not {type(length).__name__}")
-            if not _LONG_MIN <= length <= _LONG_MAX:
-                raise ValueError(f"file_length {length} does not fit in a signed 64-bit long")
+        _check_file_length(self.file_length)
 
     @property
     def key_length(self) -> int:
@@ -73,7 +76,15 @@ class StandardKeyMetadata:
 
     def with_file_length(self, file_length: int | None) -> StandardKeyMetadata:
         """A copy with ``file_length`` set (Java's ``copyWithLength``)."""
-        return dataclasses.replace(self, file_length=file_length)
+        if file_length == self.file_length and type(file_length) is type(self.file_length):
+            return self
+        _check_file_length(file_length)
+        # the key and prefix were checked when this object was made: no second pass
+        copy = object.__new__(type(self))
+        object.__setattr__(copy, "encryption_key", self.encryption_key)
+        object.__setattr__(copy, "aad_prefix", self.aad_prefix)
+        object.__setattr__(copy, "file_length", file_length)
+        return copy
 
     def encode(self) -> bytes:
         """The version byte and Avro binary datum, byte-identical to Iceberg Java."""

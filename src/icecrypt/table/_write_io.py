@@ -79,32 +79,27 @@ class TableIO:
     ) -> tuple[int, StandardKeyMetadata | None]:
         """Write an Avro container file; returns (stored length, key metadata with
         file_length, or None for a plaintext table)."""
-        path = self.ensure_parent(location)
-        if self.manager is not None:
-            from icecrypt.avro import write_records
-
-            key = write_records(
-                path,
-                avro_schema,
-                records,
-                filesystem=self.format_filesystem,
-                key_metadata=self.manager.new_file_key(),
-                metadata=metadata,
-                codec="deflate",
-            )
-            return key.file_length, key
-        from icecrypt._avro_container import DEFAULT_SYNC_INTERVAL, write_container
+        from icecrypt._avro_container import DEFAULT_SYNC_INTERVAL, write_container, write_encrypted
         from icecrypt.avro import DEFAULT_DEFLATE_LEVEL
 
+        path = self.ensure_parent(location)
+
+        # the container Java writes (raw deflate, level 9, 64000-byte blocks), for both
+        # kinds of table; the schemas are the table writer's own, so no separate check
+        def body(sink: Any) -> None:
+            write_container(sink, avro_schema, records, codec="deflate", sync_interval=DEFAULT_SYNC_INTERVAL,
+                            metadata=dict(metadata), compression_level=DEFAULT_DEFLATE_LEVEL)
+
+        if self.manager is not None:
+            key = self.manager.new_file_key()
+            key = key.with_file_length(write_encrypted(path, self.format_filesystem, key, body))
+            return key.file_length, key
         # the same publication as the encrypted branch and the data files: a temporary
         # file made durable and renamed into place (locally), so both kinds of table
-        # leave nothing under a final name unless it is complete, at the same cost; and
-        # the same container as Java writes (raw deflate, level 9, 64000-byte blocks),
-        # as the encrypted branch writes inside AGS1
+        # leave nothing under a final name unless it is complete, at the same cost
         target = _AtomicTarget(path, self.format_filesystem)
         try:
-            write_container(target.stream, avro_schema, records, codec="deflate", sync_interval=DEFAULT_SYNC_INTERVAL,
-                            metadata=dict(metadata), compression_level=DEFAULT_DEFLATE_LEVEL)
+            body(target.stream)
             length = target.commit()
         except BaseException:
             target.discard()
