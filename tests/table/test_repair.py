@@ -384,6 +384,24 @@ def test_refresh_raises_when_the_newest_version_lost_keys(tmp_path, kms):
     assert stale.metadata_location == table.metadata_location  # the table object keeps its state
 
 
+def test_no_commit_on_top_of_a_version_that_lost_keys(tmp_path, kms):
+    """A table object holding an older version appends after another writer dropped
+    keys: the append refuses before committing, and leaves no file behind."""
+    table = _encrypted_table(tmp_path, kms)
+    stale = EncryptedTable.load(table.metadata_location, kms=kms)
+    damaged = copy.deepcopy(table.metadata)
+    dropped = table.snapshots()[0].key_id
+    damaged["encryption-keys"] = [e for e in damaged["encryption-keys"] if e["key-id"] != dropped]
+    _log_previous(damaged, table.metadata, table.metadata_location)
+    broken = _commit.commit_metadata(table.filesystem, table.metadata_location, damaged, base=table.metadata)
+    root = Path(table.location)
+    before = sorted(p for p in root.rglob("*") if p.is_file())
+    with pytest.raises(KeysLostError, match="names no encryption-keys entry"):
+        stale.append(_rows(100, 5))
+    assert _commit.latest_metadata_location(table.filesystem, table.metadata_location) == broken
+    assert sorted(p for p in root.rglob("*") if p.is_file()) == before
+
+
 # --- Iceberg Java's tables ---------------------------------------------------------------------------
 
 

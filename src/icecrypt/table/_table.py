@@ -98,7 +98,12 @@ class EncryptedTable:
                    require_encryption=require_encryption)
 
     def _install(
-        self, metadata: dict[str, Any], metadata_location: str, committed_manager: EncryptionManager | None = None
+        self,
+        metadata: dict[str, Any],
+        metadata_location: str,
+        committed_manager: EncryptionManager | None = None,
+        *,
+        keys_checked: bool = False,
     ) -> None:
         """Make ``metadata`` (read from ``metadata_location``) this table's state.
 
@@ -106,7 +111,9 @@ class EncryptedTable:
         committed as ``metadata`` (used as is when configured as ``metadata`` says, which
         spares parsing every entry again).  Otherwise the new manager shares the previous
         one's cache of unwrapped KEKs when configured alike, so a table object asks the
-        KMS for a KEK once per cache TTL, not once per commit or refresh."""
+        KMS for a KEK once per cache TTL, not once per commit or refresh.
+        ``keys_checked``: ``metadata`` is this object's own commit on top of the version
+        it holds (checked for lost keys when installed), so the check is not repeated."""
         model = parse_metadata(metadata, metadata_location)
         properties = metadata.get("properties") or {}
         if getattr(self, "require_encryption", False) and not properties.get(ENCRYPTION_TABLE_KEY):
@@ -137,7 +144,8 @@ class EncryptedTable:
         if current is not None and current != -1 and current not in snapshots:
             # as Java's TableMetadata ("Cannot find current version"): a dangling id is damage
             raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
-        if manager is not None and getattr(self, "check_keys", True):  # keys dropped by another writer (repair)
+        if manager is not None and getattr(self, "check_keys", True) and not (keys_checked and manager is committed_manager):
+            # keys dropped by another writer (repair)
             from icecrypt.table._repair import check_keys
 
             check_keys(metadata, metadata_location, self.locations, cache=self.__dict__.setdefault("_repair_cache", {}))
