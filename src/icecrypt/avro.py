@@ -50,6 +50,7 @@ from icecrypt._avro_container import (
     Plaintext,
     ReadStats,
     UnencryptedBytes,
+    check_filesystem,
     coerce_key_metadata,
     container_stream,
     display_name,
@@ -268,6 +269,26 @@ class AvroRecords:
         return f"<AvroRecords {self.name!r} codec={self.codec}>"
 
 
+def _decrypt_whole(path: Any, km: StandardKeyMetadata, filesystem: Any) -> bytes | None:
+    """A small AGS1 file read in one call and authenticated and decrypted in one (the
+    common case of planning); None when anything is off (a length other than the
+    trusted one, a failed tag, an unreadable file), for the block reader to read again
+    and report precisely.  Nothing is returned unless every block authenticated."""
+    check_filesystem(filesystem)
+    try:
+        if filesystem is None:
+            with open(path, "rb") as f:
+                data = f.read(km.file_length + 1)
+        else:
+            with filesystem.open_input_file(path) as f:
+                data = f.read()
+        if len(data) != km.file_length:
+            return None
+        return ags1.decrypt(data, km.encryption_key, km.aad_prefix, length=km.file_length)
+    except (OSError, ValueError, IcecryptError):
+        return None
+
+
 class _SmallAvroRecords(AvroRecords):
     """:class:`AvroRecords` of a file of one AGS1 block (a manifest, a manifest list):
     authenticated and decrypted whole, up front, then decoded by fastavro from that
@@ -282,8 +303,10 @@ class _SmallAvroRecords(AvroRecords):
         km = coerce_key_metadata(key_metadata, display_name(path))
         if km.file_length is None or ags1.plaintext_length(km.file_length) > _SMALL_FILE:
             return None
-        with Plaintext(path, km, filesystem) as plain:  # the stream's own checks and errors
-            data = plain.read(0, plain.size, "the file")
+        data = _decrypt_whole(path, km, filesystem)
+        if data is None:
+            with Plaintext(path, km, filesystem) as plain:  # the stream's own checks and errors
+                data = plain.read(0, plain.size, "the file")
         if data[:4] != b"Obj\x01":
             return None
         try:

@@ -193,3 +193,30 @@ def test_header_only_file(tmp_path):
     table = avro.read(path, km)
     assert table.num_rows == 0 and table.schema.names == ["i", "s"]
     assert json.loads(avro.read_records(path, km).metadata["avro.schema"]) == SCHEMA
+
+
+@pytest.mark.parametrize("damage", ["flip-header", "flip-tag", "cut", "extend", "length-lies"])
+def test_one_block_file_read_whole(tmp_path, damage):
+    """A one-block file (a manifest) is read and decrypted in one call: any damage falls
+    back to the block reader, which names the file and the fault; nothing is yielded."""
+    path, km = sealed(tmp_path, "small.avro", container(n=200))
+    data = bytearray(path.read_bytes())
+    expected = icecrypt.AuthenticationError
+    if damage == "flip-header":
+        data[ags1.HEADER_LENGTH + 20] ^= 1
+    elif damage == "flip-tag":
+        data[-1] ^= 0x80
+    elif damage == "cut":
+        del data[-1]
+        expected = icecrypt.FormatError
+    elif damage == "extend":
+        data += b"\0"
+        expected = icecrypt.FormatError
+    else:
+        km = km.with_file_length(km.file_length - 1)
+        expected = icecrypt.FormatError
+    path.write_bytes(bytes(data))
+    records = None
+    with pytest.raises(expected, match="small.avro"):
+        records = list(avro.read_records(path, km))
+    assert records is None
