@@ -29,8 +29,9 @@ maintenance; without it table metadata, and so every commit, grows with history)
 Spark: the Parquet file source's planning over 10,000 files is measured by
 ``benchmarks/spark_parquet_planning.py``.
 
-After growth, the merging-on tables are compacted (``rewrite_data_files`` of every file,
-then ``rewrite_manifests``) and planned again: planning after maintenance.
+After growth, the merging-on tables are maintained and planned again: manifests regrouped
+by partition (``rewrite_manifests``, about one batch per manifest), then compacted
+(``rewrite_data_files`` of every file, then ``rewrite_manifests``).
 
 ``rewrite_data_files`` / ``rekey`` throughput: MB/s of encrypted data rewritten against a
 plain pyarrow read + write of the same rows (``--maintenance-rows``).
@@ -101,6 +102,9 @@ def create(root: Path, encrypted: bool, merge: bool, kms: MemoryKms) -> Encrypte
 
 
 def plan_once(location: str, kms: MemoryKms, row_filter: str | None) -> tuple[float, int]:
+    # every plan starts from a collected heap: otherwise a full collection of whatever the
+    # process holds (both tables' state) lands on one plan or another at random
+    gc.collect()
     t0 = time.perf_counter()
     table = EncryptedTable.load(location, kms=kms)
     tasks = table.scan(row_filter=row_filter).plan_files()
@@ -202,28 +206,47 @@ def grow(label: str, roots: dict[str, Path], merge: bool, commits: int, args, km
             )
 
 
-def compacted_rows(roots: dict[str, Path], kms: MemoryKms, commits: int) -> list[dict]:
-    """Planning after maintenance: the merging-on tables compacted by
-    ``rewrite_data_files`` (every file, bin-packed) and ``rewrite_manifests``, then
-    planned again; the figures before come from the last growth checkpoint."""
-    names = list(roots)
+def _planning_row(variant: str, roots: dict[str, Path], kms: MemoryKms, commits: int, timing: dict) -> dict:
+    planning = measure_planning({n: str(roots[n]) for n in roots}, kms, commits)
+    row = {"variant": variant, **{n: {**planning[n], "maintenance_s": timing[n]} for n in roots}}
+    e, p = row["encrypted"], row["plaintext"]
+    row["ratio"] = {kind: e[f"{kind}_s"] / p[f"{kind}_s"] for kind in ("plan_full", "plan_selective", "plan_recent")}
+    print(f"[{variant:9s}] maintenance {e['maintenance_s']:.1f}/{p['maintenance_s']:.1f} s | "
+          f"plan full s {e['plan_full_s']:.3f}/{p['plan_full_s']:.3f} ({row['ratio']['plan_full']:.2f}x) | "
+          f"plan selective s {e['plan_selective_s']:.3f}/{p['plan_selective_s']:.3f} ({row['ratio']['plan_selective']:.2f}x) | "
+          f"plan recent s {e['plan_recent_s']:.3f}/{p['plan_recent_s']:.3f} ({row['ratio']['plan_recent']:.2f}x, "
+          f"{e['recent_tasks']} tasks) | tasks {e['tasks']}", flush=True)
+    return row
+
+
+def maintained_rows(roots: dict[str, Path], kms: MemoryKms, commits: int) -> list[dict]:
+    """Planning after maintenance, on the merging-on tables (the figures before come from
+    the last growth checkpoint):
+
+    * ``regrouped``: ``rewrite_manifests`` with a target size of about one batch's
+      entries, so that manifests are clustered by partition (Java's merge on append
+      packs by size and keeps one ever-growing manifest holding every batch, which a
+      filter on the newest batch cannot skip);
+    * ``compacted``: then ``rewrite_data_files`` (every file, bin-packed) and
+      ``rewrite_manifests`` at the table's own target size."""
+    rows = []
+    batches = max(1, -(-commits // BATCH_COMMITS))
     timing = {}
-    for name in names:
-        table = EncryptedTable.load(str(roots[name]), kms=kms)
+    for name, root in roots.items():
+        table = EncryptedTable.load(str(root), kms=kms)
+        total = sum(m.length for m in table.manifests(table.current_snapshot()))
+        t0 = time.perf_counter()
+        table.rewrite_manifests(target_size=max(4096, total // batches), force=True)
+        timing[name] = time.perf_counter() - t0
+    rows.append(_planning_row("regrouped", roots, kms, commits, timing))
+    for name, root in roots.items():
+        table = EncryptedTable.load(str(root), kms=kms)
         t0 = time.perf_counter()
         table.rewrite_data_files(options={"rewrite-all": "true"})
         table.rewrite_manifests(force=True)
         timing[name] = time.perf_counter() - t0
-    planning = measure_planning({n: str(roots[n]) for n in names}, kms, commits)
-    row = {"variant": "compacted", **{n: {**planning[n], "maintenance_s": timing[n]} for n in names}}
-    e, p = row["encrypted"], row["plaintext"]
-    row["ratio"] = {kind: e[f"{kind}_s"] / p[f"{kind}_s"] for kind in ("plan_full", "plan_selective", "plan_recent")}
-    print(f"[compacted] rewrite_data_files + rewrite_manifests {e['maintenance_s']:.1f}/{p['maintenance_s']:.1f} s | "
-          f"plan full s {e['plan_full_s']:.3f}/{p['plan_full_s']:.3f} ({row['ratio']['plan_full']:.2f}x) | "
-          f"plan selective s {e['plan_selective_s']:.3f}/{p['plan_selective_s']:.3f} ({row['ratio']['plan_selective']:.2f}x) | "
-          f"plan recent s {e['plan_recent_s']:.3f}/{p['plan_recent_s']:.3f} ({row['ratio']['plan_recent']:.2f}x) | "
-          f"tasks {e['tasks']}", flush=True)
-    return [row]
+    rows.append(_planning_row("compacted", roots, kms, commits, timing))
+    return rows
 
 
 def maintenance_rows(args, work: Path, kms: MemoryKms) -> list[dict]:
@@ -298,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
              args.off_commits, args, kms, report)
         grow("merge-on", {"encrypted": work / "on-enc", "plaintext": work / "on-plain"}, True,
              args.commits, args, kms, report)
-        report.extend(compacted_rows({"encrypted": work / "on-enc", "plaintext": work / "on-plain"}, kms, args.commits))
+        report.extend(maintained_rows({"encrypted": work / "on-enc", "plaintext": work / "on-plain"}, kms, args.commits))
         report.extend(maintenance_rows(args, work, kms))
         on = [r for r in report if r["variant"] == "merge-on"]
         off = [r for r in report if r["variant"] == "merge-off"]
