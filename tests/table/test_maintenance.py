@@ -191,6 +191,38 @@ def test_rewrite_manifests_merges_by_target_size(tmp_path, kms):
     assert_clean(table)
 
 
+def test_rewrite_manifests_clusters_by_partition_value(tmp_path, kms):
+    """Regrouped manifests hold neighbouring partition values (10 sorts after 9, not
+    between 1 and 2), so a filter on one value skips every other manifest."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import IntegerType
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("b", pa.int32(), nullable=False)])
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="b"))
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="keyA", partition_spec=spec,
+                                  properties={"commit.manifest-merge.enabled": "false"})
+    values = list(range(13))
+    for b in reversed(values):  # commit order unrelated to partition order
+        table.append(pa.table({"id": pa.array([b * 10, b * 10 + 1], pa.int64()), "b": pa.array([b, b], pa.int32())},
+                              schema=schema))
+    rows = digest(table.scan().to_arrow())
+    total = sum(m.length for m in table.manifests(table.current_snapshot()))
+    table.rewrite_manifests(target_size=total // 4 + 1, force=True)
+    manifests = table.manifests(table.current_snapshot())
+    assert len(manifests) == 4
+    ranges = [(from_bytes(IntegerType(), m.partitions[0].lower_bound), from_bytes(IntegerType(), m.partitions[0].upper_bound))
+              for m in manifests]
+    assert all(high - low <= 3 for low, high in ranges), ranges  # each manifest: 3-4 neighbours ...
+    covered = sorted(v for low, high in ranges for v in range(low, high + 1))
+    assert set(covered) == set(values)  # ... and together every value
+    scan = table.scan(row_filter="b = 12")
+    assert len(scan.plan_files()) == 1
+    assert scan.metrics.manifests_skipped == len(manifests) - 1
+    assert digest(table.scan().to_arrow()) == rows
+
+
 @pytest.mark.parametrize("name", TABLE_NAMES)
 def test_rewrite_manifests_on_java_tables(golden_copy, name):
     table, _ = golden_copy(name)

@@ -494,6 +494,14 @@ class RewriteManifestsResult:
     entries: int = 0
 
 
+def _cluster_key(entry: dict[str, Any]) -> tuple:
+    """Entries in partition order (by value, field by field, nulls last), then by path:
+    each regrouped manifest then covers a narrow range of partitions, which its summary
+    lets a filter skip.  (Ordered by text, batch 10 would sit between 1 and 2.)"""
+    partition = entry["data_file"]["partition"] or {}
+    return tuple((v is None, v if v is not None else 0) for v in partition.values()), entry["data_file"]["file_path"]
+
+
 def rewrite_manifests(
     table: Any, *, target_size: int | None = None, progress: Progress = None, force: bool = False
 ) -> RewriteManifestsResult:
@@ -530,7 +538,7 @@ def rewrite_manifests(
         if wanted == 1 and len(manifests) == 1 and not force:  # as Java's action: nothing to regroup
             continue
         entries = [e for m in manifests for e in live.entries.get(m["manifest_path"], [])]
-        entries.sort(key=lambda e: (repr(sorted((e["data_file"]["partition"] or {}).items())), e["data_file"]["file_path"]))
+        entries.sort(key=_cluster_key)
         plans.append((key, manifests, entries, wanted))
     if not plans:
         return RewriteManifestsResult(parent["snapshot-id"])
