@@ -112,8 +112,8 @@ class EncryptedTable:
         spares parsing every entry again).  Otherwise the new manager shares the previous
         one's cache of unwrapped KEKs when configured alike, so a table object asks the
         KMS for a KEK once per cache TTL, not once per commit or refresh.
-        ``keys_checked``: ``metadata`` is this object's own commit on top of the version
-        it holds (checked for lost keys when installed), so the check is not repeated."""
+        ``keys_checked``: ``metadata`` is this object's own commit on top of a version
+        whose keys were checked, so the lost-key check is not repeated."""
         model = parse_metadata(metadata, metadata_location)
         properties = metadata.get("properties") or {}
         if getattr(self, "require_encryption", False) and not properties.get(ENCRYPTION_TABLE_KEY):
@@ -144,16 +144,23 @@ class EncryptedTable:
         if current is not None and current != -1 and current not in snapshots:
             # as Java's TableMetadata ("Cannot find current version"): a dangling id is damage
             raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
-        if manager is not None and getattr(self, "check_keys", True) and not (keys_checked and manager is committed_manager):
-            # keys dropped by another writer (repair)
-            from icecrypt.table._repair import check_keys
-
-            check_keys(metadata, metadata_location, self.locations, cache=self.__dict__.setdefault("_repair_cache", {}))
+        if manager is not None and not (keys_checked and manager is committed_manager):
+            self._check_lost_keys(metadata, metadata_location)
         self.metadata = metadata
         self.metadata_location = metadata_location
         self.model = model
         self.encryption_manager: EncryptionManager | None = manager
         self._snapshots = snapshots
+
+    def _check_lost_keys(self, metadata: dict[str, Any], metadata_location: str) -> None:
+        """KeysLostError when an encrypted version lost keys its snapshots need (dropped by
+        another writer; see repair_keys), unless the table was opened with
+        ``check_keys=False``."""
+        if not getattr(self, "check_keys", True):
+            return
+        from icecrypt.table._repair import check_keys
+
+        check_keys(metadata, metadata_location, self.locations, cache=self.__dict__.setdefault("_repair_cache", {}))
 
     #: Where the table's catalog keeps its current metadata location
     #: (``icecrypt.table._commit.MetadataStore``); None for a table loaded by path.

@@ -98,8 +98,8 @@ class _Target:
     kms: Any
     table_key_id: str | None = None
     table: Any = None  # the EncryptedTable to refresh after a commit
-    # (location, metadata, manager, built on the table object's own version) of the last
-    # commit made through this target
+    # (location, metadata, manager, built on a version whose keys were checked) of the
+    # last commit made through this target
     last_commit: tuple[str, dict[str, Any], EncryptionManager | None, bool] | None = field(default=None, repr=False)
     # where a catalog keeps the table's current metadata location (_commit.MetadataStore);
     # None = a path table, committed Hadoop-style
@@ -187,17 +187,18 @@ class _Target:
         manager.share_kek_cache(own)
         return manager
 
-    def check_base_keys(self, location: str, metadata: dict[str, Any], manager: EncryptionManager | None) -> None:
+    def check_base_keys(self, location: str, metadata: dict[str, Any], manager: EncryptionManager | None) -> bool:
         """Refuse (KeysLostError) to build on a version another writer committed without
         keys its snapshots need, before anything is written: a commit on top of it would
-        land and carry the damage on.  The table object's own version was checked when
-        it was installed."""
+        land and carry the damage on.  Returns whether the version's keys are known to
+        be whole (the table object's own version was checked when it was installed), so
+        that a commit on top of it, which only adds keys, need not be checked again."""
         table = self.table
-        if manager is None or table is None or metadata is table.metadata or not getattr(table, "check_keys", True):
-            return
-        from icecrypt.table._repair import check_keys
-
-        check_keys(metadata, location, table.locations, cache=table.__dict__.setdefault("_repair_cache", {}))
+        if manager is None or table is None or not getattr(table, "check_keys", True):
+            return False
+        if metadata is not table.metadata:
+            table._check_lost_keys(metadata, location)
+        return True
 
     def io(self, manager: EncryptionManager | None) -> TableIO:
         return TableIO(self.filesystem, self.to_fs_path, manager)
@@ -506,13 +507,12 @@ def _commit_change(
     attempts = _retries(base) + 1 if retry else 1
     for attempt in range(1, attempts + 1):
         manager = target.manager(base)
-        target.check_base_keys(base_location, base, manager)
+        base_keys_whole = target.check_base_keys(base_location, base, manager)
         change = build(base, manager)
         metadata, list_location = _apply(target, base_location, base, manager, change, snapshot_id, commit_id, attempt)
         try:
             location = target.commit_metadata(base_location, metadata, base=base)
-            own_base = target.table is not None and base is target.table.metadata
-            target.last_commit = (location, metadata, manager, own_base)
+            target.last_commit = (location, metadata, manager, base_keys_whole)
             return location
         except (_commit.VersionExistsError, CommitConflictError) as exc:
             target.io(None).remove(list_location)
