@@ -27,6 +27,7 @@ from icecrypt.table._metadata import (
     read_metadata_file,
     resolve_metadata_file,
 )
+from icecrypt.table._pin import TablePin
 from icecrypt.table._scan import TableScan
 
 __all__ = ["EncryptedTable"]
@@ -146,6 +147,8 @@ class EncryptedTable:
             raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
         if manager is not None and not (keys_checked and manager is committed_manager):
             self._check_lost_keys(metadata, metadata_location)
+        if getattr(self, "pin", None) is None:
+            self.pin = TablePin.from_metadata(metadata)
         self.metadata = metadata
         self.metadata_location = metadata_location
         self.model = model
@@ -167,6 +170,11 @@ class EncryptedTable:
     #: Set by ``icecrypt.catalog``: refresh() then asks the catalog, and every commit
     #: swaps the catalog's metadata location.
     metadata_store: Any = None
+
+    #: What this object holds fixed (``icecrypt.table._pin.TablePin``): encryption state,
+    #: master key id, table UUID and locations, from the caller, the catalog or the first
+    #: version it loaded.
+    pin: TablePin | None = None
 
     def refresh(self) -> EncryptedTable:
         """Re-read the newest committed version of this table (after a commit here or
