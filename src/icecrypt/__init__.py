@@ -22,6 +22,8 @@ from icecrypt.errors import (
     KmsUnavailableError,
     KeysLostError,
     RepairError,
+    TableIdentityError,
+    TableVersionError,
 )
 
 from icecrypt._version import __version__
@@ -42,6 +44,8 @@ __all__ = [
     "KmsKeyNotFoundError",
     "KmsUnavailableError",
     "RepairError",
+    "TableIdentityError",
+    "TableVersionError",
     "get_default_threads",
     "openssl_version",
     "set_default_threads",

@@ -161,3 +161,42 @@ class RepairError(IcecryptError):
 
 
 __all__ += ["KeysLostError", "RepairError"]
+
+
+# --- what a table object holds fixed (icecrypt.table._pin) -------------------------------
+
+
+class TableIdentityError(IcecryptError, ValueError):
+    """A table version disagrees with what the table object pinned from a trusted source
+    (the caller, the catalog database, or the version it first loaded): encryption
+    removed or added, another master key id (``encryption.key-id``), another
+    ``table-uuid``, another location.  Raised before anything is read through that
+    version's keys or written on top of it.
+
+    ``metadata_location``: the offending metadata file; ``changes``: what differs, as
+    ``(field, pinned value, found value)`` triples (key ids and UUIDs, never key bytes);
+    ``source``: where the pin came from (``"caller"``, ``"catalog"``, ``"loaded version"``).
+    """
+
+    def __init__(
+        self, message: str, *, metadata_location: str, changes: tuple[tuple[str, object, object], ...] = (),
+        source: str | None = None,
+    ):
+        super().__init__(message)
+        self.metadata_location = metadata_location
+        self.changes = tuple(changes)
+        self.source = source
+
+
+class TableVersionError(IcecryptError):
+    """The table's current version cannot be resolved without going back in time: two
+    metadata files both claim to be newest and neither lists the other in its
+    ``metadata-log``, or the newest one by the version hint is an ancestor of the version
+    this object holds.  ``metadata_locations``: the files involved.  Nothing was written."""
+
+    def __init__(self, message: str, *, metadata_locations: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.metadata_locations = tuple(metadata_locations)
+
+
+__all__ += ["TableIdentityError", "TableVersionError"]

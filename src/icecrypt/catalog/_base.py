@@ -118,12 +118,24 @@ class _CatalogTableStore:
             raise NoSuchTableError(f"catalog {self.catalog.name!r}: table {_show(self.identifier)} does not exist (dropped?)")
         return self._remember(recorded)
 
-    def swap(self, expected: str, new: str) -> None:
-        self.catalog._table_swap(self.namespace, self.name, self._to_recorded(expected), self._to_recorded(new))
+    def swap(self, expected: str, new: str, *, metadata: Any = None, rotate_to: str | None = None) -> None:
+        from icecrypt.table._pin import catalog_commit
+
+        record = None
+        if metadata is not None:
+            # the catalog's pin, not the storage, decides whether encryption.key-id may change
+            recorded = self.catalog._pin_get(self.namespace, self.name)
+            record = catalog_commit(
+                recorded, metadata, new, self.catalog._describe(self.namespace, self.name), rotate_to=rotate_to
+            )
+        self.catalog._table_swap(self.namespace, self.name, self._to_recorded(expected), self._to_recorded(new), pin=record)
         self._remember(self._to_recorded(new))
 
-    def create(self, new: str) -> None:
-        self.catalog._table_create(self.namespace, self.name, self._to_recorded(new))
+    def create(self, new: str, *, metadata: Any = None) -> None:
+        from icecrypt.table._pin import catalog_record
+
+        record = catalog_record(metadata) if metadata is not None else None
+        self.catalog._table_create(self.namespace, self.name, self._to_recorded(new), pin=record)
         self._remember(self._to_recorded(new))
 
     def __repr__(self) -> str:
@@ -290,39 +302,64 @@ class Catalog:
         )  # fmt: skip
         return self.load_table((*namespace, name))
 
-    def load_table(self, identifier: Identifier, *, check_keys: bool = True, require_encryption: bool = False) -> Any:
+    def load_table(
+        self, identifier: Identifier, *, check_keys: bool = True, require_encryption: bool = False,
+        table_key_id: str | None = None,
+    ) -> Any:
         """The table ``identifier`` at its current version (NoSuchTableError); its writes
         commit through this catalog (compare-and-swap of the metadata location).
         ``check_keys=False``: open an encrypted table whose metadata lost keys, to
         inspect or repair it; ``require_encryption=True``: refuse a plaintext table (both
-        as ``EncryptedTable.load``)."""
+        as ``EncryptedTable.load``).
+
+        The catalog records each encrypted table's master key id and UUID in its database
+        (at creation, registration and every commit through icecrypt) and pins the
+        loaded table to them: a metadata file that disagrees -- encryption removed, key id
+        or UUID changed by whoever can write the storage -- is refused
+        (:class:`~icecrypt.TableIdentityError`), and so is a commit that changes
+        ``encryption.key-id`` other than this table's ``rotate_keys`` / ``rekey`` with
+        ``new_master_key_id``.  ``table_key_id``: the key id the caller expects; it
+        overrides the catalog's record (e.g. after another engine rotated the master
+        key), which is then updated to it."""
         from icecrypt.table import EncryptedTable
         from icecrypt.table._metadata import read_metadata_file
+        from icecrypt.table._pin import CATALOG_KEY_ID, catalog_pin, catalog_record
 
         namespace, name = self._identifier(identifier)
         recorded = self._table_location(namespace, name)
         if recorded is None:
             raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
+        pinned = self._pin_get(namespace, name)
         store = self._store(namespace, name, recorded.rsplit("/", 2)[0])
         path = store._remember(recorded)
         metadata = read_metadata_file(store.locations.filesystem, path)
-        kms = self.kms if (metadata.get("properties") or {}).get("encryption.key-id") else self._kms
+        encrypted = (metadata.get("properties") or {}).get("encryption.key-id") or table_key_id or pinned
+        kms = self.kms if encrypted else self._kms
+        pin = catalog_pin(pinned, metadata, table_key_id=table_key_id)
         table = EncryptedTable(metadata, path, store.locations, kms, check_keys=check_keys,
-                               require_encryption=require_encryption)
+                               require_encryption=require_encryption, pin=pin)  # fmt: skip
         table.metadata_store = store
+        if table_key_id is not None and (pinned or {}).get(CATALOG_KEY_ID) != table_key_id:
+            self._pin_set(namespace, name, catalog_record(metadata))  # the caller's word, checked above
         return table
 
-    def register_table(self, identifier: Identifier, metadata_location: str) -> Any:
+    def register_table(self, identifier: Identifier, metadata_location: str, *, table_key_id: str | None = None) -> Any:
         """Add an existing table to the catalog by its metadata file (as PyIceberg's and
-        Java's ``registerTable``); returns it loaded."""
+        Java's ``registerTable``); returns it loaded.  The catalog pins the file's
+        ``encryption.key-id`` and UUID from here on; ``table_key_id``: the master key id
+        the caller expects the file to name (refused otherwise)."""
         from icecrypt.table._metadata import read_metadata_file
 
         namespace, name = self._identifier(identifier)
         if not self._ns_exists(namespace):
             raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
         locations = self._locations(metadata_location)
-        read_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))  # exists, parses
-        self._table_create(namespace, name, metadata_location)
+        metadata = read_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))  # exists, parses
+        from icecrypt.table._pin import catalog_record, trusted_pin
+
+        if table_key_id is not None:
+            trusted_pin(metadata, table_key_id=table_key_id).check(metadata, metadata_location)
+        self._table_create(namespace, name, metadata_location, pin=catalog_record(metadata))
         return self.load_table((*namespace, name))
 
     def list_tables(self, namespace: Identifier) -> list[tuple[str, ...]]:
@@ -365,10 +402,25 @@ class Catalog:
     def _table_location(self, namespace: tuple[str, ...], name: str) -> str | None:
         raise NotImplementedError
 
-    def _table_create(self, namespace: tuple[str, ...], name: str, metadata_location: str) -> None:
+    def _table_create(
+        self, namespace: tuple[str, ...], name: str, metadata_location: str, *, pin: dict[str, str] | None = None
+    ) -> None:
+        """Register the table; ``pin``: its key id and UUID to record with it (None: none)."""
         raise NotImplementedError
 
-    def _table_swap(self, namespace: tuple[str, ...], name: str, expected: str, new: str) -> None:
+    def _table_swap(
+        self, namespace: tuple[str, ...], name: str, expected: str, new: str, *, pin: dict[str, str] | None = None
+    ) -> None:
+        """The compare-and-swap; ``pin``: a new record of key id and UUID to store in the
+        same update (None: unchanged)."""
+        raise NotImplementedError
+
+    def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
+        """The recorded key id and UUID of the table (``icecrypt.table._pin``), None if none."""
+        raise NotImplementedError
+
+    def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
+        """Record (or, with None, forget) the table's key id and UUID."""
         raise NotImplementedError
 
     def _table_drop(self, namespace: tuple[str, ...], name: str) -> None:

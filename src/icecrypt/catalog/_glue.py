@@ -455,10 +455,44 @@ class GlueCatalog(Catalog):
         table_input["StorageDescriptor"] = descriptor
         return table_input
 
-    def _table_create(self, namespace: tuple[str, ...], name: str, metadata_location: str) -> None:
+    @staticmethod
+    def _with_pin(table_input: dict[str, Any], pin: dict[str, str] | None) -> dict[str, Any]:
+        """``table_input`` with the table's pinned key id and UUID (``icecrypt.table._pin``)
+        as Glue table parameters (kept by PyIceberg's and Java's updates, which copy the
+        entry's parameters)."""
+        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
+
+        parameters = dict(table_input.get("Parameters") or {})
+        for key in (CATALOG_KEY_ID, CATALOG_UUID):
+            parameters.pop(key, None)
+        parameters.update(pin or {})
+        return {**table_input, "Parameters": parameters}
+
+    def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
+        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
+
+        if len(namespace) != 1:
+            return None
+        table = self._get_table(self._database(namespace), name)
+        parameters = (table or {}).get("Parameters") or {}
+        if not parameters.get(CATALOG_KEY_ID):
+            return None
+        return {k: str(parameters[k]) for k in (CATALOG_KEY_ID, CATALOG_UUID) if parameters.get(k)}
+
+    def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
+        database = self._database(namespace)
+        table = self._get_table(database, name)
+        if table is None:
+            raise self._no_table(database, name)()
+        table_input = {k: v for k, v in table.items() if k in _TABLE_INPUT_KEYS}
+        self._update_table(database, name, self._with_pin(table_input, pin), table["VersionId"])
+
+    def _table_create(
+        self, namespace: tuple[str, ...], name: str, metadata_location: str, *, pin: dict[str, str] | None = None
+    ) -> None:
         database = self._database(namespace)
         name = self._table_name(database, name)
-        table_input = self._table_input(name, metadata_location, None, None)
+        table_input = self._with_pin(self._table_input(name, metadata_location, None, None), pin)
         errors = {
             "AlreadyExistsException": lambda: TableAlreadyExistsError(
                 f"glue catalog {self.name!r}: table {database}.{name} already exists"
@@ -467,7 +501,9 @@ class GlueCatalog(Catalog):
         }
         self._call(f"create table {database}.{name}", "create_table", errors, DatabaseName=database, TableInput=table_input)
 
-    def _table_swap(self, namespace: tuple[str, ...], name: str, expected: str, new: str) -> None:
+    def _table_swap(
+        self, namespace: tuple[str, ...], name: str, expected: str, new: str, *, pin: dict[str, str] | None = None
+    ) -> None:
         database = self._database(namespace)
         what = f"table {database}.{name}"
         table = self._get_table(database, name)
@@ -483,7 +519,10 @@ class GlueCatalog(Catalog):
         version_id = table.get("VersionId")
         if not version_id:
             raise CatalogError(f"glue catalog {self.name!r}: {what} has no VersionId; cannot commit safely")
-        self._update_table(database, name, self._table_input(name, new, expected, table), version_id)
+        table_input = self._table_input(name, new, expected, table)
+        if pin is not None:
+            table_input = self._with_pin(table_input, pin)  # in the same update as the swap
+        self._update_table(database, name, table_input, version_id)
         self._check_swap(database, name, version_id, expected, new)
 
     def _update_table(self, database: str, name: str, table_input: dict[str, Any], version_id: str) -> None:

@@ -54,15 +54,19 @@ _ENGINES: dict[tuple[int, str], Any] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def _schema() -> tuple[Any, Any, Any]:
+def _schema_with_pins() -> tuple[Any, Any, Any, Any]:
+    """The JDBC catalog's two tables, and icecrypt's own third one (``icecrypt_table_pins``:
+    each encrypted table's master key id and UUID, out of reach of whoever writes the
+    table's storage; Java and PyIceberg ignore it)."""
     from sqlalchemy import Column, MetaData, String, Table
+
+    def table_key() -> list[Any]:
+        return [Column(name, String(255), primary_key=True, nullable=False)
+                for name in ("catalog_name", "table_namespace", "table_name")]  # fmt: skip
 
     meta = MetaData()
     tables = Table(
-        "iceberg_tables", meta,
-        Column("catalog_name", String(255), primary_key=True, nullable=False),
-        Column("table_namespace", String(255), primary_key=True, nullable=False),
-        Column("table_name", String(255), primary_key=True, nullable=False),
+        "iceberg_tables", meta, *table_key(),
         Column("metadata_location", String(1000), nullable=True),
         Column("previous_metadata_location", String(1000), nullable=True),
         Column("iceberg_type", String(5), nullable=True),
@@ -74,7 +78,12 @@ def _schema() -> tuple[Any, Any, Any]:
         Column("property_key", String(255), primary_key=True, nullable=False),
         Column("property_value", String(1000), nullable=False),
     )  # fmt: skip
-    return meta, tables, namespaces
+    pins = Table(
+        "icecrypt_table_pins", meta, *table_key(),
+        Column("table_key_id", String(1000), nullable=True),
+        Column("table_uuid", String(255), nullable=True),
+    )  # fmt: skip
+    return meta, tables, namespaces, pins
 
 
 def _local_warehouse_path(warehouse: str) -> str:
@@ -142,7 +151,7 @@ class SqlCatalog(Catalog):
             uri = f"sqlite:///{os.path.join(directory, DEFAULT_SQLITE_NAME)}"
         self.uri = uri
         self._engine = _engine(uri)
-        _, self._tables, self._namespaces = _schema()
+        _, self._tables, self._namespaces, self._pins = _schema_with_pins()
         self._typed = True
         if self.properties.get("init_catalog_tables", "true").strip().lower() in ("true", "1", "yes"):
             self._create_tables()
@@ -286,7 +295,9 @@ class SqlCatalog(Catalog):
             raise CatalogError(f"{self._describe(namespace, name)} has no metadata_location")
         return str(row[0])
 
-    def _table_create(self, namespace: tuple[str, ...], name: str, metadata_location: str) -> None:
+    def _table_create(
+        self, namespace: tuple[str, ...], name: str, metadata_location: str, *, pin: dict[str, str] | None = None
+    ) -> None:
         from sqlalchemy import insert
         from sqlalchemy.exc import IntegrityError
 
@@ -301,21 +312,31 @@ class SqlCatalog(Catalog):
         }
         if self._typed:
             row["iceberg_type"] = TABLE_TYPE
+        if pin is not None:
+            self._ensure_pins()
         try:
             with self._db("table creation", write=True) as conn:
                 conn.execute(insert(self._tables).values(**row))
+                if pin is not None:
+                    self._write_pin(conn, namespace, name, pin)
         except IntegrityError:
             raise TableAlreadyExistsError(f"{self._describe(namespace, name)} already exists") from None
 
-    def _table_swap(self, namespace: tuple[str, ...], name: str, expected: str, new: str) -> None:
+    def _table_swap(
+        self, namespace: tuple[str, ...], name: str, expected: str, new: str, *, pin: dict[str, str] | None = None
+    ) -> None:
         from sqlalchemy import update
 
         stmt = self._where_table(update(self._tables), namespace, name).where(
             self._tables.c.metadata_location == expected
         )
+        if pin is not None:
+            self._ensure_pins()
         with self._db("commit", write=True) as conn:
             result = conn.execute(stmt.values(metadata_location=new, previous_metadata_location=expected))
             changed = result.rowcount
+            if changed == 1 and pin is not None:
+                self._write_pin(conn, namespace, name, pin)  # in the same transaction as the swap
         if changed == 1:
             return
         current = self._table_location(namespace, name)
@@ -331,8 +352,73 @@ class SqlCatalog(Catalog):
 
         with self._db("table drop", write=True) as conn:
             result = conn.execute(self._where_table(delete(self._tables), namespace, name))
+            if result.rowcount >= 1 and self._pins_exist():
+                conn.execute(self._pin_where(delete(self._pins), namespace, name))
         if result.rowcount < 1:
             raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
+
+    # --- pins (icecrypt.table._pin) ------------------------------------------------------------
+
+    def _pins_exist(self) -> bool:
+        from sqlalchemy import inspect
+
+        if getattr(self, "_pins_known", False):
+            return True
+        try:
+            self._pins_known = bool(inspect(self._engine).has_table("icecrypt_table_pins"))
+        except Exception as exc:
+            raise CatalogError(f"catalog {self.name!r} at {self._safe_uri()}: table pins not readable ({exc})") from exc
+        return self._pins_known
+
+    def _ensure_pins(self) -> None:
+        from sqlalchemy.exc import DBAPIError
+
+        if self._pins_exist():
+            return
+        try:
+            self._pins.create(self._engine, checkfirst=True)
+        except DBAPIError as exc:
+            if not self._pins_exist():  # another process may have created it meanwhile
+                raise CatalogError(
+                    f"catalog {self.name!r} at {self._safe_uri()}: creating icecrypt_table_pins failed; "
+                    "the catalog cannot record the table's master key id"
+                ) from exc
+        self._pins_known = True
+
+    def _pin_where(self, stmt: Any, namespace: tuple[str, ...], name: str) -> Any:
+        p = self._pins.c
+        return stmt.where(p.catalog_name == self.name, p.table_namespace == _show(namespace), p.table_name == name)
+
+    def _write_pin(self, conn: Any, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
+        from sqlalchemy import delete, insert
+
+        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
+
+        conn.execute(self._pin_where(delete(self._pins), namespace, name))
+        if pin is not None:
+            conn.execute(insert(self._pins).values(
+                catalog_name=self.name, table_namespace=_show(namespace), table_name=name,
+                table_key_id=pin.get(CATALOG_KEY_ID), table_uuid=pin.get(CATALOG_UUID),
+            ))  # fmt: skip
+
+    def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
+        from sqlalchemy import select
+
+        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
+
+        if not self._pins_exist():
+            return None
+        p = self._pins.c
+        with self._db("table pin lookup") as conn:
+            row = conn.execute(self._pin_where(select(p.table_key_id, p.table_uuid), namespace, name)).first()
+        if row is None or not row[0]:
+            return None
+        return {CATALOG_KEY_ID: str(row[0]), **({CATALOG_UUID: str(row[1])} if row[1] else {})}
+
+    def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
+        self._ensure_pins()
+        with self._db("table pin update", write=True) as conn:
+            self._write_pin(conn, namespace, name, pin)
 
     def _table_list(self, namespace: tuple[str, ...]) -> list[str]:
         from sqlalchemy import select

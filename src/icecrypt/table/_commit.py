@@ -60,7 +60,9 @@ __all__ = [
     "commit_metadata_to_store",
     "create_table_metadata",
     "is_atomic",
+    "check_unambiguous",
     "latest_metadata_location",
+    "next_version",
     "metadata_file_name",
     "new_metadata_file_name",
     "read_metadata",
@@ -96,12 +98,15 @@ class MetadataStore(Protocol):
         """The current metadata file (NoSuchTableError if the table is gone)."""
         ...
 
-    def swap(self, expected: str, new: str) -> None:
-        """Make ``new`` current if ``expected`` still is; CommitConflictError otherwise."""
+    def swap(self, expected: str, new: str, *, metadata: Mapping[str, Any], rotate_to: str | None = None) -> None:
+        """Make ``new`` (whose content is ``metadata``) current if ``expected`` still is;
+        CommitConflictError otherwise.  ``rotate_to``: the commit is the explicit
+        master-key rotation to that key id (a change of ``encryption.key-id`` that the
+        catalog refuses otherwise)."""
         ...
 
-    def create(self, new: str) -> None:
-        """Register a new table whose first metadata file is ``new``."""
+    def create(self, new: str, *, metadata: Mapping[str, Any]) -> None:
+        """Register a new table whose first metadata file is ``new`` (content ``metadata``)."""
         ...
 
 
@@ -223,19 +228,151 @@ def _hinted_version(filesystem: pafs.FileSystem, metadata_dir: str) -> int | Non
     return max(versions) if versions else None
 
 
-def latest_metadata_location(filesystem: pafs.FileSystem, metadata_location: str) -> str:
+def _logged_names(metadata: Mapping[str, Any]) -> set[str]:
+    """File names of the versions ``metadata`` lists in its ``metadata-log`` (its
+    ancestors; versions of one table share a metadata directory, so names suffice)."""
+    names = set()
+    for entry in metadata.get("metadata-log") or ():
+        if isinstance(entry, Mapping) and isinstance(entry.get("metadata-file"), str):
+            names.add(posixpath.basename(entry["metadata-file"].rstrip("/")))
+    return names
+
+
+def _version_error(message: str, *locations: str) -> Exception:
+    from icecrypt.errors import TableVersionError
+
+    return TableVersionError(message, metadata_locations=locations)
+
+
+def _foreign_descendants(
+    filesystem: pafs.FileSystem, metadata_location: str, metadata: Mapping[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The ``<NNNNN>-<uuid>.metadata.json`` files beside ``metadata_location`` that
+    descend from it (list it in their ``metadata-log``): versions a writer that names
+    its files as a metastore catalog does (Iceberg Java committing to a path table)
+    built on it, which the version hint does not name."""
+    metadata_dir, name = posixpath.split(metadata_location)
+    logged = _logged_names(metadata)
+    found = []
+    for info in filesystem.get_file_info(pafs.FileSelector(metadata_dir, allow_not_found=True)):
+        other = info.base_name
+        if other == name or other in logged or info.type != pafs.FileType.File or not _JAVA_NAME.match(other):
+            continue
+        try:
+            document = read_metadata(filesystem, info.path)
+        except (OSError, ValueError):
+            continue  # unreadable or damaged: no version anyone can build on
+        if name in _logged_names(document):
+            found.append((info.path, document))
+    return found
+
+
+def _newest_in_lineage(candidates: list[tuple[str, dict[str, Any]]], held: str) -> str:
+    """Of versions that all descend from ``held``, the one that descends from all others;
+    TableVersionError naming them when they fork."""
+    for path, document in candidates:
+        logged = _logged_names(document)
+        if all(other == path or posixpath.basename(other) in logged for other, _ in candidates):
+            return path
+    names = ", ".join(sorted(path for path, _ in candidates))
+    raise _version_error(
+        f"{held}: several newer versions follow it and none follows the others ({names}); "
+        "the current version is ambiguous: load the intended metadata file explicitly",
+        held, *sorted(path for path, _ in candidates),
+    )
+
+
+def latest_metadata_location(
+    filesystem: pafs.FileSystem, metadata_location: str, metadata: Mapping[str, Any] | None = None
+) -> str:
     """The newest committed metadata file of the table ``metadata_location`` belongs to:
     the version hint, then forward probing for newer ``v<N>.metadata.json`` files.
-    ``metadata_location`` itself when nothing newer exists."""
-    metadata_dir = posixpath.dirname(metadata_location)
-    own = version_of(metadata_location)
+    ``metadata_location`` itself when nothing newer exists.  ``metadata``: its content,
+    when the caller holds it (read otherwise, when needed).
+
+    Never an ancestor of ``metadata_location``: when that is a file named otherwise
+    (``<NNNNN>-<uuid>.metadata.json``, as Iceberg Java's metastore catalogs name them, or
+    any foreign name), the hinted ``v<N>`` counts only if it follows it (lists it in its
+    metadata-log); one it lists as an ancestor is passed over, and one that forked from
+    it is an ambiguity (TableVersionError naming both).  Newer ``<NNNNN>-<uuid>`` files
+    that follow it are found by listing the metadata directory."""
+    metadata_dir, name = posixpath.split(metadata_location)
     hinted = _hinted_version(filesystem, metadata_dir)
-    version = own
-    if hinted is not None and hinted > own and _exists(filesystem, posixpath.join(metadata_dir, metadata_file_name(hinted))):
+    match = _HADOOP_NAME.match(name)
+    if match:
+        own = int(match.group(1))
+        version = own
+        if hinted is not None and hinted > own and _exists(filesystem, posixpath.join(metadata_dir, metadata_file_name(hinted))):
+            version = hinted
+        while _exists(filesystem, posixpath.join(metadata_dir, metadata_file_name(version + 1))):
+            version += 1
+        if version == own:
+            return metadata_location
+        newest = metadata_file_name(version)
+        if metadata is not None and newest in _logged_names(metadata):
+            raise _version_error(
+                f"{metadata_location}: the newest version by the version hint, {newest}, is an ancestor of it "
+                "(listed in its metadata-log); refusing to go back",
+                metadata_location, posixpath.join(metadata_dir, newest),
+            )  # fmt: skip
+        return posixpath.join(metadata_dir, newest)
+    if metadata is None:
+        metadata = read_metadata(filesystem, metadata_location)
+    logged = _logged_names(metadata)
+    candidates = _foreign_descendants(filesystem, metadata_location, metadata)
+    if hinted is not None:
         version = hinted
-    while _exists(filesystem, posixpath.join(metadata_dir, metadata_file_name(version + 1))):
-        version += 1
-    return metadata_location if version == own else posixpath.join(metadata_dir, metadata_file_name(version))
+        while _exists(filesystem, posixpath.join(metadata_dir, metadata_file_name(version + 1))):
+            version += 1
+        hinted_path = posixpath.join(metadata_dir, metadata_file_name(version))
+        if metadata_file_name(version) not in logged and _exists(filesystem, hinted_path):
+            document = read_metadata(filesystem, hinted_path)
+            if name not in _logged_names(document):
+                raise _version_error(
+                    f"{metadata_location} and {hinted_path} (the newest by the version hint) both claim to be the "
+                    "current version and neither lists the other in its metadata-log; load the intended one "
+                    "explicitly",
+                    metadata_location, hinted_path,
+                )  # fmt: skip
+            candidates.append((hinted_path, document))
+    if not candidates:
+        return metadata_location
+    return _newest_in_lineage(candidates, metadata_location)
+
+
+def check_unambiguous(filesystem: pafs.FileSystem, metadata_location: str, metadata: Mapping[str, Any]) -> None:
+    """Refuse (TableVersionError) while a newer version than ``metadata_location`` exists
+    that its layout does not resolve to: a ``<NNNNN>-<uuid>.metadata.json`` that lists it
+    in its metadata-log.  Maintenance that deletes files calls this first: what such a
+    version references would otherwise look unreferenced."""
+    newer = _foreign_descendants(filesystem, metadata_location, metadata)
+    if newer:
+        others = ", ".join(sorted(path for path, _ in newer))
+        raise _version_error(
+            f"{metadata_location}: newer version(s) follow it that the version hint does not name ({others}); "
+            "the current version is ambiguous, nothing deleted: load the newest metadata file explicitly "
+            "(and commit from it) first",
+            metadata_location, *sorted(path for path, _ in newer),
+        )  # fmt: skip
+
+
+def next_version(base_location: str, base: Mapping[str, Any] | None) -> int:
+    """The version number a path-table commit after ``base_location`` creates: ``N+1``
+    after ``v<N>.metadata.json``; after a file named otherwise, one past both its own
+    number and the newest ``v<N>`` in its metadata-log (its ancestors)."""
+    name = posixpath.basename(base_location)
+    match = _HADOOP_NAME.match(name)
+    if match:
+        return int(match.group(1)) + 1
+    try:
+        version = version_of(base_location)
+    except ValueError:
+        version = 0
+    for logged in _logged_names(base or {}):
+        found = _HADOOP_NAME.match(logged)
+        if found:
+            version = max(version, int(found.group(1)))
+    return version + 1
 
 
 def _still_ours(filesystem: pafs.FileSystem, path: str, payload: bytes) -> bool:
@@ -263,7 +400,9 @@ def commit_metadata(
     replaced this commit's file after it was written (the table then holds the other
     commit; this one is not in it)."""
     metadata_dir = posixpath.dirname(base_location)
-    version = version_of(base_location) + 1
+    if base is None and not _HADOOP_NAME.match(posixpath.basename(base_location)):
+        base = read_metadata(filesystem, base_location)
+    version = next_version(base_location, base)
     path = posixpath.join(metadata_dir, metadata_file_name(version))
     payload = serialize_metadata(metadata)
     try:
@@ -323,6 +462,7 @@ def commit_metadata_to_store(
     *,
     metadata_dir: str | None = None,
     base: Mapping[str, Any] | None = None,
+    rotate_to: str | None = None,
 ) -> str:
     """Commit ``metadata`` of a catalog table as the version after ``base_location``
     (None: a new table, registered in ``store`` with ``store.create``); returns its path.
@@ -349,9 +489,9 @@ def commit_metadata_to_store(
     _create_exclusive(filesystem, path, payload)
     try:
         if base_location is None:
-            store.create(path)
+            store.create(path, metadata=metadata)
         else:
-            store.swap(base_location, path)
+            store.swap(base_location, path, metadata=metadata, rotate_to=rotate_to)
     except CommitConflictError as exc:
         _remove_quietly(filesystem, path)
         raise VersionExistsError(path) from exc

@@ -43,6 +43,7 @@ from icecrypt.table._manifest_write import (
     WrittenManifest,
     write_manifest,
 )
+from icecrypt.table._pin import check_unambiguous
 from icecrypt.table._read import FileScanTask, read_task
 from icecrypt.table._write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, write_data_files
 
@@ -791,6 +792,7 @@ def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> list[str]
     target = w._Target.of(table)
     for attempt in range(1, w.DEFAULT_COMMIT_RETRIES + 2):
         base_location, base = target.latest()
+        check_unambiguous(target.store, target.filesystem, base_location, base)  # it deletes metadata files
         manager = target.manager(base)
         used = set().union(*referenced_keys(base).values()) if base.get("snapshots") else set()
         current = manager.current_kek()
@@ -952,6 +954,7 @@ def remove_orphan_files(
     (``.<name>.<random>.tmp``)."""
     cutoff = _to_ms(older_than)
     refs = referenced_files(table)
+    check_unambiguous(table.metadata_store, table.filesystem, table.metadata_location, table.metadata)
     root = _norm(location if location is not None else table.fs_path(table.location))
     fs = table.filesystem
     orphans = []

@@ -9,14 +9,16 @@ first loaded, and checks every version it builds on against the pin.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from icecrypt.errors import TableIdentityError
 
 ENCRYPTION_TABLE_KEY = "encryption.key-id"
 WRITE_DATA_PATH = "write.data.path"
 WRITE_METADATA_PATH = "write.metadata.path"
 
-__all__ = ["TablePin"]
+__all__ = ["TablePin", "check_pin", "trusted_pin"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,153 @@ class TablePin:
     def roots(self) -> tuple[str, ...]:
         """Every location under which the table's files may live."""
         return tuple(r for r in (self.location, self.data_location, self.metadata_dir) if r)
+
+    def differences(self, metadata: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        """What ``metadata`` changes of this pin: ``(field, pinned, found)`` triples."""
+        found = TablePin.from_metadata(metadata)
+        changes: list[tuple[str, Any, Any]] = []
+        if self.encrypted != found.encrypted or self.table_key_id != found.table_key_id:
+            changes.append((ENCRYPTION_TABLE_KEY, self.table_key_id, found.table_key_id))
+        if self.table_uuid is not None and self.table_uuid != found.table_uuid:
+            changes.append(("table-uuid", self.table_uuid, found.table_uuid))
+        for name, pinned, now in (
+            ("location", self.location, found.location),
+            (WRITE_DATA_PATH, self.data_location, found.data_location),
+            (WRITE_METADATA_PATH, self.metadata_dir, found.metadata_dir),
+        ):
+            if pinned != now:
+                changes.append((name, pinned or None, now or None))
+        return changes
+
+    def check(self, metadata: dict[str, Any], metadata_location: str) -> None:
+        """Refuse (:class:`~icecrypt.errors.TableIdentityError`, naming the file and what
+        changed) a version that disagrees with this pin."""
+        changes = self.differences(metadata)
+        if changes:
+            raise TableIdentityError(
+                f"{metadata_location}: {'; '.join(_describe(self, *change) for change in changes)} "
+                f"(pinned from the {self.source}); refused, nothing written",
+                metadata_location=metadata_location, changes=tuple(changes), source=self.source,
+            )  # fmt: skip
+
+    def rotated(self, new_table_key_id: str) -> TablePin:
+        """This pin after this object's own master-key rotation to ``new_table_key_id``."""
+        return replace(self, encrypted=True, table_key_id=new_table_key_id)
+
+
+def _describe(pin: TablePin, name: str, pinned: Any, found: Any) -> str:
+    if name == ENCRYPTION_TABLE_KEY:
+        if pinned is None:
+            return f"encryption added ({ENCRYPTION_TABLE_KEY} {found!r}, the table is pinned as plaintext)"
+        if found is None:
+            return f"encryption removed (no {ENCRYPTION_TABLE_KEY}; the table is pinned as encrypted under {pinned!r})"
+        return (
+            f"master key changed ({ENCRYPTION_TABLE_KEY} {found!r}, pinned {pinned!r}; after a rotation by "
+            "another writer, load the table again with table_key_id= the new key id)"
+        )
+    return f"{name} changed ({found!r}, pinned {pinned!r})"
+
+
+def trusted_pin(
+    metadata: dict[str, Any], *, table_key_id: str | None = None, table_uuid: str | None = None, source: str = "caller"
+) -> TablePin:
+    """The pin of a table object about to install its first version ``metadata``: the
+    trusted ``table_key_id`` / ``table_uuid`` (from ``source``) where given, the rest
+    from ``metadata`` (which is then checked against it)."""
+    pin = TablePin.from_metadata(metadata)
+    if table_key_id is None and table_uuid is None:
+        return pin
+    if table_key_id is not None:
+        pin = replace(pin, encrypted=True, table_key_id=str(table_key_id))
+    if table_uuid is not None:
+        pin = replace(pin, table_uuid=str(table_uuid))
+    return replace(pin, source=source)
+
+
+def check_pin(table: Any, metadata: dict[str, Any], metadata_location: str) -> None:
+    """Refuse a version ``table`` (an EncryptedTable) would build on or read through when it
+    disagrees with the table object's pin (no-op before the first version is installed)."""
+    pin = getattr(table, "pin", None)
+    if pin is not None:
+        pin.check(metadata, metadata_location)
+
+
+# --- the pin a catalog keeps in its database (icecrypt.catalog) ----------------------------
+
+#: names of the pinned values in a catalog's record (SQL columns, Glue table parameters)
+CATALOG_KEY_ID = "icecrypt.table-key-id"
+CATALOG_UUID = "icecrypt.table-uuid"
+
+
+def catalog_record(metadata: dict[str, Any]) -> dict[str, str] | None:
+    """What a catalog records for a table version: its key id and UUID when encrypted
+    (None for a plaintext table: nothing to pin)."""
+    pin = TablePin.from_metadata(metadata)
+    if not pin.encrypted:
+        return None
+    record = {CATALOG_KEY_ID: str(pin.table_key_id)}
+    if pin.table_uuid:
+        record[CATALOG_UUID] = str(pin.table_uuid)
+    return record
+
+
+def catalog_commit(
+    recorded: dict[str, str] | None,
+    metadata: dict[str, Any],
+    new_location: str,
+    what: str,
+    *,
+    rotate_to: str | None = None,
+) -> dict[str, str] | None:
+    """Check a commit of ``metadata`` (file ``new_location``) against the pin a catalog
+    recorded for the table ``what``; returns the record to store with the commit (None:
+    unchanged).  A commit that removes or changes ``encryption.key-id`` of a pinned
+    table, or changes its UUID, is refused (TableIdentityError) -- except the explicit
+    master-key rotation to ``rotate_to``, which the catalog then records.  A table
+    without a record gets one at its first encrypted commit."""
+    found = catalog_record(metadata)
+    if recorded is None or not recorded.get(CATALOG_KEY_ID):
+        return found
+    key_id, uuid = recorded[CATALOG_KEY_ID], recorded.get(CATALOG_UUID)
+    found_key = found.get(CATALOG_KEY_ID) if found else None
+    found_uuid = metadata.get("table-uuid")
+    changes: list[tuple[str, Any, Any]] = []
+    if found_key != key_id and not (rotate_to is not None and found_key == rotate_to):
+        changes.append((ENCRYPTION_TABLE_KEY, key_id, found_key))
+    if uuid and found_uuid != uuid:
+        changes.append(("table-uuid", uuid, found_uuid))
+    if changes:
+        pin = TablePin(True, key_id, uuid, "", source="catalog")
+        raise TableIdentityError(
+            f"{what}: commit of {new_location} refused: {'; '.join(_describe(pin, *change) for change in changes)} "
+            "(pinned in the catalog); only the table's master-key rotation changes encryption.key-id",
+            metadata_location=new_location, changes=tuple(changes), source="catalog",
+        )  # fmt: skip
+    if found_key != key_id:
+        return found
+    return None
+
+
+def catalog_pin(
+    recorded: dict[str, str] | None, metadata: dict[str, Any], *, table_key_id: str | None = None
+) -> TablePin:
+    """The pin of a table a catalog loads: the caller's ``table_key_id`` when given, else
+    the catalog's record (source "catalog"), else the version loaded."""
+    if table_key_id is not None:
+        return trusted_pin(metadata, table_key_id=table_key_id, table_uuid=(recorded or {}).get(CATALOG_UUID))
+    if recorded and recorded.get(CATALOG_KEY_ID):
+        return trusted_pin(
+            metadata, table_key_id=recorded[CATALOG_KEY_ID], table_uuid=recorded.get(CATALOG_UUID), source="catalog"
+        )
+    return TablePin.from_metadata(metadata)
+
+
+def check_unambiguous(store: Any, filesystem: Any, metadata_location: str, metadata: dict[str, Any]) -> None:
+    """Before maintenance deletes files: refuse (TableVersionError) while a path table
+    (``store`` None; a catalog decides for its tables) has a newer version than
+    ``metadata_location`` that its version hint does not name -- what that version
+    references would look unreferenced (``_commit.check_unambiguous``)."""
+    if store is None:
+        from icecrypt.table._commit import check_unambiguous as check
+
+        check(filesystem, metadata_location, metadata)

@@ -512,6 +512,24 @@ def _newer(base_location: str, newer: str) -> None:
     )
 
 
+def _check_pinned(table: EncryptedTable, base_location: str, base: dict[str, Any]) -> None:
+    """Refuse (TableIdentityError) to repair a version, or to commit beside a newer one,
+    that differs from the table object's pin (encryption removed, key id or UUID changed)."""
+    from icecrypt.table._metadata import read_metadata_file
+    from icecrypt.table._write import _Target
+
+    from icecrypt.errors import TableVersionError
+
+    target = _Target.of(table)
+    target.check_pin(base_location, base)
+    try:
+        newest = target.current_location()
+    except TableVersionError:
+        return  # a fork: _path_commit_base refuses to commit beside it
+    if newest != base_location:
+        target.check_pin(newest, read_metadata_file(table.filesystem, newest))
+
+
 def repair_keys(table: EncryptedTable, *, dry_run: bool = False) -> RepairReport:
     """Restore the keys the table's current metadata lost from the previous metadata
     files and commit the result as a new version (see the module docstring).
@@ -533,6 +551,7 @@ def repair_keys(table: EncryptedTable, *, dry_run: bool = False) -> RepairReport
             from icecrypt.table._metadata import read_metadata_file
 
             base_location, base = pointer, read_metadata_file(table.filesystem, pointer)
+    _check_pinned(table, base_location, base)
     lost = find_lost_keys(base, table.locations, cache=getattr(table, "_repair_cache", None))
     if not lost:
         return RepairReport(base_location, {}, {}, dry_run=dry_run)

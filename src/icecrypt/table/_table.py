@@ -58,11 +58,13 @@ class EncryptedTable:
         *,
         check_keys: bool = True,
         require_encryption: bool = False,
+        pin: TablePin | None = None,
     ):
         self.locations = locations
         self.kms = kms
         self.check_keys = check_keys  # repair: KeysLostError when keys were dropped (_repair)
         self.require_encryption = require_encryption
+        self.pin = pin  # None: pinned from the first version installed
         self._install(metadata, metadata_location)
 
     # --- loading ------------------------------------------------------------------------------
@@ -77,6 +79,8 @@ class EncryptedTable:
         location_map: Mapping[str, str] | None = None,
         check_keys: bool = True,
         require_encryption: bool = False,
+        table_key_id: str | None = None,
+        table_uuid: str | None = None,
     ) -> EncryptedTable:
         """Load a table from a ``metadata.json`` file or a table directory.
 
@@ -92,11 +96,25 @@ class EncryptedTable:
         table without ``encryption.key-id`` (:class:`PlaintextFileError`), at load and
         at every refresh: a pipeline that must only ever see encrypted data says so,
         instead of reading whatever the path holds.
+
+        ``table_key_id`` / ``table_uuid``: the master key id and table UUID the caller
+        knows the table has (from its own configuration, not from storage).  The object
+        pins them (``pin``) -- and otherwise the encryption state, key id, UUID and
+        locations of the version it loads -- and refuses every later version that
+        differs (:class:`~icecrypt.TableIdentityError`), at refresh and before every
+        write: whoever can write the table's storage cannot remove its encryption or
+        swap its master key behind this object.  ``table_key_id`` also refuses a table
+        that is not encrypted under that key at load.  A master-key rotation committed
+        by another writer is refused the same way: load the table again with the new
+        ``table_key_id``.
         """
+        from icecrypt.table._pin import trusted_pin
+
         locations = Locations(filesystem, location_map)
         path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
-        return cls(read_metadata_file(locations.filesystem, path), path, locations, kms, check_keys=check_keys,
-                   require_encryption=require_encryption)
+        metadata = read_metadata_file(locations.filesystem, path)
+        pin = trusted_pin(metadata, table_key_id=table_key_id, table_uuid=table_uuid)
+        return cls(metadata, path, locations, kms, check_keys=check_keys, require_encryption=require_encryption, pin=pin)
 
     def _install(
         self,
@@ -122,6 +140,10 @@ class EncryptedTable:
                 f"{metadata_location}: the table is not encrypted (no {ENCRYPTION_TABLE_KEY} property) "
                 "and encryption is required (refused)"
             )
+        if getattr(self, "pin", None) is None:
+            self.pin = TablePin.from_metadata(metadata)
+        else:
+            self.pin.check(metadata, metadata_location)  # before any key is unwrapped through it
         manager = None
         if properties.get(ENCRYPTION_TABLE_KEY):
             if self.kms is None:
@@ -147,8 +169,6 @@ class EncryptedTable:
             raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
         if manager is not None and not (keys_checked and manager is committed_manager):
             self._check_lost_keys(metadata, metadata_location)
-        if getattr(self, "pin", None) is None:
-            self.pin = TablePin.from_metadata(metadata)
         self.metadata = metadata
         self.metadata_location = metadata_location
         self.model = model
@@ -179,14 +199,22 @@ class EncryptedTable:
     def refresh(self) -> EncryptedTable:
         """Re-read the newest committed version of this table (after a commit here or
         elsewhere); returns self.  A catalog table asks its catalog which version is
-        current; a path table looks for newer ``v<N>.metadata.json`` files."""
-        from icecrypt.table._commit import latest_metadata_location
+        current; a path table looks for newer ``v<N>.metadata.json`` files.  Never goes
+        back to an ancestor of the version held (TableVersionError when the layouts
+        disagree, see ``_commit.latest_metadata_location``); a version that differs from
+        the pin is refused (TableIdentityError)."""
+        from icecrypt.table._commit import _logged_names, _version_error, latest_metadata_location
 
         if self.metadata_store is not None:
             path = self.metadata_store.current()
+            if path != self.metadata_location and os.path.basename(path) in _logged_names(self.metadata):
+                raise _version_error(
+                    f"{self.metadata_location}: the catalog's current version {path} is an ancestor of it "
+                    "(listed in its metadata-log); refusing to go back", self.metadata_location, path,
+                )  # fmt: skip
         else:
             try:
-                path = latest_metadata_location(self.filesystem, self.metadata_location)
+                path = latest_metadata_location(self.filesystem, self.metadata_location, self.metadata)
             except ValueError:  # a metadata file name that is neither Hadoop's nor Java's
                 path = self.metadata_location
         self._install(read_metadata_file(self.filesystem, path), path)

@@ -57,6 +57,7 @@ from icecrypt.table._manifest_write import (
     write_manifest,
     write_manifest_list,
 )
+from icecrypt.table._pin import check_unambiguous
 from icecrypt.table._write_data import DataWriteOptions, write_data_files
 from icecrypt.table._write_dv import DeletionVector, decode_dv, puffin_file
 from icecrypt.table._write_io import TableIO
@@ -104,11 +105,16 @@ class _Target:
     # where a catalog keeps the table's current metadata location (_commit.MetadataStore);
     # None = a path table, committed Hadoop-style
     store: Any = None
+    # what the table object pinned (icecrypt.table._pin.TablePin): every version written
+    # on and every version committed is checked against it; None = nothing pinned (create)
+    pin: Any = None
+    base_location: str | None = field(default=None, repr=False)  # the version latest() returned last
 
     @classmethod
     def of(cls, table: Any) -> _Target:
-        # The table key id is read from each newest version (a master-key rotation
-        # committed by someone else changes it), never pinned from the loaded one.
+        # Encryption state, master key id, UUID and locations are the table object's pin
+        # (caller, catalog or the version it loaded), never whatever the newest version
+        # says: a version that differs is refused before anything is written on it.
         return cls(
             filesystem=table.filesystem or pafs.LocalFileSystem(),
             metadata_location=table.metadata_location,
@@ -116,17 +122,30 @@ class _Target:
             kms=table.kms,
             table=table,
             store=getattr(table, "metadata_store", None),
+            pin=getattr(table, "pin", None),
         )
 
     def current_location(self) -> str:
         """The table's newest committed metadata file: what its catalog says, or for a
-        path table the newest ``v<N>.metadata.json`` (hint, then probing forward)."""
+        path table the newest version in lineage (hint, then probing forward; never an
+        ancestor of the version the table object holds)."""
         if self.store is not None:
             return self.store.current()
-        return _commit.latest_metadata_location(self.filesystem, self.metadata_location)
+        held = None
+        if self.table is not None and self.metadata_location == self.table.metadata_location:
+            held = self.table.metadata
+        return _commit.latest_metadata_location(self.filesystem, self.metadata_location, held)
+
+    def check_pin(self, location: str, metadata: dict[str, Any], pin: Any = None) -> None:
+        """Refuse (TableIdentityError) a version to write on, or to commit, that differs
+        from the table object's pin (``pin``: this commit's own, after a rotation)."""
+        pin = pin if pin is not None else self.pin
+        if pin is not None:
+            pin.check(metadata, location)
 
     def commit_metadata(
-        self, base_location: str | None, metadata: dict[str, Any], base: dict[str, Any] | None = None
+        self, base_location: str | None, metadata: dict[str, Any], base: dict[str, Any] | None = None, *,
+        pin: Any = None,
     ) -> str:
         """Commit ``metadata`` as the version after ``base_location`` (whose content is
         ``base``, if the caller has it); returns the new metadata file's path.
@@ -146,7 +165,10 @@ class _Target:
             return _commit.commit_metadata_to_store(self.filesystem, self.store, None, metadata, metadata_dir=metadata_dir)
         if self.store is None:
             return _commit.commit_metadata(self.filesystem, base_location, metadata, base=base)
-        return _commit.commit_metadata_to_store(self.filesystem, self.store, base_location, metadata, base=base)
+        rotation = pin.table_key_id if pin is not None and pin != self.pin else None
+        return _commit.commit_metadata_to_store(
+            self.filesystem, self.store, base_location, metadata, base=base, rotate_to=rotation
+        )
 
     def latest(self) -> tuple[str, dict[str, Any]]:
         """The newest committed metadata file and its content.
@@ -159,6 +181,8 @@ class _Target:
             metadata = self.table.metadata
         else:
             metadata = _commit.read_metadata(self.filesystem, location)
+        self.check_pin(location, metadata)  # before any key is read through it or file written
+        self.base_location = location
         if metadata.get("format-version") != FORMAT_VERSION:
             raise ValueError(
                 f"{location}: icecrypt writes format-version {FORMAT_VERSION} tables only "
@@ -172,6 +196,8 @@ class _Target:
         When ``metadata`` is the table object's own document, a copy of the table's
         manager (same keys; the cache of unwrapped KEKs, and its TTL, shared across the
         table object's commits); otherwise one built from ``metadata``."""
+        location = self.base_location if metadata is not getattr(self.table, "metadata", None) else self.table.metadata_location
+        self.check_pin(location or self.metadata_location, metadata)  # never a plaintext writer for a pinned table
         key_id, _ = validate_table_properties(metadata.get("properties") or {}, FORMAT_VERSION)
         if key_id is None and self.table_key_id is None:
             return None
@@ -1226,6 +1252,7 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
     target = _Target.of(table)
     for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
         base_location, base = target.latest()
+        check_unambiguous(target.store, target.filesystem, base_location, base)  # it deletes files
         heads = {ref["snapshot-id"] for ref in (base.get("refs") or {}).values()}
         if base.get("current-snapshot-id") is not None:
             heads.add(base["current-snapshot-id"])
@@ -1308,8 +1335,10 @@ def rotate_keys(
         metadata = manager.apply_to_metadata(copy.deepcopy(base))
         metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
         _log_previous(metadata, base, base_location)
+        # the explicit change of a pinned value: this object's pin follows its own rotation
+        pin = target.pin.rotated(new_master_key_id) if new_master_key_id is not None and target.pin is not None else None
         try:
-            location = target.commit_metadata(base_location, metadata, base=base)
+            location = target.commit_metadata(base_location, metadata, base=base, pin=pin)
         except (_commit.VersionExistsError, CommitConflictError):
             if attempt > DEFAULT_COMMIT_RETRIES:
                 raise CommitConflictError(
@@ -1319,6 +1348,8 @@ def rotate_keys(
             continue
         if new_kms is not None:
             table.kms = new_kms  # the refresh below unwraps the KEKs through the new KMS
+        if pin is not None:
+            table.pin = target.pin = pin
         target.committed(location)
         return summary
     raise AssertionError("unreachable")
