@@ -179,7 +179,7 @@ class TableIdentityError(IcecryptError, ValueError):
     """
 
     def __init__(
-        self, message: str, *, metadata_location: str, changes: tuple[tuple[str, object, object], ...] = (),
+        self, message: str, *, metadata_location: str = "", changes: tuple[tuple[str, object, object], ...] = (),
         source: str | None = None,
     ):
         super().__init__(message)

@@ -8,21 +8,14 @@ from __future__ import annotations
 import json
 import uuid
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+from test_sql import SCHEMA, rows
 
 from icecrypt import TableIdentityError
 from icecrypt.catalog import load_catalog
 from icecrypt.table import _commit
 from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
-
-SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
-
-
-def rows(start: int, n: int) -> pa.Table:
-    return pa.table({"id": list(range(start, start + n)), "name": [f"r{i}" for i in range(start, start + n)]})
-
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.servers)])
 def sql_catalog(request, warehouse, kms):

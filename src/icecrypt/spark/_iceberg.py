@@ -104,6 +104,7 @@ from icecrypt.table import (
     TableScan,
     read_task,
 )
+from icecrypt.table._pin import trusted_pin
 from icecrypt.table._scan import parse_row_filter
 
 __all__ = ["IcebergDataSource", "IcebergReader", "IcebergWriter", "TaskDataFiles", "TaskPartition"]
@@ -202,14 +203,17 @@ def _has_kms(options: Mapping[str, str]) -> bool:
 # --- tables ----------------------------------------------------------------------------------
 
 
-def _open_table(options: Mapping[str, str], location: str) -> EncryptedTable:
+def _open_table(options: Mapping[str, str], location: str, *, pin_key: bool = True) -> EncryptedTable:
     """The table at ``location`` (a table directory or a ``metadata.json``, path or URI),
     read through the file system the (mapped) location names, with the options' KMS.
 
     Unless ``encryption=none`` is given, the KMS options are required and a table
     without ``encryption.key-id`` is refused (a plaintext table is never taken for an
-    encrypted one).  A missing table is a FileNotFoundError.
+    encrypted one).  With option ``table-key-id`` (and ``pin_key``) the table must be
+    encrypted under that master key, and is pinned to it (TableIdentityError
+    otherwise).  A missing table is a FileNotFoundError.
     """
+    key_id = ((options.get(OPT_TABLE_KEY_ID) or "").strip() or None) if pin_key else None
     want_encrypted = encrypted(options)
     if want_encrypted and not _has_kms(options):
         raise ValueError(f"{NAME}: no KMS given: set the KMS options (encryption.kms-type, ... or "
@@ -221,14 +225,15 @@ def _open_table(options: Mapping[str, str], location: str) -> EncryptedTable:
             from icecrypt.errors import NoSuchTableError
 
             try:
-                table = catalog.load_table(location)
+                table = catalog.load_table(location, **({"table_key_id": key_id} if key_id else {}))
             except NoSuchTableError as exc:
                 raise FileNotFoundError(str(exc)) from None
         else:
             location_map = _location_map(options)
             filesystem, _, _ = resolve(Locations(None, location_map).map_location(location), options)
             kms = _keys.kms_client(_kms_options(options)) if _has_kms(options) else None
-            table = EncryptedTable.load(location, kms=kms, filesystem=filesystem, location_map=location_map)
+            table = EncryptedTable.load(location, kms=kms, filesystem=filesystem, location_map=location_map,
+                                        table_key_id=key_id)
     except FileNotFoundError:
         raise
     except Exception as exc:
@@ -384,6 +389,9 @@ class IcebergWriter(DataSourceArrowWriter):
         # finds what attempts that died before reporting left behind
         self.operation_id = str(uuid.uuid4())
         self.encrypted = table.encrypted
+        # what the driver's table object pinned: tasks and the commit build only on versions
+        # that keep it (a version that dropped encryption.key-id never gets a plaintext file)
+        self.table_key_id, self.table_uuid = table.pin.table_key_id, table.pin.table_uuid
         self.metadata_location = table.metadata_location
         self.filesystem = table.filesystem
         self.location_map = table.location_map or None
@@ -392,7 +400,7 @@ class IcebergWriter(DataSourceArrowWriter):
     def _open_or_create(self, schema: StructType) -> tuple[EncryptedTable, bool]:
         key_id = (self.options.get(OPT_TABLE_KEY_ID) or "").strip() or None
         try:
-            table = _open_table(self.options, self.location)
+            table = _open_table(self.options, self.location, pin_key=False)  # checked below, with its own message
         except FileNotFoundError as exc:
             if key_id is None:
                 raise FileNotFoundError(
@@ -433,9 +441,13 @@ class IcebergWriter(DataSourceArrowWriter):
         catalog = _catalog(self.options) if commit else None
         if catalog is not None:
             table = catalog.load_table(self.location)
+            trusted_pin(table.metadata, table_key_id=self.table_key_id, table_uuid=self.table_uuid).check(
+                table.metadata, table.metadata_location
+            )
         else:
             table = EncryptedTable.load(self.metadata_location, kms=kms, filesystem=self.filesystem,
-                                        location_map=self.location_map)
+                                        location_map=self.location_map, table_key_id=self.table_key_id,
+                                        table_uuid=self.table_uuid)
             if not self.options.get(OPT_CATALOG):
                 table.refresh()
         if self.encrypted and not table.encrypted:  # changed since the job started: never write plaintext

@@ -195,9 +195,12 @@ class _Target:
 
         When ``metadata`` is the table object's own document, a copy of the table's
         manager (same keys; the cache of unwrapped KEKs, and its TTL, shared across the
-        table object's commits); otherwise one built from ``metadata``."""
-        location = self.base_location if metadata is not getattr(self.table, "metadata", None) else self.table.metadata_location
-        self.check_pin(location or self.metadata_location, metadata)  # never a plaintext writer for a pinned table
+        table object's commits); otherwise one built from ``metadata``.  A version that
+        differs from the pin gets none (TableIdentityError): never a plaintext writer, or
+        one under another master key, for a pinned table."""
+        own_version = self.table is not None and metadata is self.table.metadata
+        location = self.table.metadata_location if own_version else self.base_location
+        self.check_pin(location or self.metadata_location, metadata)
         key_id, _ = validate_table_properties(metadata.get("properties") or {}, FORMAT_VERSION)
         if key_id is None and self.table_key_id is None:
             return None
