@@ -107,7 +107,10 @@ def test_storage_edit_of_the_current_file_is_refused(setup, change):
     for attempt in (holder.refresh, table.rewrite_manifests, table.remove_orphan_files):
         with pytest.raises(TableIdentityError, match="pinned from the catalog"):
             attempt()
-    assert _files(table) == before  # nothing written
+    with pytest.raises(TableIdentityError):  # purge reads the forged file's references: refused
+        catalog.drop_table(f"{ns}.t", purge=True)
+    assert catalog.table_exists(f"{ns}.t")
+    assert _files(table) == before  # nothing written, nothing deleted
 
 
 def test_commit_removing_encryption_is_refused_by_the_catalog(setup):

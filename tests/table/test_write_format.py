@@ -190,7 +190,8 @@ def test_java_named_metadata_continues_with_hadoop_versions(tmp_path):
     java = tmp_path / "metadata" / "00004-4b30dcda-58ab-4b6b-bb98-dc3ce8524e36.metadata.json"
     java.write_text(json.dumps(_meta(4)))
     assert _commit.version_of(str(java)) == 4
-    committed = _commit.commit_metadata(fs, str(java), _meta(5))
+    # (a commit logs its base, as every write path does: that is what makes v5 follow it)
+    committed = _commit.commit_metadata(fs, str(java), {**_meta(5), "metadata-log": [{"metadata-file": str(java)}]})
     assert posixpath.basename(committed) == "v5.metadata.json"
     assert _commit.latest_metadata_location(fs, str(java)) == committed
     with pytest.raises(ValueError):

@@ -245,24 +245,33 @@ def _version_error(message: str, *locations: str) -> Exception:
 
 
 def _foreign_descendants(
-    filesystem: pafs.FileSystem, metadata_location: str, metadata: Mapping[str, Any]
+    filesystem: pafs.FileSystem, metadata_location: str, metadata: Mapping[str, Any], *, forks: bool = False
 ) -> list[tuple[str, dict[str, Any]]]:
     """The ``<NNNNN>-<uuid>.metadata.json`` files beside ``metadata_location`` that
     descend from it (list it in their ``metadata-log``): versions a writer that names
     its files as a metastore catalog does (Iceberg Java committing to a path table)
-    built on it, which the version hint does not name."""
+    built on it, which the version hint does not name.  With ``forks``, also those that
+    descend from one of its ancestors without being one (a branch beside it)."""
     metadata_dir, name = posixpath.split(metadata_location)
     logged = _logged_names(metadata)
+    lineage = logged | {name} if forks else {name}
+    own = _JAVA_NAME.match(name)
+    # such a writer numbers a version one past its base; only after a v<N> (a number it
+    # cannot parse) does it start again at 00000
+    floor = int(own.group(1)) if own and not forks else -1
     found = []
     for info in filesystem.get_file_info(pafs.FileSelector(metadata_dir, allow_not_found=True)):
         other = info.base_name
-        if other == name or other in logged or info.type != pafs.FileType.File or not _JAVA_NAME.match(other):
+        match = _JAVA_NAME.match(other)
+        if other == name or other in logged or info.type != pafs.FileType.File or not match:
+            continue
+        if int(match.group(1)) <= floor:
             continue
         try:
             document = read_metadata(filesystem, info.path)
         except (OSError, ValueError):
             continue  # unreadable or damaged: no version anyone can build on
-        if name in _logged_names(document):
+        if lineage & _logged_names(document):
             found.append((info.path, document))
     return found
 
@@ -341,17 +350,18 @@ def latest_metadata_location(
 
 
 def check_unambiguous(filesystem: pafs.FileSystem, metadata_location: str, metadata: Mapping[str, Any]) -> None:
-    """Refuse (TableVersionError) while a newer version than ``metadata_location`` exists
-    that its layout does not resolve to: a ``<NNNNN>-<uuid>.metadata.json`` that lists it
-    in its metadata-log.  Maintenance that deletes files calls this first: what such a
+    """Refuse (TableVersionError) while a version exists that the layout does not resolve
+    to: a ``<NNNNN>-<uuid>.metadata.json`` that lists ``metadata_location`` or one of its
+    ancestors in its metadata-log without being one of them (a newer version, or a branch
+    beside the current one).  Maintenance that deletes files calls this first: what such a
     version references would otherwise look unreferenced."""
-    newer = _foreign_descendants(filesystem, metadata_location, metadata)
+    newer = _foreign_descendants(filesystem, metadata_location, metadata, forks=True)
     if newer:
         others = ", ".join(sorted(path for path, _ in newer))
         raise _version_error(
-            f"{metadata_location}: newer version(s) follow it that the version hint does not name ({others}); "
-            "the current version is ambiguous, nothing deleted: load the newest metadata file explicitly "
-            "(and commit from it) first",
+            f"{metadata_location}: version(s) follow it, or branch off its history, that the version hint does "
+            f"not name ({others}); the current version is ambiguous, nothing deleted: load the intended "
+            "metadata file explicitly (and commit from it), or remove the stray one, first",
             metadata_location, *sorted(path for path, _ in newer),
         )  # fmt: skip
 
