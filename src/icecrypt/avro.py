@@ -281,6 +281,8 @@ def _decrypt_whole(path: Any, km: StandardKeyMetadata, filesystem: Any) -> bytes
                 data = f.read(km.file_length + 1)
         else:
             with filesystem.open_input_file(path) as f:
+                if f.size() != km.file_length:  # compared before the file is read
+                    return None
                 data = f.read()
         if len(data) != km.file_length:
             return None

@@ -31,6 +31,7 @@ __all__ = [
     "file_key_metadata",
     "open_avro",
     "read_small_file",
+    "read_whole",
     "reading",
 ]
 
@@ -238,12 +239,24 @@ def read_small_file(
     fs = locations.filesystem
     path = locations.to_fs_path(location)
     with reading(what, location, fs, path, encrypted=encrypted):
+        if encrypted and key_metadata is None:
+            raise PlaintextFileError(f"{what} {location} has no key metadata, but the table is encrypted (refused)")
         with fs.open_input_file(path) as f:
-            data = f.read()
+            data = read_whole(f, f"{what} {location}", key_metadata.file_length if encrypted else None)  # type: ignore[union-attr]
         if not encrypted:
             if data[:4] == _AGS1_MAGIC:
                 raise FormatError(f"{what} {location} is encrypted (AGS1), but the table has no encryption.key-id")
             return data
-        if key_metadata is None:
-            raise PlaintextFileError(f"{what} {location} has no key metadata, but the table is encrypted (refused)")
-        return ags1.decrypt(data, key_metadata.encryption_key, key_metadata.aad_prefix, length=key_metadata.file_length)
+        return ags1.decrypt(data, key_metadata.encryption_key, key_metadata.aad_prefix, length=key_metadata.file_length)  # type: ignore[union-attr]
+
+
+def read_whole(f: Any, name: str, length: int | None) -> bytes:
+    """All bytes of the open file ``f``; with a trusted ``length`` (the ``file_length``
+    of its key metadata) the stored size is compared with it first, so a file swapped
+    for a larger one is refused before it is read into memory."""
+    if length is not None:
+        stored = f.size()
+        if stored != length:
+            what = "truncated" if stored < length else "longer than its key metadata says"
+            raise FormatError(f"{name}: file is {what}: {stored} bytes, expected {length}")
+    return f.read()
