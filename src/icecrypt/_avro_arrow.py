@@ -85,6 +85,17 @@ def _namespace_of(fullname: str) -> str | None:
     return fullname.rpartition(".")[0] or None
 
 
+def resolve(name: str, namespace: str | None, active: set[str], defined: Mapping[str, Any], error: type[Exception]) -> Any:
+    """What a reference to the named type ``name`` resolves to in ``defined``;
+    ``error`` for a name being defined (``active``: a recursive type) or unknown."""
+    for candidate in (_fullname(name, namespace), name):
+        if candidate in active:
+            raise error(f"recursive Avro type {candidate!r} is not supported")
+        if candidate in defined:
+            return defined[candidate]
+    raise error(f"unknown Avro type {name!r}")
+
+
 def expand(schema: Any) -> Any:
     """The schema as a tree: every named type's definition in place of each reference
     (the same dict object), named with its full name and no ``namespace``.  Recursive
@@ -96,12 +107,7 @@ def expand(schema: Any) -> Any:
         if isinstance(t, str):
             if t in _PRIMITIVES:
                 return t
-            for candidate in (_fullname(t, ns), t):
-                if candidate in active:
-                    raise SchemaError(f"recursive Avro type {candidate!r} is not supported")
-                if candidate in defined:
-                    return defined[candidate]
-            raise SchemaError(f"unknown Avro type {t!r}")
+            return resolve(t, ns, active, defined, SchemaError)
         if isinstance(t, list):
             return [walk(branch, ns) for branch in t]
         if not isinstance(t, dict) or "type" not in t:

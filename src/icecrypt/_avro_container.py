@@ -263,6 +263,27 @@ class UnencryptedBytes(Plaintext):
             got += n
 
 
+class MemoryBytes(Plaintext):
+    """The same access over bytes already in memory (a small file decrypted and
+    authenticated whole)."""
+
+    def __init__(self, data: bytes, name: str):
+        self.name = name
+        self._data = data
+        self._reader = self._file = None
+        self.size = len(data)
+        self._num_blocks = max(1, -(-self.size // _BLOCK))
+        self._init_cache(None)
+
+    def read(self, pos: int, n: int, what: str = "data") -> bytes:
+        if pos + n > self.size:
+            raise self.truncated(pos, n, what)
+        return self._data[pos : pos + n]
+
+    def find(self, marker: bytes, pos: int, end: int) -> int:
+        return self._data.find(marker, pos, min(end, self.size) + len(marker) - 1)
+
+
 # --------------------------------------------------------------------------- header
 
 
@@ -338,13 +359,18 @@ class Header:
     end: int  # offset of the first block
     raw: bytes | None = dataclasses.field(default=None, repr=False, compare=False)  # the header as stored
 
-    def encode(self, schema: Any = None) -> bytes:
-        """The header bytes, with ``schema`` (JSON-able) in place of the writer schema."""
-        if schema is None and self.raw is not None:
+    def encode(self, schema: Any = None, codec: str | None = None) -> bytes:
+        """The header bytes, with ``schema`` (JSON-able) in place of the writer schema
+        and ``codec`` in place of the codec."""
+        if codec == self.codec:
+            codec = None
+        if schema is None and codec is None and self.raw is not None:
             return self.raw
         meta = dict(self.metadata)
         if schema is not None:
             meta["avro.schema"] = json.dumps(schema, separators=(",", ":")).encode("utf-8")
+        if codec is not None:
+            meta["avro.codec"] = codec.encode("utf-8")
         out = bytearray(MAGIC)
         if meta:
             out += _zigzag(len(meta))

@@ -42,11 +42,9 @@ from icecrypt._avro_arrow import (
     writable_rows,
 )
 from icecrypt._avro_container import (
-    CODECS as _CODECS,
-)
-from icecrypt._avro_container import (
     DEFAULT_SYNC_INTERVAL,
     Header,
+    MemoryBytes,
     Plaintext,
     ReadStats,
     UnencryptedBytes,
@@ -61,6 +59,7 @@ from icecrypt._avro_container import (
     write_container,
     write_encrypted,
 )
+from icecrypt._avro_guard import BlockGuard, plan
 from icecrypt.errors import FormatError, IcecryptError
 from icecrypt.keys import StandardKeyMetadata
 
@@ -127,28 +126,41 @@ def arrow_to_avro_schema(schema: pa.Schema, name: str = "record") -> dict:
 
 
 class _AvroFile:
-    """An open encrypted Avro file: decrypted-byte access, the header and its schema."""
+    """An open encrypted Avro file: decrypted-byte access, the header and its schema,
+    and the guard every block passes before fastavro decodes it (``_avro_guard``;
+    ``kind="metadata"`` for a table's manifests and manifest lists, whose schema must
+    be one Iceberg writes there)."""
 
-    def __init__(self, path: Any, key_metadata: Any, filesystem: Any, stats: ReadStats | None):
-        self._open(Plaintext(path, key_metadata, filesystem, stats))
+    def __init__(self, path: Any, key_metadata: Any, filesystem: Any, stats: ReadStats | None, kind: str = "data"):
+        self._open(Plaintext(path, key_metadata, filesystem, stats), kind)
 
-    def _open(self, plain: Plaintext) -> None:
+    def _open(self, plain: Plaintext, kind: str = "data") -> None:
         self.plain = plain
         try:
             self.header: Header = read_header(plain)
             self.name = plain.name
             self._tree: Any = None
+            checked = plan(self.header.schema, self.header.metadata["avro.schema"], self.name, metadata=kind == "metadata")
+            self.guard = BlockGuard(checked, self.header.codec, self.name, plain.size)
         except BaseException:
             plain.close()
             raise
 
     @classmethod
-    def unencrypted(cls, path: Any, filesystem: Any = None, stats: ReadStats | None = None) -> _AvroFile:
-        """The same reader over an unencrypted Avro file: for measuring what encryption
+    def unencrypted(cls, path: Any, filesystem: Any = None, stats: ReadStats | None = None, kind: str = "data") -> _AvroFile:
+        """The same reader over an unencrypted Avro file: the files of plaintext tables
+        (read with the same checks as encrypted ones), and measuring what encryption
         costs through the very same decoder (benchmarks, the Spark source's
         ``encryption=none`` mode).  Not public: icecrypt never reads data without a key."""
         self = cls.__new__(cls)
-        self._open(UnencryptedBytes(path, filesystem, stats))
+        self._open(UnencryptedBytes(path, filesystem, stats), kind)
+        return self
+
+    @classmethod
+    def in_memory(cls, data: bytes, name: str, kind: str = "data") -> _AvroFile:
+        """The same reader over a file's (authenticated) bytes already in memory."""
+        self = cls.__new__(cls)
+        self._open(MemoryBytes(data, name), kind)
         return self
 
     def close(self) -> None:
@@ -169,14 +181,16 @@ class _AvroFile:
                 raise FormatError(f"{self.name}: unusable Avro schema: {exc}") from None
         return self._tree
 
-    def records(self, header_bytes: bytes, reader_schema: Any = None, pos: int | None = None,
+    def records(self, schema: Any = None, reader_schema: Any = None, pos: int | None = None,
                 end: int | None = None) -> Iterator[dict]:
         """fastavro records of the blocks from ``pos`` (block 0 if None) whose preceding
-        sync marker starts before ``end``."""
+        sync marker starts before ``end``; ``schema``: the writer schema to give
+        fastavro (the header's if None).  Each block is checked by the guard first."""
         start = self.header.end if pos is None else pos
+        header_bytes = self.header.encode(schema, codec=self.guard.header_codec)
 
         def decode() -> Iterator[dict]:
-            blocks = iter_blocks(self.plain, self.header, start, end)
+            blocks = self.guard.blocks_of(iter_blocks(self.plain, self.header, start, end))
             if self.plain.size <= _SMALL_FILE:
                 # a small file (a manifest): its checked blocks in one buffer, as fastavro
                 # reads a plaintext file, instead of a stream of chunks
@@ -213,13 +227,12 @@ class _AvroFile:
         schema = self.arrow_schema(columns)
         fields = self._fields(columns)
         raw_tree = strip_logical_types(self.tree)
-        header_bytes = self.header.encode(emit(raw_tree))
         reader_schema = None
         if columns is not None:  # a reader schema of the kept fields: fastavro skips the others
             raw_of = {id(f): rf for f, rf in zip(top_level_fields(self.tree), raw_tree["fields"])}
             reader_schema = emit(dict(raw_tree, fields=[raw_of[id(f)] for f in fields]))
         builder = BatchBuilder(fields, schema)
-        records = self.records(header_bytes, reader_schema, pos, end)
+        records = self.records(emit(raw_tree), reader_schema, pos, end)
         try:
             yield from builder.batches(records, batch_size)
         except IcecryptError:
@@ -249,12 +262,9 @@ class AvroRecords:
         self.codec: str = header.codec
 
     def __iter__(self) -> Iterator[dict]:
-        header = self._file.header
         if self._raw:
-            header_bytes = header.encode(emit(strip_logical_types(self._file.tree)))
-        else:
-            header_bytes = header.encode()
-        return self._file.records(header_bytes)
+            return self._file.records(emit(strip_logical_types(self._file.tree)))
+        return self._file.records()
 
     def close(self) -> None:
         self._file.close()
@@ -281,6 +291,8 @@ def _decrypt_whole(path: Any, km: StandardKeyMetadata, filesystem: Any) -> bytes
                 data = f.read(km.file_length + 1)
         else:
             with filesystem.open_input_file(path) as f:
+                if f.size() != km.file_length:  # compared before the file is read
+                    return None
                 data = f.read()
         if len(data) != km.file_length:
             return None
@@ -289,51 +301,19 @@ def _decrypt_whole(path: Any, km: StandardKeyMetadata, filesystem: Any) -> bytes
         return None
 
 
-class _SmallAvroRecords(AvroRecords):
-    """:class:`AvroRecords` of a file of one AGS1 block (a manifest, a manifest list):
-    authenticated and decrypted whole, up front, then decoded by fastavro from that
-    buffer exactly as a plaintext Avro file is (one header parse, in fastavro), instead
-    of block by block.  Planning reads hundreds of such files; this keeps each one's cost
-    that of the plaintext read plus one AES-GCM block."""
-
-    @classmethod
-    def open(cls, path: Any, key_metadata: KeyMetadataLike, filesystem: Any) -> _SmallAvroRecords | None:
-        """The records, or None when the file is not small (or its header is anything
-        but plain: the general reader then reports it precisely)."""
-        km = coerce_key_metadata(key_metadata, display_name(path))
-        if km.file_length is None or ags1.plaintext_length(km.file_length) > _SMALL_FILE:
-            return None
-        data = _decrypt_whole(path, km, filesystem)
-        if data is None:
-            with Plaintext(path, km, filesystem) as plain:  # the stream's own checks and errors
-                data = plain.read(0, plain.size, "the file")
-        if data[:4] != b"Obj\x01":
-            return None
-        try:
-            reader = fastavro.reader(io.BytesIO(data))
-            schema = getattr(reader, "_schema", None)
-            if schema is None:
-                schema = json.loads(reader.metadata["avro.schema"])
-            codec = reader.metadata.get("avro.codec", "null")
-            metadata = {k: v.encode("utf-8") for k, v in reader.metadata.items()}
-        except Exception:
-            return None
-        if codec not in _CODECS or not isinstance(schema, dict):
-            return None
-        self = cls.__new__(cls)
-        self._data, self._first = data, reader
-        self.name = display_name(path)
-        self.schema, self.metadata, self.codec = schema, metadata, codec
-        return self
-
-    def __iter__(self) -> Iterator[dict]:
-        reader, self._first = self._first, None
-        if reader is None:  # every iteration starts again at the first record
-            reader = fastavro.reader(io.BytesIO(self._data))
-        return wrap_decode_errors(self.name, iter(reader))
-
-    def close(self) -> None:
-        self._first = None
+def _small_records(path: Any, key_metadata: KeyMetadataLike, filesystem: Any, kind: str) -> AvroRecords | None:
+    """The records of a file of one AGS1 block (a manifest, a manifest list),
+    authenticated and decrypted whole, up front, then decoded from that buffer; None
+    when the file is not small.  Planning reads hundreds of such files; this keeps each
+    one's cost that of the plaintext read plus one AES-GCM block."""
+    km = coerce_key_metadata(key_metadata, display_name(path))
+    if km.file_length is None or ags1.plaintext_length(km.file_length) > _SMALL_FILE:
+        return None
+    data = _decrypt_whole(path, km, filesystem)
+    if data is None:
+        with Plaintext(path, km, filesystem) as plain:  # the stream's own checks and errors
+            data = plain.read(0, plain.size, "the file")
+    return AvroRecords(_AvroFile.in_memory(data, display_name(path), kind), False)
 
 
 def read_records(path: Any, key_metadata: KeyMetadataLike, *, filesystem: Any = None, raw: bool = False,
@@ -346,11 +326,24 @@ def read_records(path: Any, key_metadata: KeyMetadataLike, *, filesystem: Any = 
     as days, timestamps as micros, decimals as unscaled big-endian bytes).  The header
     is read and checked here; records are decrypted and decoded as they are iterated.
     """
+    return _records(path, key_metadata, filesystem, raw=raw, stats=stats)
+
+
+def _records(path: Any, key_metadata: KeyMetadataLike, filesystem: Any, *, raw: bool = False,
+             stats: ReadStats | None = None, kind: str = "data") -> AvroRecords:
+    """:func:`read_records` for a kind of file (``kind="metadata"``: a table's manifest or
+    manifest list, whose schema must be one Iceberg writes there)."""
     if not raw and stats is None:
-        small = _SmallAvroRecords.open(path, key_metadata, filesystem)
+        small = _small_records(path, key_metadata, filesystem, kind)
         if small is not None:
             return small
-    return AvroRecords(_AvroFile(path, key_metadata, filesystem, stats), raw)
+    return AvroRecords(_AvroFile(path, key_metadata, filesystem, stats, kind), raw)
+
+
+def _unencrypted_records(path: Any, filesystem: Any, *, kind: str) -> AvroRecords:
+    """The records of an unencrypted Avro file of a plaintext table, through the same
+    reader and checks as an encrypted one (never for a file of an encrypted table)."""
+    return AvroRecords(_AvroFile.unencrypted(path, filesystem, kind=kind), False)
 
 
 def read_schema(path: Any, key_metadata: KeyMetadataLike, *, filesystem: Any = None,

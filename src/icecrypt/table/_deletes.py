@@ -63,40 +63,41 @@ class _Buffer:
         return int.from_bytes(self.take(4, what), "little")
 
 
-def _bitmap32(buf: _Buffer) -> np.ndarray:
-    """One 32-bit Roaring bitmap (portable format) -> sorted uint32 values."""
+def _bitmap32(buf: _Buffer, budget: int | None) -> np.ndarray:
+    """One 32-bit Roaring bitmap (portable format) -> sorted uint32 values.
+
+    Every declared size is checked before anything is allocated from it: the container
+    count (at most 65,536), each container's cardinality against its kind (an array
+    holds at most 4,096 values, a bitmap more), each run container's runs (sorted,
+    non-overlapping, inside the container, adding up to the declared cardinality), and
+    the running total against ``budget`` (the positions the vector may still hold)."""
     cookie = buf.u32("the bitmap cookie")
     if cookie & 0xFFFF == _SERIAL_COOKIE:
         count = (cookie >> 16) + 1
-        run_flags = np.unpackbits(np.frombuffer(buf.take((count + 7) // 8, "run flags"), dtype=np.uint8), bitorder="little")[:count]
+        flag_bytes = np.frombuffer(buf.take((count + 7) // 8, "run flags"), dtype=np.uint8)
+        run_flags = np.unpackbits(flag_bytes, bitorder="little")[:count]
     elif cookie == _SERIAL_COOKIE_NO_RUN:
         count = buf.u32("the container count")
+        if count > 1 << 16:
+            raise FormatError(f"{buf.name}: Roaring bitmap with {count} containers")
         run_flags = np.zeros(count, dtype=np.uint8)
     else:
         raise FormatError(f"{buf.name}: not a Roaring bitmap (cookie {cookie:#x})")
-    if count > 1 << 16:
-        raise FormatError(f"{buf.name}: Roaring bitmap with {count} containers")
     header = buf.u16s(2 * count, "container headers").reshape(count, 2) if count else np.zeros((0, 2), "<u2")
     keys = header[:, 0].astype(np.uint32)
     cardinalities = header[:, 1].astype(np.int64) + 1
     if count > 1 and np.any(np.diff(keys.astype(np.int64)) <= 0):
         raise FormatError(f"{buf.name}: Roaring container keys are not increasing")
+    declared = int(cardinalities.sum())
+    if budget is not None and declared > budget:
+        raise FormatError(f"{buf.name}: deletion vector declares more positions than the manifest says it holds")
     if cookie == _SERIAL_COOKIE_NO_RUN or count >= _NO_OFFSET_THRESHOLD:
         buf.take(4 * count, "container offsets")  # a positional index; the containers follow in order
     parts = []
     for i in range(count):
         high = keys[i] << np.uint32(16)
         if run_flags[i]:
-            n_runs = int(buf.u16s(1, "a run count")[0])
-            runs = buf.u16s(2 * n_runs, "runs").reshape(n_runs, 2).astype(np.int64)
-            starts, lengths = runs[:, 0], runs[:, 1] + 1
-            if np.any(starts + lengths > 1 << 16):
-                raise FormatError(f"{buf.name}: Roaring run exceeds its container")
-            total = int(lengths.sum())
-            offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
-            low = (np.arange(total, dtype=np.int64) + offsets).astype(np.uint32)
-            if total != cardinalities[i]:
-                raise FormatError(f"{buf.name}: Roaring run container cardinality mismatch")
+            low = _runs(buf, int(cardinalities[i]))
         elif cardinalities[i] > _ARRAY_MAX:
             bits = np.unpackbits(np.frombuffer(buf.take(_BITMAP_BYTES, "a bitmap container"), dtype=np.uint8), bitorder="little")
             low = np.flatnonzero(bits).astype(np.uint32)
@@ -108,6 +109,26 @@ def _bitmap32(buf: _Buffer) -> np.ndarray:
                 raise FormatError(f"{buf.name}: Roaring array container is not sorted")
         parts.append(high | low)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+
+def _runs(buf: _Buffer, cardinality: int) -> np.ndarray:
+    """The values of a run container: ``(start, length - 1)`` pairs, checked to be in
+    order, apart and inside the container and to add up to ``cardinality`` before the
+    values are made (overlapping runs must not make one container ask for more than
+    its 65,536 values)."""
+    n_runs = int(buf.u16s(1, "a run count")[0])
+    runs = buf.u16s(2 * n_runs, "runs").reshape(n_runs, 2).astype(np.int64)
+    starts, lengths = runs[:, 0], runs[:, 1] + 1
+    ends = starts + lengths  # exclusive
+    if np.any(ends > 1 << 16):
+        raise FormatError(f"{buf.name}: Roaring run exceeds its container")
+    if n_runs > 1 and np.any(starts[1:] < ends[:-1]):
+        raise FormatError(f"{buf.name}: Roaring runs are unsorted or overlap")
+    total = int(lengths.sum())
+    if total != cardinality:
+        raise FormatError(f"{buf.name}: Roaring run container cardinality mismatch")
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    return (np.arange(total, dtype=np.int64) + offsets).astype(np.uint32)
 
 
 def decode_deletion_vector(blob: bytes, name: str, *, expected_cardinality: int | None = None) -> np.ndarray:
@@ -132,12 +153,15 @@ def decode_deletion_vector(blob: bytes, name: str, *, expected_cardinality: int 
     count = int.from_bytes(buf.take(8, "the bitmap count"), "little")
     parts = []
     last_key = -1
+    budget = expected_cardinality
     for _ in range(count):
         key = buf.u32("a bitmap key")
         if key <= last_key or key > 0x7FFFFFFF:
             raise FormatError(f"{name}: deletion vector keys are not increasing or out of range")
         last_key = key
-        values = _bitmap32(buf)
+        values = _bitmap32(buf, budget)
+        if budget is not None:
+            budget -= len(values)
         parts.append((np.int64(key) << np.int64(32)) | values.astype(np.int64))
     if buf.pos != len(buf.data):
         raise FormatError(f"{name}: {len(buf.data) - buf.pos} stray bytes after the deletion vector")
@@ -157,6 +181,9 @@ def read_dv_blob(source: object, offset: int, size: int, *, key: object = None, 
     if offset < 0 or size < 0:
         raise FormatError(f"{name}: invalid deletion vector range (offset {offset}, size {size})")
     if key is None:
+        stored = source.size()  # type: ignore[attr-defined]
+        if offset + size > stored:  # checked before a buffer of ``size`` bytes is made
+            raise FormatError(f"{name}: deletion vector range {offset}+{size} is beyond the file ({stored} bytes)")
         data = source.read_at(size, offset)  # type: ignore[attr-defined]
     else:
         with ags1.open_reader(source, key.encryption_key, key.aad_prefix, key.file_length, name=name) as reader:

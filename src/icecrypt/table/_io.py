@@ -30,7 +30,9 @@ __all__ = [
     "PlaintextFileError",
     "file_key_metadata",
     "open_avro",
+    "open_plain_avro",
     "read_small_file",
+    "read_whole",
     "reading",
 ]
 
@@ -172,22 +174,16 @@ def file_key_metadata(raw: Any, what: str, location: str, *, encrypted: bool, ne
 # --- Avro container files -------------------------------------------------------------------
 
 
-class _PlainRecords:
-    """fastavro's reader over a plaintext Avro file, shaped like icecrypt.avro's records."""
+def open_plain_avro(what: str, location: str, filesystem: pafs.FileSystem, path: str, *, kind: str) -> Any:
+    """The records of an Avro file of a plaintext table, read with the same checks as
+    an encrypted table's (schema, per-block budgets: ``icecrypt._avro_guard``); an AGS1
+    file is refused (the table has no key for it)."""
+    from icecrypt.avro import _unencrypted_records
 
-    def __init__(self, stream: Any):
-        import fastavro
-
-        self._stream = stream
-        self._reader = fastavro.reader(stream)
-        self.schema = self._reader.writer_schema
-        self.metadata = {k: v.encode("utf-8") if isinstance(v, str) else v for k, v in self._reader.metadata.items()}
-
-    def __iter__(self) -> Iterator[dict]:
-        return iter(self._reader)
-
-    def close(self) -> None:
-        self._stream.close()
+    with filesystem.open_input_file(path) as stream:
+        if stream.read(4) == _AGS1_MAGIC:
+            raise FormatError(f"{what} {location} is encrypted (AGS1), but the table has no encryption.key-id")
+    return _unencrypted_records(path, filesystem, kind=kind)
 
 
 @contextlib.contextmanager
@@ -202,28 +198,22 @@ def open_avro(
     """The records of an Avro container file (``.schema``, ``.metadata``, iterable).
 
     Encrypted tables read through :func:`icecrypt.avro.read_records` (AGS1, trusted
-    length); plaintext tables read plain Avro and refuse an AGS1 file.  Errors, also
-    those raised while iterating inside the ``with`` block, name the file.
+    length); plaintext tables read plain Avro and refuse an AGS1 file.  Either way the
+    schema must be one Iceberg writes for manifests and manifest lists and every block
+    is decoded under a budget (``icecrypt._avro_guard``).  Errors, also those raised
+    while iterating inside the ``with`` block, name the file.
     """
     fs = locations.filesystem
     path = locations.to_fs_path(location)
     with reading(what, location, fs, path, encrypted=encrypted):
         if encrypted:
-            from icecrypt.avro import read_records
+            from icecrypt.avro import _records
 
             if key_metadata is None:
                 raise PlaintextFileError(f"{what} {location} has no key metadata, but the table is encrypted (refused)")
-            records = read_records(path, key_metadata, filesystem=fs)
+            records = _records(path, key_metadata, fs, kind="metadata")
         else:
-            stream = fs.open_input_file(path)
-            try:
-                if stream.read(4) == _AGS1_MAGIC:
-                    raise FormatError(f"{what} {location} is encrypted (AGS1), but the table has no encryption.key-id")
-                stream.seek(0)
-                records = _PlainRecords(stream)
-            except BaseException:
-                stream.close()
-                raise
+            records = open_plain_avro(what, location, fs, path, kind="metadata")
         try:
             yield records
         finally:
@@ -238,12 +228,24 @@ def read_small_file(
     fs = locations.filesystem
     path = locations.to_fs_path(location)
     with reading(what, location, fs, path, encrypted=encrypted):
+        if encrypted and key_metadata is None:
+            raise PlaintextFileError(f"{what} {location} has no key metadata, but the table is encrypted (refused)")
         with fs.open_input_file(path) as f:
-            data = f.read()
+            data = read_whole(f, f"{what} {location}", key_metadata.file_length if encrypted else None)  # type: ignore[union-attr]
         if not encrypted:
             if data[:4] == _AGS1_MAGIC:
                 raise FormatError(f"{what} {location} is encrypted (AGS1), but the table has no encryption.key-id")
             return data
-        if key_metadata is None:
-            raise PlaintextFileError(f"{what} {location} has no key metadata, but the table is encrypted (refused)")
-        return ags1.decrypt(data, key_metadata.encryption_key, key_metadata.aad_prefix, length=key_metadata.file_length)
+        return ags1.decrypt(data, key_metadata.encryption_key, key_metadata.aad_prefix, length=key_metadata.file_length)  # type: ignore[union-attr]
+
+
+def read_whole(f: Any, name: str, length: int | None) -> bytes:
+    """All bytes of the open file ``f``; with a trusted ``length`` (the ``file_length``
+    of its key metadata) the stored size is compared with it first, so a file swapped
+    for a larger one is refused before it is read into memory."""
+    if length is not None:
+        stored = f.size()
+        if stored != length:
+            what = "truncated" if stored < length else "longer than its key metadata says"
+            raise FormatError(f"{name}: file is {what}: {stored} bytes, expected {length}")
+    return f.read()

@@ -13,8 +13,8 @@ used for schemas and partition specs, drops ``encryption-keys`` and the snapshot
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
+import os
 import posixpath
 import re
 import zlib
@@ -91,7 +91,7 @@ def _latest_version(filesystem: pafs.FileSystem, metadata_dir: str) -> int | Non
     version = None
     try:
         with filesystem.open_input_file(posixpath.join(metadata_dir, VERSION_HINT)) as f:
-            text = f.read().decode("ascii", "replace").strip()
+            text = f.read(4096).decode("ascii", "replace").strip()  # a number: a larger file is no hint
         if text.isdigit() and _exists(filesystem, posixpath.join(metadata_dir, f"v{int(text)}.metadata.json")):
             version = int(text)
     except FileNotFoundError:
@@ -128,18 +128,86 @@ def resolve_metadata_file(filesystem: pafs.FileSystem, path: str) -> str:
     )
 
 
+#: default cap on the (decompressed) size of a ``metadata.json``: a table with 10,000
+#: snapshots has 0.2-2 MB of metadata; this is generous and still bounds what a crafted
+#: (say, gzip-compressed) file costs before its JSON is parsed
+DEFAULT_MAX_METADATA_BYTES = 128 << 20
+#: environment variable overriding :data:`DEFAULT_MAX_METADATA_BYTES` (a byte count)
+MAX_METADATA_BYTES_ENV = "ICECRYPT_MAX_METADATA_BYTES"
+_GZIP_MAGIC = b"\x1f\x8b"
+_INFLATE_CHUNK = 1 << 20
+
+
+def max_metadata_bytes() -> int:
+    """The size cap of a ``metadata.json`` (after decompression): ``$ICECRYPT_MAX_METADATA_BYTES``
+    when set, else :data:`DEFAULT_MAX_METADATA_BYTES`."""
+    raw = os.environ.get(MAX_METADATA_BYTES_ENV)
+    if not raw:
+        return DEFAULT_MAX_METADATA_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"{MAX_METADATA_BYTES_ENV} must be a positive number of bytes, not {raw!r}")
+    return value
+
+
+def _inflate(f: pafs.NativeFile, path: str, first: bytes, limit: int) -> bytes:
+    """The gzip members of ``f`` (``first``: its first bytes, already read) inflated
+    chunk by chunk, refused as soon as they pass ``limit`` bytes."""
+    out = bytearray()
+    pending, inflater = first, None
+    while True:
+        if not pending:
+            pending = f.read(_INFLATE_CHUNK)
+            if not pending:
+                break
+        if inflater is None:  # a member starts (more than one, as gzip.decompress reads them)
+            if pending[:2] != _GZIP_MAGIC:
+                raise FormatError(f"{path}: damaged gzip-compressed table metadata (bytes after the last member)")
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out += inflater.decompress(pending, limit + 1 - len(out))
+        if len(out) > limit:
+            raise FormatError(
+                f"{path}: gzip-compressed table metadata inflates to more than {limit} bytes "
+                f"(the limit; set {MAX_METADATA_BYTES_ENV} to raise it)"
+            )
+        if inflater.eof:
+            pending, inflater = inflater.unused_data, None
+        else:
+            pending = inflater.unconsumed_tail
+    if inflater is not None:
+        raise FormatError(f"{path}: damaged gzip-compressed table metadata (truncated)")
+    return bytes(out)
+
+
 def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]:
-    """Parse a ``metadata.json`` (gzip-compressed ones too), keeping field order."""
+    """Parse a ``metadata.json`` (gzip-compressed ones too), keeping field order.
+
+    A file (or its decompressed content) larger than :func:`max_metadata_bytes` is
+    refused before it is read whole or parsed."""
+    limit = max_metadata_bytes()
     try:
         with filesystem.open_input_file(path) as f:
-            data = f.read()
+            first = f.read(min(limit + 1, _INFLATE_CHUNK))
+            if first[:2] == _GZIP_MAGIC:
+                try:
+                    data = _inflate(f, path, first, limit)
+                except zlib.error as exc:  # a corrupt deflate stream
+                    raise FormatError(f"{path}: damaged gzip-compressed table metadata ({exc})") from None
+            else:
+                size = f.size()
+                if size > limit:
+                    raise FormatError(
+                        f"{path}: table metadata of {size} bytes is larger than the limit of {limit} bytes "
+                        f"(set {MAX_METADATA_BYTES_ENV} to raise it)"
+                    )
+                data = first + f.read(limit + 1 - len(first))
+                if len(data) > limit:  # the file grew while it was read
+                    raise FormatError(f"{path}: table metadata is larger than the limit of {limit} bytes")
     except FileNotFoundError as exc:
         raise FileNotFoundError(exc.errno, f"table metadata {path} is missing") from exc
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a corrupt deflate stream
-            raise FormatError(f"{path}: damaged gzip-compressed table metadata ({exc})") from None
     try:
         result = json.loads(data)
     except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep for the parser

@@ -364,35 +364,23 @@ def _avro_batches(task: FileScanTask, fs: pafs.FileSystem, target: Schema) -> It
 
 
 def _plain_avro(file: TaskFile, fs: pafs.FileSystem, target: Schema, task: FileScanTask) -> tuple[_Projector, Iterator[pa.RecordBatch]]:
-    """A plaintext Avro data file (plaintext tables only), read whole with fastavro."""
-    import fastavro
+    """A plaintext Avro data file (plaintext tables only), read whole through the reader
+    and checks of an encrypted one (schema, per-block budgets)."""
+    from icecrypt.avro import _AvroFile
 
-    from icecrypt.avro import avro_to_arrow_schema
-
-    stream = fs.open_input_file(file.fs_path)
-    try:
+    with fs.open_input_file(file.fs_path) as stream:
         if stream.read(4) == b"AGS1":
             raise FormatError(f"{file.path} is encrypted (AGS1), but the table has no encryption.key-id")
-        stream.seek(0)
-        reader = fastavro.reader(stream)
+    avro_file = _AvroFile.unencrypted(file.fs_path, fs)
+    try:
+        project = _Projector(avro_file.arrow_schema(), target, task.constants, task.read.name_mapping, file.path)
     except BaseException:
-        stream.close()
+        avro_file.close()
         raise
-    source = avro_to_arrow_schema(reader.writer_schema)
-    project = _Projector(source, target, task.constants, task.read.name_mapping, file.path)
-    columns = project.columns
-    schema = pa.schema([source.field(name) for name in columns])
 
     def generate() -> Iterator[pa.RecordBatch]:
-        with stream:
-            rows: list[dict] = []
-            for record in reader:
-                rows.append({name: record.get(name) for name in columns})
-                if len(rows) >= task.read.batch_size:
-                    yield pa.RecordBatch.from_pylist(rows, schema=schema)
-                    rows = []
-            if rows or not columns:
-                yield pa.RecordBatch.from_pylist(rows, schema=schema)
+        with avro_file:
+            yield from avro_file.batches(project.columns, task.read.batch_size)
 
     return project, generate()
 

@@ -189,13 +189,10 @@ class _Verifier:
 
             with avro.read_records(fs_path, file.key_metadata, filesystem=base, raw=True) as records:
                 return sum(1 for _ in records)
-        import fastavro
+        from icecrypt.table._io import open_plain_avro
 
-        with self.fs.open_input_file(fs_path) as f:
-            if f.read(4) == b"AGS1":
-                raise FormatError(f"{file.file_path} is encrypted, but the table has no encryption.key-id")
-            f.seek(0)
-            return sum(1 for _ in fastavro.reader(f))
+        with open_plain_avro("data file", file.file_path, self.fs, fs_path, kind="data") as records:
+            return sum(1 for _ in records)
 
     def _puffin(self, file: ContentFile, fs_path: str) -> int:
         with self.fs.open_input_file(fs_path) as source:

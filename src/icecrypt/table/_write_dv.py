@@ -27,7 +27,7 @@ import numpy as np
 import pyroaring
 
 from icecrypt import __version__
-from icecrypt.errors import FormatError
+from icecrypt.table._deletes import decode_deletion_vector
 
 __all__ = ["DV_MAGIC", "PUFFIN_MAGIC", "DeletionVector", "decode_dv", "encode_dv", "puffin_file"]
 
@@ -36,10 +36,6 @@ DV_MAGIC = bytes.fromhex("d1d33964")
 DV_BLOB_TYPE = "deletion-vector-v1"
 #: Java's MetadataColumns.ROW_POSITION field id, the "fields" of every DV blob
 ROW_POSITION_FIELD_ID = 2147483645
-
-_SERIAL_COOKIE_NO_RUN = 12346
-_SERIAL_COOKIE = 12347
-_NO_OFFSET_THRESHOLD = 4
 
 
 def encode_dv(positions: Iterable[int] | np.ndarray) -> bytes:
@@ -65,69 +61,12 @@ def encode_dv(positions: Iterable[int] | np.ndarray) -> bytes:
     return struct.pack(">I", len(body)) + body + struct.pack(">I", zlib.crc32(body))
 
 
-def _portable_size(data: memoryview, start: int) -> int:
-    """Length of the CRoaring portable bitmap at ``start`` (without deserialising)."""
-
-    def u16(pos: int) -> int:
-        return struct.unpack_from("<H", data, pos)[0]
-
-    def u32(pos: int) -> int:
-        return struct.unpack_from("<I", data, pos)[0]
-
-    cookie = u32(start)
-    if cookie & 0xFFFF == _SERIAL_COOKIE:
-        size = (cookie >> 16) + 1
-        run_flags = data[start + 4 : start + 4 + (size + 7) // 8]
-        pos = start + 4 + (size + 7) // 8
-    elif cookie == _SERIAL_COOKIE_NO_RUN:
-        size = u32(start + 4)
-        run_flags = None
-        pos = start + 8
-    else:
-        raise FormatError("deletion vector: not a portable Roaring bitmap")
-    cardinalities = [u16(pos + 4 * i + 2) + 1 for i in range(size)]
-    pos += 4 * size
-    if run_flags is None or size >= _NO_OFFSET_THRESHOLD:
-        pos += 4 * size
-    for i, cardinality in enumerate(cardinalities):
-        if run_flags is not None and run_flags[i // 8] & (1 << (i % 8)):
-            pos += 2 + 4 * u16(pos)
-        elif cardinality <= 4096:
-            pos += 2 * cardinality
-        else:
-            pos += 8192
-    return pos - start
-
-
-def decode_dv(blob: bytes, *, name: str = "deletion vector") -> np.ndarray:
-    """Row positions (sorted int64) of a ``deletion-vector-v1`` blob; the length, magic
-    and CRC are checked (FormatError naming ``name`` otherwise)."""
-    view = memoryview(blob)
-    if len(view) < 12:
-        raise FormatError(f"{name}: blob of {len(view)} bytes is too short")
-    (length,) = struct.unpack_from(">I", view, 0)
-    if length + 8 != len(view) or bytes(view[4:8]) != DV_MAGIC:
-        raise FormatError(f"{name}: not a deletion-vector-v1 blob (length or magic)")
-    body = view[4 : 4 + length]
-    (crc,) = struct.unpack_from(">I", view, 4 + length)
-    if zlib.crc32(body) != crc:
-        raise FormatError(f"{name}: CRC mismatch")
-    try:
-        (buckets,) = struct.unpack_from("<Q", body, 4)
-        pos = 12
-        chunks = []
-        for _ in range(buckets):
-            (key,) = struct.unpack_from("<I", body, pos)
-            pos += 4
-            size = _portable_size(body, pos)
-            bitmap = pyroaring.BitMap.deserialize(bytes(body[pos : pos + size]))
-            pos += size
-            chunks.append((np.asarray(bitmap.to_array(), dtype=np.int64)) | (np.int64(key) << 32))
-    except (struct.error, ValueError) as exc:
-        raise FormatError(f"{name}: malformed Roaring bitmap ({exc})") from None
-    if pos != len(body):
-        raise FormatError(f"{name}: {len(body) - pos} unexpected bytes after the bitmap")
-    return np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
+def decode_dv(blob: bytes, *, name: str = "deletion vector", expected_cardinality: int | None = None) -> np.ndarray:
+    """Row positions (sorted int64) of a ``deletion-vector-v1`` blob, decoded and checked
+    as the read path does (:func:`icecrypt.table._deletes.decode_deletion_vector`:
+    sizes before allocations, run order and overlap, cardinalities); FormatError naming
+    ``name`` otherwise."""
+    return decode_deletion_vector(bytes(blob), name, expected_cardinality=expected_cardinality)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 from icecrypt import ags1
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.parquet import _AtomicTarget  # the one output target of every table file
+from icecrypt.table._io import open_plain_avro, read_whole
 
 __all__ = ["TableIO"]
 
@@ -114,19 +115,17 @@ class TableIO:
         there is refused by :func:`icecrypt.avro.read_records` (fail closed)."""
         path = self.to_fs_path(location)
         if self.manager is not None:
-            from icecrypt.avro import read_records
+            from icecrypt.avro import _records
 
             if key_metadata is None:
                 from icecrypt.errors import FormatError
 
                 raise FormatError(f"{location}: no key metadata for a file of an encrypted table")
-            with read_records(path, key_metadata, filesystem=self.filesystem) as records:
+            with _records(path, key_metadata, self.filesystem, kind="metadata") as records:
                 yield records
             return
-        import fastavro
-
-        with self.filesystem.open_input_file(path) as f:
-            yield fastavro.reader(f)
+        with open_plain_avro("Avro file", location, self.filesystem, path, kind="metadata") as records:
+            yield records
 
     # --- small whole files (Puffin) ------------------------------------------------------
 
@@ -149,14 +148,14 @@ class TableIO:
     def read_bytes(self, location: str, key_metadata: StandardKeyMetadata | None) -> bytes:
         """The (decrypted) content of a small file written by :meth:`write_bytes` or Java."""
         path = self.to_fs_path(location)
-        with self.filesystem.open_input_file(path) as f:
-            data = f.read()
-        if self.manager is None:
-            return data
-        if key_metadata is None:
+        if self.manager is not None and key_metadata is None:
             from icecrypt.errors import FormatError
 
             raise FormatError(f"{location}: no key metadata for a file of an encrypted table")
+        with self.filesystem.open_input_file(path) as f:
+            data = read_whole(f, location, None if self.manager is None else key_metadata.file_length)
+        if self.manager is None:
+            return data
         return ags1.decrypt(data, key_metadata.encryption_key, key_metadata.aad_prefix, length=key_metadata.file_length)
 
     # --- housekeeping ----------------------------------------------------------------------
