@@ -360,11 +360,18 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 class _sink:
-    """Writes tables to stdout (CSV) or to a file whose extension names the format."""
+    """Writes tables to stdout (CSV) or to a file whose extension names the format.
+
+    The file is written as ``icecrypt decrypt`` writes: decrypted rows go to a temporary
+    file of mode 0600 beside the target that takes the target's name only when the scan
+    completed (a symlink there is replaced, its target untouched); a failed scan leaves
+    the target as it was.
+    """
 
     def __init__(self, output: str | None, schema: Any):
         self.output, self.schema = output, schema
         self.writer: Any = None
+        self.atomic: Any = None
         self.header = True
 
     def __enter__(self) -> Any:
@@ -372,20 +379,28 @@ class _sink:
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
 
+        from icecrypt._atomic import AtomicFile
+
         out = self.output
         if out is None:
             return self._stdout_csv
         suffix = out.lower().rsplit(".", 1)[-1]
-        if suffix == "parquet":
-            self.writer = pq.ParquetWriter(out, self.schema)
-        elif suffix == "csv":
-            self.writer = pacsv.CSVWriter(out, self.schema)
-        elif suffix in ("arrow", "feather", "ipc"):
-            self.writer = pa.ipc.new_file(out, self.schema)
-        elif suffix in ("jsonl", "json", "ndjson"):
-            self.writer = _JsonLines(out)
-        else:
+        if suffix not in ("parquet", "csv", "arrow", "feather", "ipc", "jsonl", "json", "ndjson"):
             raise ValueError(f"{out}: unknown output format (use .parquet, .csv, .jsonl or .arrow)")
+        self.atomic = AtomicFile(out)
+        self.sink = io.BufferedWriter(self.atomic.file, 1 << 20)
+        try:
+            if suffix == "parquet":
+                self.writer = pq.ParquetWriter(self.sink, self.schema)
+            elif suffix == "csv":
+                self.writer = pacsv.CSVWriter(self.sink, self.schema)
+            elif suffix in ("arrow", "feather", "ipc"):
+                self.writer = pa.ipc.new_file(self.sink, self.schema)
+            else:
+                self.writer = _JsonLines(self.sink)
+        except BaseException:
+            self._close(failed=True)
+            raise
         return self.writer.write_table
 
     def _stdout_csv(self, table: Any) -> None:
@@ -396,23 +411,41 @@ class _sink:
         self.header = False
         sys.stdout.buffer.write(buffer.getvalue())
 
-    def __exit__(self, *exc: object) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        else:
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self.atomic is None:
             sys.stdout.flush()
+        else:
+            self._close(failed=exc_type is not None)
+
+    def _close(self, *, failed: bool) -> None:
+        """Finish the file and give it the target's name, or (``failed``) remove it."""
+        try:
+            try:
+                if self.writer is not None:
+                    self.writer.close()
+            finally:
+                self.sink.close()
+        except BaseException:
+            self.atomic.discard()
+            if failed:
+                return  # the scan's own error is the one to report
+            raise
+        if failed:
+            self.atomic.discard()
+        else:
+            self.atomic.commit(fsync=False)
 
 
 class _JsonLines:
-    def __init__(self, path: str):
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+    def __init__(self, sink: Any):
+        self.file = io.TextIOWrapper(sink, encoding="utf-8", newline="\n")
 
     def write_table(self, table: Any) -> None:
         for row in table.to_pylist():
             self.file.write(json.dumps(row, default=str, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
-        self.file.close()
+        self.file.flush()
 
 
 def _snapshots(args: argparse.Namespace) -> int:
