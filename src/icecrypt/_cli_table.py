@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from icecrypt._cli_text import safe
+
 __all__ = ["register"]
 
 #: exit status per verify problem kind, worst first
@@ -409,7 +411,10 @@ class _sink:
         buffer = io.BytesIO()
         pacsv.write_csv(table, buffer, pacsv.WriteOptions(include_header=self.header))
         self.header = False
-        sys.stdout.buffer.write(buffer.getvalue())
+        if sys.stdout.isatty():  # values from storage on a terminal: controls shown escaped
+            sys.stdout.write(buffer.getvalue().decode("utf-8", "backslashreplace"))
+        else:
+            sys.stdout.buffer.write(buffer.getvalue())
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         if self.atomic is None:
@@ -474,6 +479,7 @@ def _snapshots(args: argparse.Namespace) -> int:
          r["operation"] or "-", r["total-records"] or "-", r["key-id"] or "-")
         for r in rows
     ]
+    lines = [tuple(map(safe, line)) for line in lines]  # operation and key id come from storage
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
@@ -490,8 +496,10 @@ def _verify(args: argparse.Namespace) -> int:
         data["ok"] = report.ok
         json.dump(data, sys.stdout, indent=2)
         print()
-    else:
-        print(report)
+    else:  # one line per problem, whatever its path or message holds
+        print(safe(report.summary()))
+        for problem in report.problems:
+            print(f"  {safe(problem)}")
     if report.ok:
         return 0
     kinds = {p.kind for p in report.problems}
@@ -541,8 +549,24 @@ def _rotate_keys(args: argparse.Namespace) -> int:
 
 def _repair(args: argparse.Namespace) -> int:
     table = _load(args, _kms(args), check_keys=False)
-    print(table.repair_keys(dry_run=args.dry_run))
+    report = table.repair_keys(dry_run=args.dry_run)
+    print(_safe_repair_report(report))
     return 0
+
+
+def _safe_repair_report(report: Any) -> str:
+    """The report's text with every name in it (key ids, metadata files: all from
+    storage) escaped to one line."""
+    import dataclasses
+
+    return str(dataclasses.replace(
+        report,
+        metadata_location=safe(report.metadata_location),
+        restored_key_ids={sid: safe(key_id) for sid, key_id in report.restored_key_ids.items()},
+        restored_entries={safe(key_id): safe(source) for key_id, source in report.restored_entries.items()},
+        dropped_by=None if report.dropped_by is None else safe(report.dropped_by),
+        committed_location=None if report.committed_location is None else safe(report.committed_location),
+    ))  # fmt: skip
 
 
 # --- maintenance (icecrypt.table._maintenance) ---------------------------------------------------
@@ -610,7 +634,7 @@ def _rekey(args: argparse.Namespace) -> int:
           f"expired {len(result.expired_snapshot_ids)} snapshot(s)")
     problems = result.check(table)
     for problem in problems:
-        print(f"still uses a retired key: {problem}")
+        print(f"still uses a retired key: {safe(problem)}")
     return 0 if not problems or not args.expire else 2
 
 
@@ -619,7 +643,7 @@ def _remove_orphan_files(args: argparse.Namespace) -> int:
     older = parse_time(args.older_than) if args.older_than else None
     result = table.remove_orphan_files(older, dry_run=args.dry_run)
     for path in result.orphan_files:
-        print(path)
+        print(safe(path))  # names found by listing storage: one line each
     verb = "would delete" if args.dry_run else "deleted"
     print(f"{verb} {len(result.orphan_files)} orphan file(s)", file=sys.stderr)
     return 0

@@ -141,3 +141,179 @@ def test_scan_output_subprocess_symlink(tmp_path, capfd, table):
     assert done.returncode == 0, done.stderr
     assert victim.read_bytes() == b"keep me" and not out.is_symlink()
     assert stat.S_IMODE(out.stat().st_mode) == 0o600 and pq.read_table(out).num_rows == 600
+
+
+# --- item 18: terminal injection ---------------------------------------------------------------------
+
+
+def hostile_manifest_list(where: Path) -> Path:
+    def change(metadata: dict) -> None:
+        snapshot = metadata["snapshots"][0]
+        snapshot["manifest-list"] = str(where / "metadata" / f"snap-{HOSTILE}.avro")
+
+    return commit_edit(where, change)
+
+
+def test_error_message_quoting_a_path_is_escaped(capfd, table):
+    hostile_manifest_list(table)
+    status, out, err = run(capfd, "table", "scan", table, *MEMORY_KMS)
+    assert status != 0
+    assert_no_controls(out, err)
+    assert HOSTILE_SHOWN in err and err.count("\n") == 1  # one line, the path in it escaped
+
+
+def test_verify_report_is_escaped(capfd, table):
+    hostile_manifest_list(table)
+    status, out, err = run(capfd, "table", "verify", table, *MEMORY_KMS)
+    assert status != 0
+    assert_no_controls(out, err)
+    assert HOSTILE_SHOWN in out
+
+
+def test_subprocess_output_has_no_control_bytes(table):
+    """The real entry point, bytes as the terminal would get them."""
+    hostile_manifest_list(table)
+    for command in ("scan", "verify"):
+        done = run_process("table", command, table, *MEMORY_KMS)
+        assert done.returncode != 0
+        assert_no_controls(done.stdout, done.stderr)
+        assert HOSTILE_SHOWN.encode() in done.stdout + done.stderr
+
+
+def test_a_newline_in_a_path_cannot_forge_a_line(capfd, table):
+    def change(metadata: dict) -> None:
+        metadata["snapshots"][0]["manifest-list"] = str(table / "metadata" / "x\nicecrypt: all good\r.avro")
+
+    commit_edit(table, change)
+    status, _, err = run(capfd, "table", "scan", table, *MEMORY_KMS)
+    assert status != 0
+    assert err.count("\n") == 1 and "x\\nicecrypt: all good\\r.avro" in err and "\r" not in err
+
+
+def test_orphan_file_names_are_escaped(tmp_path, capfd, table):
+    """Names found by listing the storage: a file planted in the table directory."""
+    planted = table / "data" / f"{HOSTILE}.parquet"
+    planted.write_bytes(b"x")
+    os.utime(planted, (1_000_000_000, 1_000_000_000))
+    status, out, err = run(capfd, "table", "remove-orphan-files", table, "--dry-run", "--older-than", "1d", *MEMORY_KMS)
+    assert status == 0, err
+    assert_no_controls(out, err)
+    assert HOSTILE_SHOWN in out and planted.exists()
+
+
+def test_key_ids_from_metadata_are_escaped(capfd, table):
+    """``keys list`` and ``table snapshots`` print key ids straight from metadata.json."""
+
+    def change(metadata: dict) -> None:
+        metadata["encryption-keys"].append(
+            {"key-id": f"forged{HOSTILE}", "encrypted-key-metadata": "AAAA", "encrypted-by-id": f"keyA{HOSTILE}"}
+        )
+        metadata["properties"]["encryption.key-id"] = f"keyA{HOSTILE}"
+
+    forged = commit_edit(table, change)
+    status, out, err = run(capfd, "keys", "list", forged)
+    assert status == 0, err
+    assert_no_controls(out, err)
+    assert out.count(HOSTILE_SHOWN) == 3  # the table key, the forged entry's id and its encrypted-by-id
+
+
+def test_snapshot_table_cells_are_escaped(capfd, table):
+    """``table snapshots`` prints each snapshot's key id: the attacker names an entry
+    (a copy of the real one) with escape sequences and points the snapshot at it."""
+
+    def change(metadata: dict) -> None:
+        snapshot = metadata["snapshots"][0]
+        entry = next(k for k in metadata["encryption-keys"] if k["key-id"] == snapshot["key-id"])
+        metadata["encryption-keys"].append(dict(entry, **{"key-id": f"k{HOSTILE}"}))
+        snapshot["key-id"] = f"k{HOSTILE}"
+
+    commit_edit(table, change)
+    status, out, err = run(capfd, "table", "snapshots", table, *MEMORY_KMS)
+    assert status == 0, err
+    assert_no_controls(out, err)
+    assert f"k{HOSTILE_SHOWN}" in out
+
+
+def test_inspect_escapes_what_the_file_holds(tmp_path, capfd):
+    """``icecrypt inspect`` prints a file's magic and the error quoting its name."""
+    path = tmp_path / f"file{HOSTILE}.ags1"
+    path.write_bytes(b"\x1b]0;" + bytes(20))
+    status, out, err = run(capfd, "inspect", path)
+    assert status == 3
+    assert_no_controls(out, err)
+    assert HOSTILE_SHOWN in err
+
+
+def _avro_header(schema: dict) -> bytes:
+    """An Avro container file with ``schema`` and no blocks."""
+
+    def long(n: int) -> bytes:
+        n, out = (n << 1) ^ (n >> 63), bytearray()
+        while n > 0x7F:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        return bytes(out + bytes([n]))
+
+    text = json.dumps(schema).encode()
+    return b"Obj\x01" + long(1) + long(11) + b"avro.schema" + long(len(text)) + text + long(0) + bytes(16)
+
+
+def test_unforeseen_exception_is_escaped(tmp_path, capfd):
+    """An exception no handler expects (here fastavro's own, from a manifest list of a
+    plaintext table whose schema defines one name twice) still leaves escaped: the
+    traceback goes through the same escaping as everything else."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64())}), source)
+    where = tmp_path / "plain"
+    assert run(capfd, "table", "create", where, "--schema", "id long")[0] == 0
+    assert run(capfd, "table", "append", where, source, "-q")[0] == 0
+    manifest_list = next((where / "metadata").glob("snap-*.avro"))
+    name = f"R{HOSTILE}"
+    manifest_list.write_bytes(_avro_header(
+        {"type": "record", "name": name, "fields": [{"name": "a", "type": {"type": "record", "name": name, "fields": []}}]}
+    ))  # fmt: skip
+    done = run_process("table", "scan", where)
+    assert done.returncode != 0
+    assert_no_controls(done.stdout, done.stderr)
+    assert HOSTILE_SHOWN.encode() in done.stderr
+
+
+def test_csv_rows_on_a_terminal_are_escaped(tmp_path, capfd):
+    """Row values of a plaintext table are storage too: on a terminal (a pty here) they
+    come out escaped; into a pipe or file, byte for byte."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "note": [f"hi{HOSTILE}"]}), source)
+    where = tmp_path / "plain"
+    assert run(capfd, "table", "create", where, "--schema", "id long, note string")[0] == 0
+    assert run(capfd, "table", "append", where, source, "-q")[0] == 0
+
+    piped = run_process("table", "scan", where)
+    assert piped.returncode == 0 and f"hi{HOSTILE}".encode() in piped.stdout  # data, unchanged
+
+    leader, follower = pty.openpty()
+    try:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        process = subprocess.Popen([sys.executable, "-m", "icecrypt", "table", "scan", str(where)], stdout=follower,
+                                   stderr=subprocess.PIPE, env=env)  # fmt: skip
+        os.close(follower)
+        follower = -1
+        shown = b""
+        while True:
+            ready, _, _ = select.select([leader], [], [], 60)
+            if not ready:
+                break
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+        process.stderr.close()
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert_no_controls(shown)
+    assert b"hi" + HOSTILE_SHOWN.encode() in shown
