@@ -105,6 +105,9 @@ def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
     if table_arg:
         p.add_argument("--location-map", action="append", default=[], metavar="PREFIX=PATH",
                        help="read recorded locations under PREFIX from PATH (repeatable)")
+        p.add_argument("--require-encryption", action="store_true",
+                       help="refuse the table unless it is encrypted (a version without encryption.key-id, "
+                            "as whoever can write the storage could commit, is an error)")
     # --- catalog options (icecrypt.catalog; catalog-core) ---
     p.add_argument("--catalog", action="append", default=[], metavar="K=V",
                    help="catalog property (repeatable: uri=..., warehouse=..., type=sql|glue, s3.*); "
@@ -152,11 +155,13 @@ def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any
 
     # --- a table by catalog identifier (catalog-core) ---
     if args.catalog:
-        return _catalog(args, kms).load_table(args.table, check_keys=check_keys)
+        return _catalog(args, kms).load_table(args.table, check_keys=check_keys,
+                                              require_encryption=args.require_encryption)
     # --- end ---
     filesystem, path = _filesystem(args.table)
     return EncryptedTable.load(path, kms=kms, filesystem=filesystem, check_keys=check_keys,
-                               location_map=_pairs(args.location_map, "--location-map") or None)
+                               location_map=_pairs(args.location_map, "--location-map") or None,
+                               require_encryption=args.require_encryption)
 
 
 # --- catalog helper (catalog-core) ---

@@ -317,3 +317,28 @@ def test_csv_rows_on_a_terminal_are_escaped(tmp_path, capfd):
             os.close(follower)
     assert_no_controls(shown)
     assert b"hi" + HOSTILE_SHOWN.encode() in shown
+
+
+# --- the operator's own pin: --require-encryption ---------------------------------------------------
+
+
+def test_require_encryption_refuses_a_downgraded_table(tmp_path, capfd, table):
+    """A version committed by the attacker without ``encryption.key-id`` (and without the
+    snapshots it cannot forge): with ``--require-encryption`` every table command refuses it
+    and writes nothing; an append without the flag would add plaintext files."""
+
+    def downgrade(metadata: dict) -> None:
+        del metadata["properties"]["encryption.key-id"]
+        metadata.pop("encryption-keys", None)
+        metadata.update({"snapshots": [], "snapshot-log": [], "refs": {}, "current-snapshot-id": -1})
+
+    forged = commit_edit(table, downgrade)
+    source = tmp_path / "more.parquet"
+    pq.write_table(pa.table({"id": pa.array([7], pa.int64()), "cat": ["secret"]}), source)
+    before = sorted(p for p in table.rglob("*"))
+    for argv in (["append", table, source], ["scan", table], ["verify", table], ["snapshots", table],
+                 ["rewrite-data-files", table], ["remove-orphan-files", table, "--dry-run"]):
+        status, out, err = run(capfd, "table", *argv, "--require-encryption", *MEMORY_KMS)
+        assert status == 3, (argv, err)
+        assert "encryption.key-id" in err and str(forged) in err
+    assert sorted(p for p in table.rglob("*")) == before
