@@ -234,6 +234,32 @@ def test_snapshot_table_cells_are_escaped(capfd, table):
     assert f"k{HOSTILE_SHOWN}" in out
 
 
+def test_repair_report_is_escaped(capfd, table):
+    """``table repair`` names key ids it takes from older metadata files, which the
+    attacker can rename (only the wrapped bytes are authenticated): one line each, escaped."""
+    hostile_id = f"k{HOSTILE}\nrestored: all keys"
+    old = newest_metadata(table)
+    metadata = json.loads(old.read_text())
+    snapshot = metadata["snapshots"][0]
+    for key in metadata["encryption-keys"]:
+        if key["key-id"] == snapshot["key-id"]:
+            key["key-id"] = hostile_id
+    snapshot["key-id"] = hostile_id
+    old.write_text(json.dumps(metadata))
+
+    def drop_keys(metadata: dict) -> None:  # what a writer without encryption support commits
+        metadata["encryption-keys"] = [k for k in metadata["encryption-keys"] if "properties" in k]
+        del metadata["snapshots"][0]["key-id"]
+        metadata["metadata-log"].append({"timestamp-ms": metadata["last-updated-ms"], "metadata-file": str(old)})
+
+    commit_edit(table, drop_keys)
+    status, out, err = run(capfd, "table", "repair", table, "--dry-run", *MEMORY_KMS)
+    assert status == 0, err
+    assert_no_controls(out, err)
+    assert f"key-id k{HOSTILE_SHOWN}\\nrestored: all keys restored" in out
+    assert not any(line.startswith("restored: all keys") for line in out.splitlines())
+
+
 def test_inspect_escapes_what_the_file_holds(tmp_path, capfd):
     """``icecrypt inspect`` prints a file's magic and the error quoting its name."""
     path = tmp_path / f"file{HOSTILE}.ags1"
