@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # What the handlers print embeds text from storage (paths, key ids, messages that
     # quote them): on its way to the terminal every control character is escaped.
     stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = SafeStream(stdout), SafeStream(stderr)
+    sys.stdout, sys.stderr = (None if s is None else SafeStream(s) for s in (stdout, stderr))  # None: closed
     try:
         return _run(args)
     except Exception:
