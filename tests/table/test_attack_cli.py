@@ -168,6 +168,10 @@ def test_verify_report_is_escaped(capfd, table):
     assert status != 0
     assert_no_controls(out, err)
     assert HOSTILE_SHOWN in out
+    status, out, err = run(capfd, "table", "verify", table, "--json", *MEMORY_KMS)
+    assert status != 0
+    assert_no_controls(out, err)
+    assert HOSTILE in json.loads(out)["problems"][0]["path"]  # JSON keeps the value, escaped in the text
 
 
 def test_subprocess_output_has_no_control_bytes(table):
