@@ -197,12 +197,17 @@ def test_a_newline_in_a_path_cannot_forge_a_line(capfd, table):
 def test_orphan_file_names_are_escaped(tmp_path, capfd, table):
     """Names found by listing the storage: a file planted in the table directory."""
     planted = table / "data" / f"{HOSTILE}.parquet"
-    planted.write_bytes(b"x")
-    os.utime(planted, (1_000_000_000, 1_000_000_000))
+    two_lines = table / "data" / "a.parquet\n" / "b.parquet"  # a directory whose name ends a line
+    two_lines.parent.mkdir()
+    for path in (planted, two_lines):
+        path.write_bytes(b"x")
+        os.utime(path, (1_000_000_000, 1_000_000_000))
     status, out, err = run(capfd, "table", "remove-orphan-files", table, "--dry-run", "--older-than", "1d", *MEMORY_KMS)
     assert status == 0, err
     assert_no_controls(out, err)
     assert HOSTILE_SHOWN in out and planted.exists()
+    lines = out.splitlines()
+    assert len(lines) == 2 and any(line.endswith("a.parquet\\n/b.parquet") for line in lines)  # one line per file
 
 
 def test_key_ids_from_metadata_are_escaped(capfd, table):
