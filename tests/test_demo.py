@@ -33,3 +33,59 @@ def test_demo_end_to_end(tmp_path):
     keystore = json.loads((tmp_path / "demo" / "keystore.json").read_text())
     for entry in keystore["keys"].values():
         assert entry["material"] not in out + done.stderr
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "icecrypt.demo", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_demo_refuses_to_remove_a_directory_it_did_not_make(tmp_path):
+    """``--dir`` pointing at the user's own files: nothing is removed, the message says
+    why and what to do."""
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "thesis.tex").write_text("years of work")
+    done = _demo("--dir", str(mine), "--rows", "10")
+    assert done.returncode == 2
+    assert "not made by the demo" in done.stderr and "--force" in done.stderr and str(mine) in done.stderr
+    assert (mine / "thesis.tex").read_text() == "years of work" and (mine / "sub").is_dir()
+
+
+def test_demo_never_removes_a_symlink_or_a_file(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    plain = tmp_path / "file"
+    plain.write_text("y")
+    for where in (link, plain):
+        done = _demo("--dir", str(where), "--force")
+        assert done.returncode == 2 and "not a directory" in done.stderr
+    assert (target / "keep").read_text() == "x" and link.is_symlink() and plain.read_text() == "y"
+
+
+def test_demo_work_directory_is_recreated_only_when_it_is_the_demos(tmp_path):
+    from icecrypt.demo import MARKER, prepare_work_dir
+
+    work = tmp_path / "demo"
+    prepare_work_dir(str(work))  # new
+    assert sorted(p.name for p in work.iterdir()) == [MARKER]
+    (work / "warehouse").mkdir()
+    (work / "keystore.json").write_text("{}")
+    prepare_work_dir(str(work))  # the demo's own: emptied again
+    assert sorted(p.name for p in work.iterdir()) == [MARKER]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    prepare_work_dir(str(empty))
+    assert sorted(p.name for p in empty.iterdir()) == [MARKER]
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data").write_text("z")
+    with pytest.raises(ValueError, match="not made by the demo"):
+        prepare_work_dir(str(foreign))
+    assert (foreign / "data").read_text() == "z"
+    prepare_work_dir(str(foreign), force=True)  # asked for explicitly
+    assert sorted(p.name for p in foreign.iterdir()) == [MARKER]

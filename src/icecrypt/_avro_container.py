@@ -143,6 +143,9 @@ class Plaintext:
             self._reader.close()
         if self._file is not None:
             self._file.close()
+        for slot in self._slots:  # decrypted blocks do not outlive the file's reader
+            slot[0] = -1
+            slot[1].wipe()
         self._slots = []
 
     def __enter__(self) -> Plaintext:
@@ -172,7 +175,7 @@ class Plaintext:
                 return memoryview(slot[1])[: slot[2]]
         length = min(_BLOCK, self.size - index * _BLOCK)
         if len(slots) < 2:
-            slot = [-1, bytearray(min(_BLOCK, self.size)), 0]
+            slot = [-1, ags1._PlainBlock(min(_BLOCK, self.size)), 0]  # zeroed when freed
         else:
             slot = slots.pop()  # the least recently used
             slot[0] = -1

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 from icecrypt import _gcm, ags1
 from icecrypt._atomic import AtomicFile
+from icecrypt._cli_text import safe
 from icecrypt._progress import Progress
 from icecrypt.errors import FormatError
 
@@ -160,7 +161,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
     else:
         for k, v in info.items():
-            print(f"{k:>22}: {v}")
+            print(f"{k:>22}: {safe(v)}")  # the magic and the error quote the file
     if problem is not None:
         raise problem
     return 0

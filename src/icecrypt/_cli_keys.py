@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from icecrypt._atomic import AtomicFile
+from icecrypt._cli_text import safe
 
 __all__ = ["register"]
 
@@ -125,7 +126,7 @@ def _rewrite(args: argparse.Namespace, change) -> int:
         updated = manager.apply_to_metadata(document)
     target = source if args.in_place else Path(args.output) if args.output else _default_output(source)
     _write_metadata(updated, target, replace=args.in_place)
-    print(message)
+    print(safe(message))  # it names key ids from the metadata
     print(f"wrote {target}")
     return 0
 
@@ -168,11 +169,11 @@ def _keys_list(args: argparse.Namespace) -> int:
         json.dump({"table-key-id": table_key_id, "encryption-keys": rows}, sys.stdout, indent=2)
         print()
         return 0
-    print(f"table key: {table_key_id}")
+    print(f"table key: {safe(table_key_id)}")
     header = ("KEY-ID", "ROLE", "ENCRYPTED-BY", "KEY-TIMESTAMP", "SNAPSHOTS")
     lines = [header] + [
-        (r["key-id"], r["role"], r["encrypted-by-id"] or "-", r["key-timestamp"] or "-",
-         ",".join(map(str, r["snapshots"])) or "-")
+        tuple(map(safe, (r["key-id"], r["role"], r["encrypted-by-id"] or "-", r["key-timestamp"] or "-",
+                         ",".join(map(str, r["snapshots"])) or "-")))
         for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from icecrypt._cli_text import safe
+
 __all__ = ["register"]
 
 #: exit status per verify problem kind, worst first
@@ -103,6 +105,9 @@ def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
     if table_arg:
         p.add_argument("--location-map", action="append", default=[], metavar="PREFIX=PATH",
                        help="read recorded locations under PREFIX from PATH (repeatable)")
+        p.add_argument("--require-encryption", action="store_true",
+                       help="refuse the table unless it is encrypted (a version without encryption.key-id, "
+                            "as whoever can write the storage could commit, is an error)")
     # --- catalog options (icecrypt.catalog; catalog-core) ---
     p.add_argument("--catalog", action="append", default=[], metavar="K=V",
                    help="catalog property (repeatable: uri=..., warehouse=..., type=sql|glue, s3.*); "
@@ -150,11 +155,13 @@ def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any
 
     # --- a table by catalog identifier (catalog-core) ---
     if args.catalog:
-        return _catalog(args, kms).load_table(args.table, check_keys=check_keys)
+        return _catalog(args, kms).load_table(args.table, check_keys=check_keys,
+                                              require_encryption=args.require_encryption)
     # --- end ---
     filesystem, path = _filesystem(args.table)
     return EncryptedTable.load(path, kms=kms, filesystem=filesystem, check_keys=check_keys,
-                               location_map=_pairs(args.location_map, "--location-map") or None)
+                               location_map=_pairs(args.location_map, "--location-map") or None,
+                               require_encryption=args.require_encryption)
 
 
 # --- catalog helper (catalog-core) ---
@@ -360,11 +367,18 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 class _sink:
-    """Writes tables to stdout (CSV) or to a file whose extension names the format."""
+    """Writes tables to stdout (CSV) or to a file whose extension names the format.
+
+    The file is written as ``icecrypt decrypt`` writes: decrypted rows go to a temporary
+    file of mode 0600 beside the target that takes the target's name only when the scan
+    completed (a symlink there is replaced, its target untouched); a failed scan leaves
+    the target as it was.
+    """
 
     def __init__(self, output: str | None, schema: Any):
         self.output, self.schema = output, schema
         self.writer: Any = None
+        self.atomic: Any = None
         self.header = True
 
     def __enter__(self) -> Any:
@@ -372,20 +386,28 @@ class _sink:
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
 
+        from icecrypt._atomic import AtomicFile
+
         out = self.output
         if out is None:
             return self._stdout_csv
         suffix = out.lower().rsplit(".", 1)[-1]
-        if suffix == "parquet":
-            self.writer = pq.ParquetWriter(out, self.schema)
-        elif suffix == "csv":
-            self.writer = pacsv.CSVWriter(out, self.schema)
-        elif suffix in ("arrow", "feather", "ipc"):
-            self.writer = pa.ipc.new_file(out, self.schema)
-        elif suffix in ("jsonl", "json", "ndjson"):
-            self.writer = _JsonLines(out)
-        else:
+        if suffix not in ("parquet", "csv", "arrow", "feather", "ipc", "jsonl", "json", "ndjson"):
             raise ValueError(f"{out}: unknown output format (use .parquet, .csv, .jsonl or .arrow)")
+        self.atomic = AtomicFile(out)
+        self.sink = io.BufferedWriter(self.atomic.file, 1 << 20)
+        try:
+            if suffix == "parquet":
+                self.writer = pq.ParquetWriter(self.sink, self.schema)
+            elif suffix == "csv":
+                self.writer = pacsv.CSVWriter(self.sink, self.schema)
+            elif suffix in ("arrow", "feather", "ipc"):
+                self.writer = pa.ipc.new_file(self.sink, self.schema)
+            else:
+                self.writer = _JsonLines(self.sink)
+        except BaseException:
+            self._close(failed=True)
+            raise
         return self.writer.write_table
 
     def _stdout_csv(self, table: Any) -> None:
@@ -394,25 +416,46 @@ class _sink:
         buffer = io.BytesIO()
         pacsv.write_csv(table, buffer, pacsv.WriteOptions(include_header=self.header))
         self.header = False
-        sys.stdout.buffer.write(buffer.getvalue())
-
-    def __exit__(self, *exc: object) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if sys.stdout.isatty():  # values from storage on a terminal: controls shown escaped
+            sys.stdout.write(buffer.getvalue().decode("utf-8", "backslashreplace"))
         else:
+            sys.stdout.buffer.write(buffer.getvalue())
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self.atomic is None:
             sys.stdout.flush()
+        else:
+            self._close(failed=exc_type is not None)
+
+    def _close(self, *, failed: bool) -> None:
+        """Finish the file and give it the target's name, or (``failed``) remove it."""
+        try:
+            try:
+                if self.writer is not None:
+                    self.writer.close()
+            finally:
+                self.sink.close()
+        except BaseException:
+            self.atomic.discard()
+            if failed:
+                return  # the scan's own error is the one to report
+            raise
+        if failed:
+            self.atomic.discard()
+        else:
+            self.atomic.commit(fsync=False)
 
 
 class _JsonLines:
-    def __init__(self, path: str):
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+    def __init__(self, sink: Any):
+        self.file = io.TextIOWrapper(sink, encoding="utf-8", newline="\n")
 
     def write_table(self, table: Any) -> None:
         for row in table.to_pylist():
             self.file.write(json.dumps(row, default=str, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
-        self.file.close()
+        self.file.flush()
 
 
 def _snapshots(args: argparse.Namespace) -> int:
@@ -441,6 +484,7 @@ def _snapshots(args: argparse.Namespace) -> int:
          r["operation"] or "-", r["total-records"] or "-", r["key-id"] or "-")
         for r in rows
     ]
+    lines = [tuple(map(safe, line)) for line in lines]  # operation and key id come from storage
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
@@ -457,8 +501,10 @@ def _verify(args: argparse.Namespace) -> int:
         data["ok"] = report.ok
         json.dump(data, sys.stdout, indent=2)
         print()
-    else:
-        print(report)
+    else:  # one line per problem, whatever its path or message holds
+        print(safe(report.summary()))
+        for problem in report.problems:
+            print(f"  {safe(problem)}")
     if report.ok:
         return 0
     kinds = {p.kind for p in report.problems}
@@ -508,8 +554,24 @@ def _rotate_keys(args: argparse.Namespace) -> int:
 
 def _repair(args: argparse.Namespace) -> int:
     table = _load(args, _kms(args), check_keys=False)
-    print(table.repair_keys(dry_run=args.dry_run))
+    report = table.repair_keys(dry_run=args.dry_run)
+    print(_safe_repair_report(report))
     return 0
+
+
+def _safe_repair_report(report: Any) -> str:
+    """The report's text with every name in it (key ids, metadata files: all from
+    storage) escaped to one line."""
+    import dataclasses
+
+    return str(dataclasses.replace(
+        report,
+        metadata_location=safe(report.metadata_location),
+        restored_key_ids={sid: safe(key_id) for sid, key_id in report.restored_key_ids.items()},
+        restored_entries={safe(key_id): safe(source) for key_id, source in report.restored_entries.items()},
+        dropped_by=None if report.dropped_by is None else safe(report.dropped_by),
+        committed_location=None if report.committed_location is None else safe(report.committed_location),
+    ))  # fmt: skip
 
 
 # --- maintenance (icecrypt.table._maintenance) ---------------------------------------------------
@@ -577,7 +639,7 @@ def _rekey(args: argparse.Namespace) -> int:
           f"expired {len(result.expired_snapshot_ids)} snapshot(s)")
     problems = result.check(table)
     for problem in problems:
-        print(f"still uses a retired key: {problem}")
+        print(f"still uses a retired key: {safe(problem)}")
     return 0 if not problems or not args.expire else 2
 
 
@@ -586,7 +648,7 @@ def _remove_orphan_files(args: argparse.Namespace) -> int:
     older = parse_time(args.older_than) if args.older_than else None
     result = table.remove_orphan_files(older, dry_run=args.dry_run)
     for path in result.orphan_files:
-        print(path)
+        print(safe(path))  # names found by listing storage: one line each
     verb = "would delete" if args.dry_run else "deleted"
     print(f"{verb} {len(result.orphan_files)} orphan file(s)", file=sys.stderr)
     return 0

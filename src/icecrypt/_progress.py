@@ -15,6 +15,9 @@ class Progress:
 
     def __init__(self, total: int, label: str, *, threshold: int = 64 << 20, stream: TextIO | None = None):
         self.stream = stream if stream is not None else sys.stderr
+        # the bar's own "\r" must reach the terminal: past the CLI's escaping stream
+        # (icecrypt._cli_text.SafeStream); the label is the CLI's, never from storage
+        self.stream = getattr(self.stream, "unescaped", self.stream)
         self.total = total
         self.label = label
         self.done = 0

@@ -25,6 +25,7 @@ import operator
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, BinaryIO, Union
 
@@ -337,16 +338,33 @@ def _open_source(source: Any, name: str | None) -> _Source:
 # --------------------------------------------------------------------------- reader
 
 
-class _Scratch(threading.local):
-    """Per-thread buffers of a reader: ciphertext staging and one cached plaintext block."""
+class _PlainBlock(bytearray):
+    """A buffer for decrypted bytes that zeroes itself before its memory is freed (when
+    the thread that owned it ends, say)."""
 
-    def __init__(self, block_size: int = PLAIN_BLOCK_SIZE) -> None:
+    def wipe(self) -> None:
+        self[:] = bytes(len(self))
+
+    def __del__(self) -> None:
+        self.wipe()
+
+
+class _Scratch(threading.local):
+    """Per-thread buffers of a reader: ciphertext staging and one cached plaintext block.
+
+    Each thread's plaintext block is also listed (weakly) in ``blocks``, shared by all
+    threads, so that the reader can wipe every one of them when it closes."""
+
+    def __init__(self, block_size: int = PLAIN_BLOCK_SIZE, blocks: list[weakref.ref] | None = None) -> None:
         # Sized to the stream: a small file (a manifest of a few KB) must not cost a
         # 1 MiB block of fresh pages (zeroed on first touch) per open.
         self.ciphertext: memoryview | None = None
-        self.block = memoryview(bytearray(block_size))
+        plain = _PlainBlock(block_size)
+        self.block = memoryview(plain)
         self.block_index = -1
         self.block_length = 0
+        if blocks is not None:
+            blocks.append(weakref.ref(plain))  # list.append is atomic: threads may start at once
 
 
 class Ags1Reader(io.RawIOBase):
@@ -398,7 +416,8 @@ class Ags1Reader(io.RawIOBase):
             raise
         self._run_blocks = max(_MIN_RUN_BLOCKS, 2 * (threads or _gcm.get_default_threads()))
         # the largest plaintext block of this stream (one block for most small files)
-        self._scratch = _Scratch(min(PLAIN_BLOCK_SIZE, max(1, self._size)))
+        self._plain_blocks: list[weakref.ref] = []  # every thread's cached plaintext block
+        self._scratch = _Scratch(min(PLAIN_BLOCK_SIZE, max(1, self._size)), self._plain_blocks)
         self._block0_lock = threading.Lock()
         self._block0_verified = False
         self._pos = 0
@@ -536,7 +555,16 @@ class Ags1Reader(io.RawIOBase):
                 if source is not None:
                     source.close()
             finally:
+                self._wipe_scratch()
                 super().close()
+
+    def _wipe_scratch(self) -> None:
+        """Zero the plaintext blocks cached for partial reads, in every thread's scratch:
+        decrypted bytes do not outlive the reader in memory it owns."""
+        for ref in getattr(self, "_plain_blocks", ()):  # absent if __init__ failed early
+            block = ref()
+            if block is not None:
+                block.wipe()
 
     def __repr__(self) -> str:
         return f"<Ags1Reader name={getattr(self, 'name', None)!r} size={getattr(self, '_size', None)}>"

@@ -2,7 +2,8 @@
 
 Command groups live in their own modules and plug in through ``register(subparsers)``:
 each adds its sub-commands with ``set_defaults(func=handler)``, where
-``handler(args) -> int`` returns the exit status.  Errors leave as one line on stderr:
+``handler(args) -> int`` returns the exit status.  Errors leave as one line on stderr;
+everything printed shows control characters escaped (:mod:`icecrypt._cli_text`):
 
   0 success   1 other error   2 authentication failure   3 format error   4 KMS error
   64 usage error (argparse's syntax errors, which would otherwise also exit 2)
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 
+from icecrypt._cli_text import SafeStream, safe
 from icecrypt.errors import AuthenticationError, FormatError, IcecryptError, KmsError
 
 EXIT_OK = 0
@@ -61,6 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # What the handlers print embeds text from storage (paths, key ids, messages that
+    # quote them): on its way to the terminal every control character is escaped.
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (None if s is None else SafeStream(s) for s in (stdout, stderr))  # None: closed
+    try:
+        return _run(args)
+    except Exception:
+        # a bug, or input no check foresaw: the traceback, escaped like the rest
+        traceback.print_exc()
+        return EXIT_ERROR
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except AuthenticationError as exc:
@@ -76,8 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(status: int, what: str, exc: BaseException | None) -> int:
-    detail = f": {exc}" if exc is not None and str(exc) else ""
-    print(f"icecrypt: {what}{detail}".splitlines()[0], file=sys.stderr)
+    # one line: a message's line breaks (a path may hold one) are escaped with the rest
+    detail = f": {safe(exc)}" if exc is not None and str(exc) else ""
+    print(f"icecrypt: {what}{detail}", file=sys.stderr)
     return status
 
 

@@ -9,7 +9,11 @@ and then the master key are rotated, and the table is read again through the new
 key only.  An encrypted Avro dataset written and read by PySpark (``icecrypt.avro``)
 and a one-byte tamper drill close it.
 
-    python -m icecrypt.demo [--dir demo-output] [--rows 3000000] [--commits 3]
+    python -m icecrypt.demo [--dir demo-output] [--rows 3000000] [--commits 3] [--force]
+
+The work directory is recreated on each run.  The demo leaves a marker file in it and
+removes an existing directory only when it holds that marker (or is empty): anything
+else is refused unless ``--force`` says to remove it anyway.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import pyarrow.compute as pc
 from icecrypt import openssl_version
 from icecrypt.kms.local import LocalKms
 
+#: left in the work directory: a directory holding it was made by the demo, and may go
+MARKER = ".icecrypt-demo"
 MASTER_KEY_IDS = ("demo-master-1", "demo-master-2")  # the second is added at rotation
 COUNTRIES = np.array(["DE", "FR", "US", "JP", "BR", "IN", "NG", "SE", "CA", "AU"])
 STATUSES = np.array(["paid", "shipped", "returned", "cancelled"])
@@ -108,12 +114,40 @@ def file_heads(root: str) -> dict[str, int]:
     return heads
 
 
+def prepare_work_dir(work: str, *, force: bool = False) -> None:
+    """Make ``work`` an empty directory holding only the demo's marker file.
+
+    An existing directory is removed only if the demo made it (it holds :data:`MARKER`),
+    it is empty, or ``force``; a symbolic link or a file there is never removed.
+    ValueError (nothing touched) otherwise."""
+    if os.path.islink(work) or (os.path.lexists(work) and not os.path.isdir(work)):
+        raise ValueError(f"{work} exists and is not a directory: not removing it; choose another --dir")
+    if os.path.isdir(work):
+        names = os.listdir(work)
+        if names and MARKER not in names and not force:
+            raise ValueError(
+                f"{work} is not empty and was not made by the demo (no {MARKER} file in it): not removing it; "
+                "choose another --dir, or pass --force to remove it and everything in it"
+            )
+        shutil.rmtree(work)
+    os.makedirs(work)
+    with open(os.path.join(work, MARKER), "x", encoding="utf-8") as f:
+        f.write("made by python -m icecrypt.demo; the next run removes this directory\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", default="demo-output", help="work directory (recreated)")
+    parser.add_argument("--dir", default="demo-output",
+                        help="work directory (recreated; an existing one only if the demo made it)")
     parser.add_argument("--rows", type=int, default=3_000_000, help="rows of generated orders")
     parser.add_argument("--commits", type=int, default=3, help="appends that write them")
+    parser.add_argument("--force", action="store_true", help="remove an existing --dir the demo did not make")
     args = parser.parse_args(argv)
+    work = os.path.abspath(args.dir)
+    try:
+        prepare_work_dir(work, force=args.force)
+    except ValueError as exc:
+        parser.exit(2, f"icecrypt demo: {exc}\n")
 
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import IdentityTransform
@@ -123,9 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     from icecrypt.keys import EncryptionManager, write_key_manifest
     from icecrypt.table import EncryptedTable
 
-    work = os.path.abspath(args.dir)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
     keystore = os.path.join(work, "keystore.json")
     warehouse = os.path.join(work, "warehouse")
     location = os.path.join(warehouse, "sales", "orders")

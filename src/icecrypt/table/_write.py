@@ -44,7 +44,7 @@ from icecrypt.errors import CommitConflictError, FormatError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
 from icecrypt.table import _commit
-from icecrypt.table._io import Locations
+from icecrypt.table._io import Locations, file_key_metadata
 from icecrypt.table._manifest_write import (
     ADDED,
     DATA,
@@ -311,18 +311,35 @@ def _read_manifest_list(io: TableIO, manager: EncryptionManager | None, snapshot
         if key_id is None:
             raise FormatError(f"snapshot {snapshot['snapshot-id']} of an encrypted table has no key-id")
         key = manager.unwrap_manifest_list_key_metadata(key_id)
+        if key.file_length is None:
+            raise FormatError(f"manifest list {snapshot['manifest-list']}: key metadata has no file_length "
+                              "(needed to authenticate an AGS1 file)")
     with io.read_avro(snapshot["manifest-list"], key) as records:
-        return [dict(record) for record in records]
+        manifests = [dict(record) for record in records]
+    for manifest in manifests:  # refused here as reads refuse them, before anything is written
+        _file_key(io, manifest.get("key_metadata"), "manifest", manifest["manifest_path"])
+    return manifests
 
 
-def _decode_key(raw: bytes | None) -> StandardKeyMetadata | None:
-    return StandardKeyMetadata.decode(raw) if raw is not None else None
+def _file_key(io: TableIO, raw: bytes | None, what: str, location: str, *, needs_length: bool = True) -> StandardKeyMetadata | None:
+    """The key metadata of a file of an encrypted table, checked as reads check it
+    (decodable; for an AGS1 file with ``file_length``, without which a stream cut at a
+    block boundary would authenticate); None when absent or in a plaintext table."""
+    if raw is None or not io.encrypted:
+        return None
+    return file_key_metadata(raw, what, location, encrypted=True, needs_length=needs_length)
 
 
 def _read_entries(io: TableIO, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """Entries of a manifest, inherited fields made explicit."""
-    with io.read_avro(manifest["manifest_path"], _decode_key(manifest.get("key_metadata"))) as records:
-        return resolve_entries(manifest, list(records))
+    location = manifest["manifest_path"]
+    with io.read_avro(location, _file_key(io, manifest.get("key_metadata"), "manifest", location)) as records:
+        entries = resolve_entries(manifest, list(records))
+    for entry in entries:  # as reads check them: merges and rewrites carry them into new manifests
+        df = entry["data_file"]
+        _file_key(io, df.get("key_metadata"), "data file" if (df.get("content") or DATA) == DATA else "delete file",
+                  df["file_path"], needs_length=str(df.get("file_format")).upper() != "PARQUET")
+    return entries
 
 
 def _has_live_files(manifest: dict[str, Any]) -> bool:
@@ -1034,7 +1051,7 @@ def _read_data_columns(io: TableIO, data_file: dict[str, Any], columns: list[str
     path = io.to_fs_path(location)
     file_format = data_file["file_format"].upper()
     if io.encrypted:
-        key = _decode_key(data_file.get("key_metadata"))
+        key = _file_key(io, data_file.get("key_metadata"), "data file", location, needs_length=file_format != "PARQUET")
         if key is None:
             raise FormatError(f"{location}: data file of an encrypted table has no key metadata")
         if file_format == "PARQUET":
@@ -1053,7 +1070,7 @@ def _read_data_columns(io: TableIO, data_file: dict[str, Any], columns: list[str
 
 
 def _read_dv(io: TableIO, dv_file: dict[str, Any]) -> np.ndarray:
-    content = io.read_bytes(dv_file["file_path"], _decode_key(dv_file.get("key_metadata")))
+    content = io.read_bytes(dv_file["file_path"], _file_key(io, dv_file.get("key_metadata"), "delete file", dv_file["file_path"]))
     offset, length = dv_file["content_offset"], dv_file["content_size_in_bytes"]
     return decode_dv(content[offset : offset + length], name=dv_file["file_path"])
 
