@@ -21,6 +21,7 @@ from icecrypt.errors import (
     KmsKeyNotFoundError,
     KmsUnavailableError,
     KeysLostError,
+    PathOutsideTableError,
     RepairError,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "KmsInvalidWrappedKeyError",
     "KmsKeyNotFoundError",
     "KmsUnavailableError",
+    "PathOutsideTableError",
     "RepairError",
     "get_default_threads",
     "openssl_version",

@@ -44,7 +44,7 @@ from icecrypt.errors import CommitConflictError, FormatError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
 from icecrypt.table import _commit
-from icecrypt.table._io import Locations
+from icecrypt.table._io import Deletions, Locations
 from icecrypt.table._manifest_write import (
     ADDED,
     DATA,
@@ -738,10 +738,17 @@ def remove_job_leftovers(
 
     marker = f"-{operation_id}-"
     locations = table.locations
-    keep_fs = {locations.to_fs_path(path) for path in keep}
+    deletions = Deletions(locations, f"cleanup of job {operation_id}")
+    keep_fs = set()
+    for path in keep:
+        with contextlib.suppress(ValueError):  # a file outside the table is nobody's to keep here
+            keep_fs.add(locations.to_fs_path(path))
     dirs = {posixpath.dirname(path) for path in keep_fs}
-    dirs.update(locations.to_fs_path(d) for d in directories)
-    dirs.add(locations.to_fs_path(f"{table.location.rstrip('/')}/data"))
+    for directory in (*directories, f"{table.pin.location}/data"):
+        try:
+            dirs.add(locations.delete_path(directory, what="directory"))
+        except ValueError:  # outside the table: never listed, never cleaned
+            continue
     removed = []
     for directory in sorted(dirs):
         try:
@@ -751,8 +758,8 @@ def remove_job_leftovers(
         for info in infos:
             if info.type == _pafs.FileType.File and marker in info.base_name and info.path not in keep_fs:
                 with contextlib.suppress(OSError):
-                    table.filesystem.delete_file(info.path)
-                    removed.append(info.path)
+                    if deletions.path(info.path):
+                        removed.append(info.path)
     return removed
 
 
@@ -1265,13 +1272,40 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
             _backoff(attempt)
             continue
         target.committed(location)
+        deletions = Deletions(table.locations, f"expire_snapshots of {table.pin.location}")
+        keep = {_same_file(table.locations, p) for p in still_needed}
         for path in sorted(candidates - still_needed):
+            if _same_file(table.locations, path) in keep:
+                continue  # another spelling of a file a remaining snapshot needs
             try:
-                io.remove(path)
+                deletions.location(path)
             except OSError:
                 pass  # an orphan file is harmless; the commit stands
-        return sorted(expired_ids)
+        deletions.warn()
+        return ExpiredSnapshots(sorted(expired_ids), deleted_files=deletions.deleted,
+                                skipped_files=deletions.skipped_locations)
     raise AssertionError("unreachable")
+
+
+class ExpiredSnapshots(list):
+    """The snapshot ids :func:`expire_snapshots` removed (a list, as before), with the
+    files it deleted (``deleted_files``, filesystem paths) and those it did not delete
+    because they are not the table's (``skipped_files``, as recorded: outside the
+    table's pinned location or behind a symbolic link; a PathOutsideTableWarning
+    names them too)."""
+
+    def __init__(self, ids: Iterable[int] = (), *, deleted_files: Iterable[str] = (), skipped_files: Iterable[str] = ()):
+        super().__init__(ids)
+        self.deleted_files = list(deleted_files)
+        self.skipped_files = list(skipped_files)
+
+
+def _same_file(locations: Locations, location: str) -> str:
+    """A key under which two spellings of one location compare equal."""
+    try:
+        return str(locations.canonical(location))
+    except ValueError:
+        return location
 
 
 def rotate_keys(
