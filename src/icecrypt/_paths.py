@@ -183,8 +183,9 @@ class Confinement:
         otherwise :class:`PathOutsideTableError` naming ``location`` and the table."""
         if not self.contains(parsed, roots_only=roots_only):
             raise PathOutsideTableError(
-                f"{what} {location} lies outside table {self.table} (refused: a table reads, writes and deletes "
-                "only under its location, write.data.path and write.metadata.path, or allowed_locations)",
+                f"{what} {location} lies outside table {self.table} (refused: a table's files lie under its "
+                "location, write.data.path or write.metadata.path; EncryptedTable.load(allowed_locations=...) "
+                "lets it read elsewhere)",
                 location=location, table_location=self.table,
             )
         return parsed
