@@ -36,7 +36,7 @@ import os
 import posixpath
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import unquote
 
 from icecrypt.errors import PathOutsideTableError
@@ -85,6 +85,8 @@ def normalize_path(path: str) -> str:
     ``..`` applied (never above the root of an absolute path; kept at the front of a
     relative one), no trailing ``/`` (``/`` stays ``/``).  Nothing is decoded and no
     symlink is looked at."""
+    if "//" not in path and "/." not in path and not path.startswith(".") and path and (path == "/" or path[-1] != "/"):
+        return path  # already normal (the common case: no dot segment, no empty one)
     absolute = path.startswith("/")
     parts: list[str] = []
     for part in path.split("/"):
@@ -103,8 +105,7 @@ def normalize_path(path: str) -> str:
     return joined or "."
 
 
-@dataclass(frozen=True)
-class ParsedLocation:
+class ParsedLocation(NamedTuple):
     """A location in canonical form: ``scheme`` (lower case, ``""`` for a plain path on a
     non-local filesystem), ``authority`` (bucket or host, as written) and ``path``
     (normalized)."""
@@ -209,7 +210,7 @@ def fs_path_of(parsed: ParsedLocation, *, local: bool, original: str) -> str:
             f"{original}: a {parsed.scheme}:// location cannot be read from the local filesystem; "
             "pass the filesystem that holds it, or a location_map to where it was copied"
         )
-    return posixpath.join(parsed.authority, parsed.path.lstrip("/")) if parsed.path != "/" else parsed.authority
+    return parsed.authority + parsed.path if parsed.path != "/" else parsed.authority
 
 
 # --- deleting without following symbolic links ------------------------------------------------

@@ -120,22 +120,27 @@ class Locations:
         """``location`` normalized (``icecrypt._paths.parse_location``), then mapped by
         the location map (whose prefixes are compared normalized too)."""
         parsed = parse_location(location, local=self._local)
-        text = str(parsed)
         for prefix, target in self._canonical_prefixes():
-            if text == prefix or text.startswith(prefix + "/"):
-                return parse_location(target + text[len(prefix) :], local=self._local)
+            if parsed.scheme == prefix.scheme and parsed.authority == prefix.authority:
+                rest = _below(parsed.path, prefix.path)
+                if rest is not None:  # the normalized remainder, "" or "/..."
+                    if target.path == "/":
+                        return ParsedLocation(target.scheme, target.authority, rest or "/")
+                    return ParsedLocation(target.scheme, target.authority, target.path + rest)
         return parsed
 
-    def _canonical_prefixes(self) -> list[tuple[str, str]]:
+    def _canonical_prefixes(self) -> list[tuple[ParsedLocation, ParsedLocation]]:
+        """The location map with both sides normalized, longest prefix first."""
         cached = self.__dict__.get("_canonical_map")
         if cached is None:
             cached = []
             for prefix in self._prefixes:
                 try:
-                    cached.append((str(parse_location(prefix, local=self._local)).rstrip("/"), self.location_map[prefix]))
+                    cached.append((parse_location(prefix, local=self._local),
+                                   parse_location(self.location_map[prefix], local=self._local)))
                 except (PathOutsideTableError, ValueError):
                     continue
-            cached.sort(key=lambda item: len(item[0]), reverse=True)
+            cached.sort(key=lambda item: len(item[0].path), reverse=True)
             self.__dict__["_canonical_map"] = cached
         return cached
 
@@ -230,6 +235,18 @@ class Locations:
     def __repr__(self) -> str:
         confined = "" if self._confinement is None else f" roots={list(self._confine[0])!r}"
         return f"<Locations filesystem={type(self.filesystem).__name__} location_map={self.location_map!r}{confined}>"
+
+
+def _below(path: str, prefix: str) -> str | None:
+    """What follows ``prefix`` in ``path`` (both normalized): "" when equal, "/rest" when
+    below it on a segment boundary, None otherwise."""
+    if path == prefix:
+        return ""
+    if prefix == "/":
+        return path if path.startswith("/") else None
+    if path.startswith(prefix) and path[len(prefix)] == "/":
+        return path[len(prefix) :]
+    return None
 
 
 # --- deletes ---------------------------------------------------------------------------------
@@ -410,7 +427,7 @@ def open_avro(
     those raised while iterating inside the ``with`` block, name the file.
     """
     fs = locations.filesystem
-    path = locations.to_fs_path(location)
+    path = locations.to_fs_path(location, what=what)
     with reading(what, location, fs, path, encrypted=encrypted):
         if encrypted:
             from icecrypt.avro import read_records
@@ -440,7 +457,7 @@ def read_small_file(
     """The whole (decrypted and authenticated) content of a small file such as a Puffin
     file of deletion vectors: AGS1 with the trusted length in an encrypted table."""
     fs = locations.filesystem
-    path = locations.to_fs_path(location)
+    path = locations.to_fs_path(location, what=what)
     with reading(what, location, fs, path, encrypted=encrypted):
         with fs.open_input_file(path) as f:
             data = f.read()
