@@ -360,3 +360,30 @@ def test_copying_the_table_keeps_it_readable_where_it_is(tmp_path):
     shutil.copytree(tmp_path / "t", tmp_path / "copy")
     copy = EncryptedTable.load(str(tmp_path / "copy"))
     assert copy.scan().to_arrow().num_rows == 5
+
+
+def test_expire_removes_a_link_never_its_target(tmp_path, outside):
+    table = plain_table(tmp_path)
+    target = outside.add("payroll.parquet")
+    link = tmp_path / "t" / "data" / "linked.parquet"
+    os.symlink(target, link)
+    forge_plain_snapshot(table, str(link), status=2, snapshot_id=6100, timestamp_ms=1)
+    expired = EncryptedTable.load(str(tmp_path / "t")).expire_snapshots(2)
+    assert expired == [6100] and str(link) in expired.deleted_files
+    assert not os.path.lexists(link)
+    outside.check()
+
+
+def test_job_cleanup_lists_and_deletes_only_inside_the_table(tmp_path, outside):
+    from icecrypt.table._write import remove_job_leftovers
+
+    table = plain_table(tmp_path)
+    operation = "0f0f0f0f-1111-2222-3333-444444444444"
+    outside.add(f"00000-1-{operation}-00001.parquet")
+    os.symlink(outside.directory, tmp_path / "t" / "data" / "out")
+    leftover = tmp_path / "t" / "data" / f"00001-2-{operation}-00001.parquet"
+    leftover.write_bytes(b"dead attempt")
+    removed = remove_job_leftovers(table, operation, [], [str(outside.directory), f"file://{outside.directory}",
+                                                          f"{tmp_path}/t/data/../../elsewhere", f"{tmp_path}/t/data/out"])
+    assert removed == [str(leftover)] and not leftover.exists()
+    outside.check()
