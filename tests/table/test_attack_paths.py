@@ -387,3 +387,22 @@ def test_job_cleanup_lists_and_deletes_only_inside_the_table(tmp_path, outside):
                                                           f"{tmp_path}/t/data/../../elsewhere", f"{tmp_path}/t/data/out"])
     assert removed == [str(leftover)] and not leftover.exists()
     outside.check()
+
+
+def test_a_fake_snapshot_with_a_manifest_list_outside_expires_without_reading_it(tmp_path, outside):
+    table = plain_table(tmp_path)
+    table.append(rows(5, 5))
+    stolen = outside.add_copy("snap-1-stolen.avro", Path(table.fs_path(table.current_snapshot().manifest_list)))
+
+    def add(metadata: dict) -> None:
+        fake = dict(metadata["snapshots"][-1], **{"snapshot-id": 9100, "timestamp-ms": 1, "manifest-list": str(stolen)})
+        fake.pop("parent-snapshot-id", None)
+        metadata["snapshots"].insert(0, fake)
+
+    forge_version(table, add)
+    victim = EncryptedTable.load(str(tmp_path / "t"))
+    with pytest.warns(PathOutsideTableWarning, match="snap-1-stolen.avro"):
+        expired = victim.expire_snapshots(2)
+    assert expired == [9100] and expired.skipped_files == [str(stolen)]
+    outside.check()
+    assert victim.verify().ok and sorted(victim.scan().to_arrow()["id"].to_pylist()) == list(range(10))

@@ -40,7 +40,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from icecrypt import __version__
-from icecrypt.errors import CommitConflictError, FormatError
+from icecrypt.errors import CommitConflictError, FormatError, PathOutsideTableError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
 from icecrypt.table import _commit
@@ -1245,9 +1245,15 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
         cache: dict[str, list[dict[str, Any]]] = {}
         still_needed: set[str] = set()
         candidates: set[str] = set()
+        unread: list[tuple[str, str]] = []  # expired snapshots whose files are not the table's to list
         for snapshot in snapshots:
             if snapshot["snapshot-id"] in expired_ids:
-                candidates |= _referenced_files(io, manager, snapshot, cache, live_only=False)
+                try:
+                    candidates |= _referenced_files(io, manager, snapshot, cache, live_only=False)
+                except PathOutsideTableError as exc:
+                    # a manifest list or manifest outside the table is never read: the
+                    # snapshot still expires, and nothing it names is deleted
+                    unread.append((exc.location or snapshot["manifest-list"], str(exc)))
             else:
                 still_needed |= _referenced_files(io, manager, snapshot, cache, live_only=True)
 
@@ -1273,6 +1279,7 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
             continue
         target.committed(location)
         deletions = Deletions(table.locations, f"expire_snapshots of {table.pin.location}")
+        deletions.skipped.extend(unread)
         keep = {_same_file(table.locations, p) for p in still_needed}
         for path in sorted(candidates - still_needed):
             if _same_file(table.locations, path) in keep:
