@@ -48,6 +48,8 @@ __all__ = [
     "check_location_text",
     "normalize_path",
     "parse_location",
+    "under_root",
+    "unlink_beneath",
 ]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -121,7 +123,7 @@ class ParsedLocation(NamedTuple):
         if root.path == "/":
             return self.path.startswith("/")
         if root.path == ".":  # the root of a filesystem that takes relative paths
-            return not self.path.startswith(("/", ".."))
+            return self.path != ".." and not self.path.startswith(("/", "../"))
         return self.path == root.path or self.path.startswith(root.path + "/")
 
     def __str__(self) -> str:
