@@ -66,6 +66,7 @@ def forge_version(table: EncryptedTable, change) -> Path:
     newest version, and point the version hint at it."""
     current = newest_metadata(table)
     metadata = json.loads(current.read_text())
+    metadata.setdefault("metadata-log", []).append({"timestamp-ms": metadata["last-updated-ms"], "metadata-file": str(current)})
     change(metadata)
     number = int(current.name.split(".")[0][1:]) + 1
     forged = current.with_name(f"v{number}.metadata.json")
@@ -406,3 +407,15 @@ def test_a_fake_snapshot_with_a_manifest_list_outside_expires_without_reading_it
     assert expired == [9100] and expired.skipped_files == [str(stolen)]
     outside.check()
     assert victim.verify().ok and sorted(victim.scan().to_arrow()["id"].to_pylist()) == list(range(10))
+
+
+def test_remove_orphan_files_is_not_stopped_by_a_foreign_scheme_in_a_manifest(tmp_path, outside):
+    table = plain_table(tmp_path)
+    outside.add("payroll.parquet")
+    forge_plain_snapshot(table, "gs://other-bucket/payroll.parquet", status=1, snapshot_id=9200, timestamp_ms=1)
+    orphan = tmp_path / "t" / "data" / "orphan.parquet"
+    orphan.write_bytes(b"x")
+    os.utime(orphan, (1_000_000, 1_000_000))
+    result = EncryptedTable.load(str(tmp_path / "t")).remove_orphan_files(older_than=2**62)
+    assert result.orphan_files == [str(orphan)] and not orphan.exists()
+    outside.check()

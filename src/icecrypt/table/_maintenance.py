@@ -891,7 +891,13 @@ def referenced_files(table: Any) -> set[str]:
     fs = table.filesystem
     # a reference only protects a file from deletion: map it whatever it names (files
     # outside the table are never listed here); what is *read* stays confined
-    ref_path = table.locations.unconfined.to_fs_path
+    unconfined = table.locations.unconfined
+
+    def ref_path(location: str) -> str:
+        try:
+            return unconfined.to_fs_path(location)
+        except ValueError:  # a location this filesystem cannot open protects nothing on it
+            return location
     refs: set[str] = {_norm(table.metadata_location)}
     metadata_dir = posixpath.dirname(table.metadata_location)
     refs.add(_norm(posixpath.join(metadata_dir, _commit.VERSION_HINT)))
