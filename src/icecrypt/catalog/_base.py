@@ -247,7 +247,10 @@ class Catalog:
         local = isinstance(self.filesystem_for(location), pafs.LocalFileSystem)
         new = parse_location(location, local=local)
         shown = _show((*namespace, name))
-        if default and self.warehouse is not None and not new.within(parse_location(self.warehouse, local=local)):
+        # a warehouse default (not a backend's own, e.g. a Glue database's LocationUri)
+        # must stay in the warehouse: identifier levels are validated, this checks the join
+        warehouse_default = type(self)._default_table_location is Catalog._default_table_location
+        if default and warehouse_default and self.warehouse and not new.within(parse_location(self.warehouse, local=local)):
             raise CatalogError(f"catalog {self.name!r}: location {location} of table {shown} lies outside the warehouse")
         for other_ns in self._ns_list():
             for other in self._table_list(other_ns):
