@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from icecrypt import ags1
-from icecrypt.errors import EncryptionKeyNotFoundError, FormatError
+from icecrypt._paths import check_location_text, normalize_path
+from icecrypt.errors import EncryptionKeyNotFoundError, FormatError, PathOutsideTableError
 from icecrypt.keys.manager import AAD_PREFIX_LENGTH, EncryptionManager
 from icecrypt.keys.metadata import StandardKeyMetadata
 
@@ -77,6 +78,19 @@ def _under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix.rstrip("/") + "/")
 
 
+def plain_form(name: str) -> str | None:
+    """``name`` as plain prefixes are compared: normalized as table locations are
+    (``icecrypt._paths``: ``.``/``..`` segments applied, ``//`` collapsed), so that
+    ``D/plain/../secret/b`` is ``D/secret/b``.  None for a name no plain prefix may
+    cover (control characters, a backslash, an encoded dot segment): such a file is
+    always encrypted."""
+    try:
+        check_location_text(name)
+    except PathOutsideTableError:
+        return None
+    return normalize_path(name)
+
+
 class KeyRegistry:
     """The keys of one encrypting filesystem: known read keys, an optional resolver, the
     keys of files written through it, the plain prefixes, and the manager new keys come
@@ -103,7 +117,11 @@ class KeyRegistry:
                 name = canonical(path)
                 self.keys[name] = as_key_metadata(value, name)
         self.written: dict[str, StandardKeyMetadata] = {}
-        self.plain_prefixes = tuple(sorted({canonical(p) for p in plain_prefixes}))
+        prefixes = {canonical(p) for p in plain_prefixes}
+        refused = sorted(p for p in prefixes if plain_form(p) is None)
+        if refused:
+            raise ValueError(f"plain_prefixes: {refused[0]!r} holds control characters, a backslash or an encoded dot segment")
+        self.plain_prefixes = tuple(sorted({plain_form(p) for p in prefixes}))
         self.lock = threading.Lock()
         #: ``on_written(path, key_metadata)``, called when a written file is published
         self.on_written: Callable[[str, StandardKeyMetadata], Any] | None = None
@@ -141,8 +159,8 @@ class KeyRegistry:
     # -- lookups
     def is_plain(self, path: Any) -> bool:
         """Whether ``path`` lies under one of the plain prefixes (stored unencrypted)."""
-        name = self.canonical(path)
-        return any(_under(name, p) for p in self.plain_prefixes)
+        name = plain_form(self.canonical(path))
+        return name is not None and any(_under(name, p) for p in self.plain_prefixes)
 
     def find(self, path: Any) -> StandardKeyMetadata | None:
         """The key metadata of ``path``, or None when no key is known for it."""

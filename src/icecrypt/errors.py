@@ -26,6 +26,20 @@ class FormatError(DecryptionError):
     """The input is not a well-formed AGS1 stream or key-metadata blob."""
 
 
+class PathOutsideTableError(FormatError):
+    """Table metadata (or a caller) names a location outside the table: not under the
+    table's pinned location, ``write.data.path`` or ``write.metadata.path`` (nor under a
+    location the caller allowed), or not a location at all (control characters, a
+    backslash, an encoded dot segment).  Reads and writes there are refused; deletes are
+    skipped and reported.  ``location``: the location as recorded; ``table_location``:
+    the table it lies outside of (None when the location is refused by itself)."""
+
+    def __init__(self, message: str, *, location: str | None = None, table_location: str | None = None):
+        super().__init__(message)
+        self.location = location
+        self.table_location = table_location
+
+
 class KeyUsageLimitError(IcecryptError):
     """A key has sealed the maximum number of GCM blocks (2**32, NIST SP 800-38D 8.3)."""
 
@@ -112,6 +126,7 @@ __all__ = [
     "DecryptionError",
     "AuthenticationError",
     "FormatError",
+    "PathOutsideTableError",
     "KeyUsageLimitError",
     "EncryptionKeyNotFoundError",
     "CommitConflictError",

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 import pyarrow.fs as pafs
 
+from icecrypt._paths import check_location_text, parse_location
 from icecrypt.errors import (
+    CatalogError,
     InvalidIdentifierError,
     NoSuchNamespaceError,
     NoSuchTableError,
@@ -54,7 +57,25 @@ def _levels(value: Identifier, what: str) -> tuple[str, ...]:
     for level in levels:
         if not isinstance(level, str) or not level:
             raise InvalidIdentifierError(f"{what} {value!r}: every level must be a non-empty string")
+        # a level becomes a path segment of the default location and, joined by '.', a
+        # catalog row: it may name neither another directory nor another level
+        if "." in level:
+            raise InvalidIdentifierError(
+                f"{what} {value!r}: level {level!r} holds '.', which separates levels "
+                "(('a.b', 't') and ('a', 'b', 't') would be one table; refused)"
+            )
+        if "/" in level or _BAD_LEVEL.search(level):
+            raise InvalidIdentifierError(f"{what} {value!r}: level {level!r} holds '/', a backslash or a control character")
+        try:
+            check_location_text(level)
+        except ValueError:
+            raise InvalidIdentifierError(
+                f"{what} {value!r}: level {level!r} holds a percent-encoded dot segment or separator"
+            ) from None
     return levels
+
+
+_BAD_LEVEL = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
 def _show(levels: tuple[str, ...]) -> str:
@@ -225,6 +246,45 @@ class Catalog:
             )
         return "/".join((self.warehouse, *namespace, name))
 
+    def _check_new_location(
+        self, namespace: tuple[str, ...], name: str, location: str, *, default: bool, same_ok: bool = False
+    ) -> None:
+        """Refuse a new table's ``location`` that lies inside another table's location or
+        holds one (a table's maintenance lists and deletes under its location: it would
+        reach the other table's files), or, for a default location, one outside the
+        warehouse.  Other tables' locations are those of their metadata files in the
+        catalog (``<location>/metadata/<file>``).  ``same_ok``: the location may equal
+        another's (``register_table`` of a table already registered: one table, two
+        names)."""
+        local = isinstance(self.filesystem_for(location), pafs.LocalFileSystem)
+        new = parse_location(location, local=local)
+        shown = _show((*namespace, name))
+        # a warehouse default (not a backend's own, e.g. a Glue database's LocationUri)
+        # must stay in the warehouse: identifier levels are validated, this checks the join
+        warehouse_default = type(self)._default_table_location is Catalog._default_table_location
+        if default and warehouse_default and self.warehouse and not new.within(parse_location(self.warehouse, local=local)):
+            raise CatalogError(f"catalog {self.name!r}: location {location} of table {shown} lies outside the warehouse")
+        for other_ns in self._ns_list():
+            for other in self._table_list(other_ns):
+                try:
+                    recorded = self._table_location(other_ns, other)
+                except CatalogError:  # not an Iceberg table, or one without metadata: no files of ours
+                    continue
+                if not recorded or recorded.count("/") < 2:
+                    continue
+                try:
+                    theirs = parse_location(recorded.rsplit("/", 2)[0], local=local)
+                except ValueError:
+                    continue
+                if same_ok and new == theirs:
+                    continue
+                if new.within(theirs) or theirs.within(new):
+                    raise CatalogError(
+                        f"catalog {self.name!r}: location {location} of new table {shown} overlaps the location "
+                        f"{str(theirs)} of table {_show((*other_ns, other))} (refused: the tables' maintenance "
+                        "would reach each other's files)"
+                    )
+
     # --- identifiers ----------------------------------------------------------------------
 
     @staticmethod
@@ -290,9 +350,11 @@ class Catalog:
             raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
         if self._table_location(namespace, name) is not None:
             raise TableAlreadyExistsError(f"{self._describe(namespace, name)} already exists")
+        default = location is None
         location = (location or self._default_table_location(namespace, name)).rstrip("/")
         if "://" not in location:
             location = os.path.abspath(location)
+        self._check_new_location(namespace, name, location, default=default)
         store = self._store(namespace, name, location)
         filesystem = store.locations.filesystem
         _write.create_metadata(
@@ -359,6 +421,8 @@ class Catalog:
 
         if table_key_id is not None:
             trusted_pin(metadata, table_key_id=table_key_id).check(metadata, metadata_location)
+        if metadata.get("location"):
+            self._check_new_location(namespace, name, str(metadata["location"]).rstrip("/"), default=False, same_ok=True)
         self._table_create(namespace, name, metadata_location, pin=catalog_record(metadata))
         return self.load_table((*namespace, name))
 
@@ -432,8 +496,13 @@ class Catalog:
 
 def _purge(table: Any) -> None:
     """Delete what a dropped table's metadata references (best effort, as Java's
-    ``CatalogUtil.dropTableData``: a file that cannot be deleted is left)."""
+    ``CatalogUtil.dropTableData``: a file that cannot be deleted is left).
+
+    The metadata is storage's word: only files under the table's pinned roots are
+    deleted, never through a symbolic link, and only metadata files where the metadata
+    log names one; anything else is skipped with a PathOutsideTableWarning."""
     from icecrypt.table import _write as w
+    from icecrypt.table._io import Deletions
 
     target = w._Target.of(table)
     base = table.metadata
@@ -446,12 +515,20 @@ def _purge(table: Any) -> None:
             files |= w._referenced_files(io, manager, snapshot, cache, live_only=False)
         except (OSError, ValueError):
             continue
+    deletions = Deletions(table.locations, f"drop_table(purge=True) of {table.pin.location}")
     for entry in base.get("metadata-log") or ():
-        files.add(entry["metadata-file"])
-    paths = {table.fs_path(f) for f in files} | {table.metadata_location}
-    for path in sorted(paths):
+        recorded = entry["metadata-file"]
+        if posixpath.basename(recorded).endswith((".metadata.json", ".metadata.json.gz")):
+            files.add(recorded)
+        else:
+            deletions.skipped.append((recorded, f"metadata-log entry {recorded} is not a metadata file"))
+    for location in sorted(files):
         try:
-            table.filesystem.delete_file(path)
+            deletions.location(location)
         except OSError:
             pass
-
+    try:
+        deletions.path(table.metadata_location)
+    except OSError:
+        pass
+    deletions.warn()

@@ -66,6 +66,7 @@ import contextlib
 import json
 import posixpath
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -104,6 +105,7 @@ from icecrypt.table import (
     TableScan,
     read_task,
 )
+from icecrypt.table._io import PathOutsideTableWarning
 from icecrypt.table._pin import trusted_pin
 from icecrypt.table._scan import parse_row_filter
 
@@ -395,6 +397,7 @@ class IcebergWriter(DataSourceArrowWriter):
         self.metadata_location = table.metadata_location
         self.filesystem = table.filesystem
         self.location_map = table.location_map or None
+        self.table_roots = table.pin.roots()  # abort deletes nothing outside these
         self.renames = _column_names(table, schema, self.location)
 
     def _open_or_create(self, schema: StructType) -> tuple[EncryptedTable, bool]:
@@ -496,11 +499,16 @@ class IcebergWriter(DataSourceArrowWriter):
             remove_job_leftovers(table, self.operation_id, keep)
 
     def abort(self, messages: list[TaskDataFiles | None]) -> None:
-        locations = Locations(self.filesystem, self.location_map)
+        locations = Locations(self.filesystem, self.location_map).confined(self.table_roots)
         reported = []
         for message in messages:
             for data_file in message.data_files if message is not None else ():
-                _remove(self.filesystem, locations.to_fs_path(data_file["file_path"]))
+                try:
+                    path = locations.delete_path(data_file["file_path"], what="data file")
+                except ValueError as exc:  # not the table's (PathOutsideTableError): never deleted
+                    warnings.warn(f"{NAME}: abort: {exc}", PathOutsideTableWarning, stacklevel=2)
+                    continue
+                _remove(self.filesystem, path)
                 reported.append(data_file["file_path"])
         with contextlib.suppress(Exception):
             table = EncryptedTable.load(self.metadata_location, kms=None if not self.encrypted else

@@ -97,7 +97,10 @@ def delete_removed_metadata_files(
     for recorded in removed:
         # the table's metadata files live beside its versions (Hadoop layout); a
         # recorded location is matched there by name, whatever prefix it was written with
-        path = posixpath.join(metadata_dir, posixpath.basename(recorded))
+        name = posixpath.basename(recorded)
+        if name in ("", ".", "..") or not name.endswith((".metadata.json", ".metadata.json.gz")):
+            continue  # not a metadata file's name: the log is storage's word, nothing to delete
+        path = posixpath.join(metadata_dir, name)
         try:
             filesystem.delete_file(path)
         except FileNotFoundError:

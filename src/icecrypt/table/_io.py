@@ -16,17 +16,30 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from icecrypt import ags1
-from icecrypt.errors import DecryptionError, FormatError
+from icecrypt._paths import (
+    Confinement,
+    ParsedLocation,
+    UnsafeLocationError,
+    fs_path_of,
+    normalize_path,
+    parse_location,
+    under_root,
+    unlink_beneath,
+)
+from icecrypt.errors import DecryptionError, FormatError, PathOutsideTableError
 from icecrypt.keys import StandardKeyMetadata
 
 __all__ = [
+    "Deletions",
     "Locations",
+    "PathOutsideTableWarning",
+    "delete_file",
     "PlaintextFileError",
     "file_key_metadata",
     "open_avro",
@@ -57,6 +70,14 @@ class Locations:
     paths; other URIs (``s3://bucket/key``) lose their scheme (``bucket/key``, what
     pyarrow's S3/GCS filesystems expect), which the local filesystem refuses.
     Picklable (pyarrow filesystems pickle), so executors can resolve paths too.
+
+    A table's own ``Locations`` is *confined* (:meth:`confined`): :meth:`to_fs_path` then
+    maps only locations under the table's pinned roots (or the caller's allowed
+    locations), normalized as ``icecrypt._paths`` says, and raises
+    :class:`~icecrypt.errors.PathOutsideTableError` for any other; :meth:`is_inside`
+    asks without raising (deletes skip what is outside).  :meth:`unconfined` is the
+    same mapping without the check, for locations from a trusted source (the caller,
+    the catalog database).
     """
 
     def __init__(self, filesystem: pafs.FileSystem | None = None, location_map: Mapping[str, str] | None = None):
@@ -71,6 +92,59 @@ class Locations:
         # longest prefix first, so nested mappings pick the most specific one
         self._prefixes = sorted(self.location_map, key=len, reverse=True)
         self._local = isinstance(self.filesystem, pafs.LocalFileSystem)
+        # (roots, allowed) as given, and the check built from them (None = unconfined)
+        self._confine: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._confinement: Confinement | None = None
+
+    def confined(self, roots: Sequence[str], *, allowed_locations: Sequence[str] = ()) -> Locations:
+        """A copy that maps only locations under ``roots`` (the table's pinned locations,
+        as recorded) or ``allowed_locations`` (extra locations the caller lets the table
+        use), each with the location map applied."""
+        roots = tuple(r for r in roots if r)
+        copy = Locations(self.filesystem, self.location_map)
+        copy._confine = (roots, tuple(allowed_locations))
+        copy._confinement = Confinement(
+            [copy.canonical(r) for r in roots], allowed=[copy.canonical(a) for a in allowed_locations],
+            table=roots[0] if roots else "?",
+        )
+        return copy
+
+    @property
+    def unconfined(self) -> Locations:
+        """The same mapping without the confinement (for trusted locations only)."""
+        return self if self._confinement is None else Locations(self.filesystem, self.location_map)
+
+    @property
+    def confinement(self) -> Confinement | None:
+        return self._confinement
+
+    def canonical(self, location: str) -> ParsedLocation:
+        """``location`` normalized (``icecrypt._paths.parse_location``), then mapped by
+        the location map (whose prefixes are compared normalized too)."""
+        parsed = parse_location(location, local=self._local)
+        for prefix, target in self._canonical_prefixes():
+            if parsed.scheme == prefix.scheme and parsed.authority == prefix.authority:
+                rest = _below(parsed.path, prefix.path)
+                if rest is not None:  # the normalized remainder, "" or "/..."
+                    if target.path == "/":
+                        return ParsedLocation(target.scheme, target.authority, rest or "/")
+                    return ParsedLocation(target.scheme, target.authority, target.path + rest)
+        return parsed
+
+    def _canonical_prefixes(self) -> list[tuple[ParsedLocation, ParsedLocation]]:
+        """The location map with both sides normalized, longest prefix first."""
+        cached = self.__dict__.get("_canonical_map")
+        if cached is None:
+            cached = []
+            for prefix in self._prefixes:
+                try:
+                    cached.append((parse_location(prefix, local=self._local),
+                                   parse_location(self.location_map[prefix], local=self._local)))
+                except (PathOutsideTableError, ValueError):
+                    continue
+            cached.sort(key=lambda item: len(item[0].path), reverse=True)
+            self.__dict__["_canonical_map"] = cached
+        return cached
 
     def map_location(self, location: str) -> str:
         """``location`` with the ``location_map`` applied (still a location, not a path)."""
@@ -79,9 +153,58 @@ class Locations:
                 return self.location_map[prefix] + location[len(prefix) :]
         return location
 
-    def to_fs_path(self, location: str | os.PathLike[str]) -> str:
-        """The path of ``location`` on ``filesystem``."""
-        mapped = self.map_location(os.fspath(location))
+    def to_fs_path(self, location: str | os.PathLike[str], *, what: str = "file") -> str:
+        """The path of ``location`` on ``filesystem``; in a confined ``Locations``, only
+        for a location inside the table (else PathOutsideTableError naming ``what``),
+        and then the normalized path: what was checked is what is opened."""
+        location = os.fspath(location)
+        confinement = self._confinement
+        if confinement is None:
+            return self._fs_path(self.map_location(location), location)
+        try:
+            parsed = self.canonical(location)
+        except UnsafeLocationError as exc:
+            raise UnsafeLocationError(
+                f"{what} {location!r} of table {confinement.table}: {exc}", location=location,
+                table_location=confinement.table,
+            ) from None
+        confinement.check(location, parsed, what=what)
+        return fs_path_of(parsed, local=self._local, original=location)
+
+    def fs_roots(self) -> list[str]:
+        """The filesystem paths of the pinned roots (not of the allowed locations):
+        what listings walk and deletes stay under.  Empty when unconfined."""
+        if self._confinement is None:
+            return []
+        roots = []
+        for root in self._confinement.roots:
+            try:
+                roots.append(fs_path_of(root, local=self._local, original=str(root)))
+            except ValueError:  # a root this filesystem cannot open holds nothing here
+                continue
+        return roots
+
+    def delete_path(self, location: str, *, what: str = "file") -> str:
+        """The filesystem path to delete for ``location``: under the pinned roots only
+        (an allowed location is read, never deleted), else PathOutsideTableError."""
+        location = os.fspath(location)
+        if self._confinement is None:
+            return self.to_fs_path(location)
+        path = self.to_fs_path(location, what=what)
+        self._confinement.check(location, self.canonical(location), what=what, roots_only=True)
+        return path
+
+    def is_inside(self, location: str | os.PathLike[str]) -> bool:
+        """Whether a confined ``Locations`` maps ``location`` (always True unconfined)."""
+        if self._confinement is None:
+            return True
+        try:
+            self.to_fs_path(location)
+        except (PathOutsideTableError, ValueError):
+            return False
+        return True
+
+    def _fs_path(self, mapped: str, location: str) -> str:
         match = _SCHEME.match(mapped)
         if match is None or len(match.group(1)) == 1:  # no scheme (a Windows drive letter is none)
             return os.path.abspath(mapped) if self._local else mapped
@@ -101,13 +224,111 @@ class Locations:
         return rest.removeprefix("//")
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"filesystem": self.filesystem, "location_map": self.location_map}
+        return {"filesystem": self.filesystem, "location_map": self.location_map, "confine": self._confine}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["filesystem"], state["location_map"])
+        confine = state.get("confine")
+        if confine is not None:
+            roots, allowed = confine
+            self._confine = confine
+            self._confinement = self.confined(roots, allowed_locations=allowed)._confinement
 
     def __repr__(self) -> str:
-        return f"<Locations filesystem={type(self.filesystem).__name__} location_map={self.location_map!r}>"
+        confined = "" if self._confinement is None else f" roots={list(self._confine[0])!r}"
+        return f"<Locations filesystem={type(self.filesystem).__name__} location_map={self.location_map!r}{confined}>"
+
+
+def _below(path: str, prefix: str) -> str | None:
+    """What follows ``prefix`` in ``path`` (both normalized): "" when equal, "/rest" when
+    below it on a segment boundary, None otherwise."""
+    if path == prefix:
+        return ""
+    if prefix == "/":
+        return path if path.startswith("/") else None
+    if path.startswith(prefix) and path[len(prefix)] == "/":
+        return path[len(prefix) :]
+    return None
+
+
+# --- deletes ---------------------------------------------------------------------------------
+
+
+class Deletions:
+    """Deletes of one table operation, confined to the table: what went, and what was
+    skipped because it lies outside the pinned roots or behind a symbolic link
+    (``skipped``: (location, reason)).  :meth:`warn` reports the skipped ones once."""
+
+    def __init__(self, locations: Locations, operation: str):
+        self.locations = locations
+        self.operation = operation
+        self.deleted: list[str] = []
+        self.skipped: list[tuple[str, str]] = []
+
+    def location(self, location: str, *, what: str = "file") -> bool:
+        """Delete the file of a recorded ``location``; False when it is missing or was
+        skipped.  Other OSErrors propagate."""
+        try:
+            path = self.locations.delete_path(location, what=what)
+        except (PathOutsideTableError, ValueError) as exc:
+            self.skipped.append((location, str(exc)))
+            return False
+        return self.path(path, location)
+
+    def path(self, path: str, shown: str | None = None) -> bool:
+        """Delete the file at filesystem ``path`` (a path under the pinned roots)."""
+        try:
+            delete_file(self.locations, path)
+        except FileNotFoundError:
+            return False
+        except PathOutsideTableError as exc:
+            self.skipped.append((shown or path, str(exc)))
+            return False
+        self.deleted.append(path)
+        return True
+
+    @property
+    def skipped_locations(self) -> list[str]:
+        return [location for location, _ in self.skipped]
+
+    def warn(self, stacklevel: int = 3) -> None:
+        if not self.skipped:
+            return
+        import warnings
+
+        shown = "; ".join(reason for _, reason in self.skipped[:5])
+        more = f" (and {len(self.skipped) - 5} more)" if len(self.skipped) > 5 else ""
+        warnings.warn(
+            f"{self.operation}: {len(self.skipped)} file(s) not deleted because they are not the table's: {shown}{more}",
+            PathOutsideTableWarning,
+            stacklevel=stacklevel,
+        )
+
+
+class PathOutsideTableWarning(UserWarning):
+    """A table operation skipped deleting files its metadata named outside the table."""
+
+
+def delete_file(locations: Locations, path: str) -> None:
+    """Delete the file at filesystem ``path`` of a confined table: under one of its pinned
+    roots, and on a local filesystem without following a symbolic link below the root
+    (``icecrypt._paths.unlink_beneath``).  PathOutsideTableError otherwise;
+    FileNotFoundError when missing."""
+    fs = locations.filesystem
+    if locations.confinement is None:
+        fs.delete_file(path)
+        return
+    path = normalize_path(path) if path.startswith("/") or not locations._local else path
+    root = under_root(path, locations.fs_roots())
+    if root is None:
+        raise PathOutsideTableError(
+            f"{path} lies outside table {locations.confinement.table} (not deleted)",
+            location=path, table_location=locations.confinement.table,
+        )
+    if isinstance(fs, pafs.LocalFileSystem):
+        unlink_beneath(root, path)
+    else:
+        fs.delete_file(path)
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -204,7 +425,7 @@ def open_avro(
     while iterating inside the ``with`` block, name the file.
     """
     fs = locations.filesystem
-    path = locations.to_fs_path(location)
+    path = locations.to_fs_path(location, what=what)
     with reading(what, location, fs, path, encrypted=encrypted):
         if encrypted:
             from icecrypt.avro import _records
@@ -226,7 +447,7 @@ def read_small_file(
     """The whole (decrypted and authenticated) content of a small file such as a Puffin
     file of deletion vectors: AGS1 with the trusted length in an encrypted table."""
     fs = locations.filesystem
-    path = locations.to_fs_path(location)
+    path = locations.to_fs_path(location, what=what)
     with reading(what, location, fs, path, encrypted=encrypted):
         if encrypted and key_metadata is None:
             raise PlaintextFileError(f"{what} {location} has no key metadata, but the table is encrypted (refused)")

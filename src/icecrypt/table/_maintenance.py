@@ -15,10 +15,12 @@ only orphans, which :func:`remove_orphan_files` finds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import math
+import os
 import posixpath
 import re
 import time
@@ -29,10 +31,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from icecrypt.errors import CommitConflictError, EncryptionKeyNotFoundError, FormatError, KmsKeyNotFoundError
+from icecrypt._paths import normalize_path, under_root
+from icecrypt.errors import (
+    CommitConflictError,
+    EncryptionKeyNotFoundError,
+    FormatError,
+    KmsKeyNotFoundError,
+    PathOutsideTableError,
+)
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.table import _commit
 from icecrypt.table import _write as w
+from icecrypt.table._io import _SCHEME, Deletions
 from icecrypt.table._manifest_write import (
     ADDED,
     DATA,
@@ -667,6 +677,10 @@ class RekeyResult:
     expired_snapshot_ids: list[int] = dataclasses.field(default_factory=list)
     removed_metadata_files: list[str] = dataclasses.field(default_factory=list)
     table_key_id: str | None = None
+    #: files expiry did not delete because they are not the table's (as recorded:
+    #: outside its pinned location, behind a symbolic link, or not a metadata file
+    #: where the metadata log names one); a PathOutsideTableWarning names them too
+    skipped_files: list[str] = dataclasses.field(default_factory=list)
 
     def check(self, table: Any) -> list[str]:
         """Problems: reachable files still using a retired key, snapshots under a retired
@@ -780,11 +794,13 @@ def rekey(
     if expire:
         _emit(progress, "expire")
         result.expired_snapshot_ids = w.expire_snapshots(table, _now_ms() + 1)
-        result.removed_metadata_files = _drop_old_keys_and_metadata(table, retired_keks)
+        deletions = _drop_old_keys_and_metadata(table, retired_keks)
+        result.removed_metadata_files = deletions.deleted
+        result.skipped_files = [*getattr(result.expired_snapshot_ids, "skipped_files", ()), *deletions.skipped_locations]
     return result
 
 
-def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> list[str]:
+def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> Deletions:
     """One metadata commit that removes retired KEKs (and key entries no snapshot uses)
     and empties the metadata log; then the older metadata files are deleted."""
     from icecrypt.keys.manager import referenced_keys
@@ -816,15 +832,25 @@ def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> list[str]
             w._backoff(attempt)
             continue
         target.committed(location)
-        removed = []
-        for path in [table.fs_path(p) for p in old_log] + [base_location]:
-            try:
-                table.filesystem.delete_file(path)
-                removed.append(path)
-            except (FileNotFoundError, OSError):
-                pass
-        return removed
+        # the metadata log is storage's word: only metadata files under the table's
+        # pinned roots are deleted (never through a link); anything else is reported
+        deletions = Deletions(table.locations, f"rekey of {table.pin.location}")
+        for recorded in old_log:
+            if not _is_metadata_name(recorded):
+                deletions.skipped.append((recorded, f"metadata-log entry {recorded} is not a metadata file"))
+                continue
+            with contextlib.suppress(OSError):
+                deletions.location(recorded, what="metadata-log entry")
+        with contextlib.suppress(OSError):
+            deletions.path(base_location)
+        deletions.warn()
+        return deletions
     raise AssertionError("unreachable")
+
+
+def _is_metadata_name(location: str) -> bool:
+    """Whether a metadata-log entry is named as Iceberg names metadata files."""
+    return posixpath.basename(location).endswith((".metadata.json", ".metadata.json.gz"))
 
 
 # --- orphan files --------------------------------------------------------------------------------
@@ -843,6 +869,8 @@ class OrphanFilesResult:
     deleted: bool
     older_than_ms: int
     referenced: int = 0
+    #: orphans not deleted because a directory on the way became a symbolic link
+    skipped_files: list[str] = dataclasses.field(default_factory=list)
 
 
 def _to_ms(older_than: Any) -> int:
@@ -863,13 +891,22 @@ def referenced_files(table: Any) -> set[str]:
 
     table.refresh()
     fs = table.filesystem
+    # a reference only protects a file from deletion: map it whatever it names (files
+    # outside the table are never listed here); what is *read* stays confined
+    unconfined = table.locations.unconfined
+
+    def ref_path(location: str) -> str:
+        try:
+            return unconfined.to_fs_path(location)
+        except ValueError:  # a location this filesystem cannot open protects nothing on it
+            return location
     refs: set[str] = {_norm(table.metadata_location)}
     metadata_dir = posixpath.dirname(table.metadata_location)
     refs.add(_norm(posixpath.join(metadata_dir, _commit.VERSION_HINT)))
     documents = [(table.metadata_location, table.metadata, True)]
     for entry in table.metadata.get("metadata-log") or ():
-        path = table.fs_path(entry["metadata-file"])
-        refs.add(_norm(path))
+        refs.add(_norm(ref_path(entry["metadata-file"])))
+        path = table.fs_path(entry["metadata-file"], what="metadata-log entry")
         try:
             documents.append((path, _commit.read_metadata(fs, path), False))
         except FileNotFoundError:
@@ -880,7 +917,7 @@ def referenced_files(table: Any) -> set[str]:
         for name in ("statistics", "partition-statistics"):
             for stat in metadata.get(name) or ():
                 if stat.get("statistics-path"):
-                    refs.add(_norm(table.fs_path(stat["statistics-path"])))
+                    refs.add(_norm(ref_path(stat["statistics-path"])))
         snapshots = metadata.get("snapshots") or []
         if not snapshots:
             continue
@@ -898,7 +935,7 @@ def referenced_files(table: Any) -> set[str]:
             if ml in seen_lists:
                 continue
             seen_lists.add(ml)
-            refs.add(_norm(table.fs_path(ml)))
+            refs.add(_norm(ref_path(ml)))
             try:
                 manifests = w._read_manifest_list(io, manager, snapshot)
             except FileNotFoundError:
@@ -914,7 +951,7 @@ def referenced_files(table: Any) -> set[str]:
                     raise
                 continue
             for m in manifests:
-                refs.add(_norm(table.fs_path(m["manifest_path"])))
+                refs.add(_norm(ref_path(m["manifest_path"])))
                 if m["manifest_path"] in seen_manifests:
                     continue
                 seen_manifests.add(m["manifest_path"])
@@ -925,7 +962,7 @@ def referenced_files(table: Any) -> set[str]:
                         raise
                     continue
                 for e in entries:
-                    refs.add(_norm(table.fs_path(e["data_file"]["file_path"])))
+                    refs.add(_norm(ref_path(e["data_file"]["file_path"])))
     return refs
 
 
@@ -955,28 +992,73 @@ def remove_orphan_files(
     cutoff = _to_ms(older_than)
     refs = referenced_files(table)
     check_unambiguous(table.metadata_store, table.filesystem, table.metadata_location, table.metadata)
-    root = _norm(location if location is not None else table.fs_path(table.location))
+    roots = _orphan_roots(table, location)
     fs = table.filesystem
     orphans = []
-    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
-        if info.type != pafs.FileType.File:
-            continue
-        path = _norm(info.path)
-        rel = posixpath.relpath(path, root)
-        hidden = [part for part in rel.split("/") if part.startswith((".", "_"))]
-        if hidden and not (len(hidden) == 1 and _TEMP_NAME.match(info.base_name)):
-            continue
-        if path in refs:
-            continue
-        mtime = info.mtime_ns // 1_000_000 if info.mtime_ns is not None else None
-        if mtime is None or mtime >= cutoff:
-            continue
-        orphans.append(path)
+    for root in roots:
+        for path, mtime in _walk_files(fs, root):
+            path = _norm(path)
+            rel = posixpath.relpath(path, root)
+            hidden = [part for part in rel.split("/") if part.startswith((".", "_"))]
+            if hidden and not (len(hidden) == 1 and _TEMP_NAME.match(posixpath.basename(path))):
+                continue
+            if path in refs:
+                continue
+            if mtime is None or mtime >= cutoff:
+                continue
+            orphans.append(path)
     orphans.sort()
+    deletions = Deletions(table.locations, f"remove_orphan_files of {table.pin.location}")
     if not dry_run:
         for path in orphans:
-            try:
-                fs.delete_file(path)
-            except FileNotFoundError:
-                pass
-    return OrphanFilesResult(orphans, not dry_run, cutoff, len(refs))
+            deletions.path(path)
+        deletions.warn()
+    return OrphanFilesResult(orphans, not dry_run, cutoff, len(refs), skipped_files=deletions.skipped_locations)
+
+
+def _orphan_roots(table: Any, location: str | None) -> list[str]:
+    """The directories remove_orphan_files walks: the table's pinned roots (never the
+    ``location`` of a newer version), or ``location`` if it lies inside them."""
+    roots = sorted({_norm(r) for r in table.locations.fs_roots()}, key=len)
+    if location is None:
+        return [r for i, r in enumerate(roots) if under_root(r, roots[:i]) is None]  # nested ones are walked once
+    location = os.fspath(location)
+    if _SCHEME.match(location) and len(_SCHEME.match(location).group(1)) > 1:
+        path = _norm(table.locations.delete_path(location, what="location"))
+    else:
+        local = isinstance(table.filesystem, pafs.LocalFileSystem)
+        path = normalize_path(os.path.abspath(location) if local else location)
+    if under_root(path, roots) is None:
+        raise PathOutsideTableError(
+            f"remove_orphan_files: location {location} lies outside table {table.pin.location} (refused)",
+            location=location, table_location=table.pin.location,
+        )
+    return [path]
+
+
+def _walk_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int | None]]:
+    """(path, mtime in ms) of every file below ``root``.  On a local filesystem symbolic
+    links are neither followed nor listed (pyarrow's recursive listing follows them):
+    a link to a directory elsewhere cannot bring that directory's files into the walk,
+    and a link is never taken for an orphan."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+            if info.type == pafs.FileType.File:
+                yield info.path, (info.mtime_ns // 1_000_000 if info.mtime_ns is not None else None)
+        return
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    yield entry.path, entry.stat(follow_symlinks=False).st_mtime_ns // 1_000_000
+

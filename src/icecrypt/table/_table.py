@@ -33,6 +33,12 @@ from icecrypt.table._scan import TableScan
 __all__ = ["EncryptedTable"]
 
 
+def _allowed(locations: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(locations, (str, bytes)):
+        raise TypeError("allowed_locations must be a collection of locations, not a single string")
+    return tuple(str(location).rstrip("/") or str(location) for location in locations)
+
+
 class EncryptedTable:
     """An Iceberg table read (and, through ``icecrypt.table._write``, written) with
     Iceberg's table encryption.
@@ -59,8 +65,10 @@ class EncryptedTable:
         check_keys: bool = True,
         require_encryption: bool = False,
         pin: TablePin | None = None,
+        allowed_locations: Sequence[str] = (),
     ):
         self.locations = locations
+        self.allowed_locations = _allowed(allowed_locations)
         self.kms = kms
         self.check_keys = check_keys  # repair: KeysLostError when keys were dropped (_repair)
         self.require_encryption = require_encryption
@@ -81,6 +89,7 @@ class EncryptedTable:
         require_encryption: bool = False,
         table_key_id: str | None = None,
         table_uuid: str | None = None,
+        allowed_locations: Sequence[str] = (),
     ) -> EncryptedTable:
         """Load a table from a ``metadata.json`` file or a table directory.
 
@@ -107,6 +116,14 @@ class EncryptedTable:
         that is not encrypted under that key at load.  A master-key rotation committed
         by another writer is refused the same way: load the table again with the new
         ``table_key_id``.
+
+        Every file the table reads, writes or deletes must lie under the table's pinned
+        location (or ``write.data.path`` / ``write.metadata.path``): a manifest or
+        metadata log naming a file elsewhere is refused
+        (:class:`~icecrypt.errors.PathOutsideTableError`) and never deleted.
+        ``allowed_locations``: further locations (as recorded, e.g.
+        ``["s3://shared/lookup"]``) whose files this table may read, for tables that
+        legitimately reference files outside their location.
         """
         from icecrypt.table._pin import trusted_pin
 
@@ -114,7 +131,8 @@ class EncryptedTable:
         path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
         metadata = read_metadata_file(locations.filesystem, path)
         pin = trusted_pin(metadata, table_key_id=table_key_id, table_uuid=table_uuid)
-        return cls(metadata, path, locations, kms, check_keys=check_keys, require_encryption=require_encryption, pin=pin)
+        return cls(metadata, path, locations, kms, check_keys=check_keys, require_encryption=require_encryption,
+                   pin=pin, allowed_locations=allowed_locations)
 
     def _install(
         self,
@@ -167,6 +185,7 @@ class EncryptedTable:
         if current is not None and current != -1 and current not in snapshots:
             # as Java's TableMetadata ("Cannot find current version"): a dangling id is damage
             raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
+        self._confine_locations()  # before the key check below reads manifest lists
         if manager is not None and not (keys_checked and manager is committed_manager):
             self._check_lost_keys(metadata, metadata_location)
         self.metadata = metadata
@@ -174,6 +193,14 @@ class EncryptedTable:
         self.model = model
         self.encryption_manager: EncryptionManager | None = manager
         self._snapshots = snapshots
+
+    def _confine_locations(self) -> None:
+        """Make ``locations`` map only locations under the pinned roots (and the caller's
+        ``allowed_locations``): never those of a newer version's ``location``."""
+        key = (self.pin.roots(), getattr(self, "allowed_locations", ()))
+        if self.__dict__.get("_confined_by") != key:
+            self.locations = self.locations.unconfined.confined(key[0], allowed_locations=key[1])
+            self._confined_by = key
 
     def _check_lost_keys(self, metadata: dict[str, Any], metadata_location: str) -> None:
         """KeysLostError when an encrypted version lost keys its snapshots need (dropped by
@@ -230,9 +257,10 @@ class EncryptedTable:
     def location_map(self) -> dict[str, str]:
         return dict(self.locations.location_map)
 
-    def fs_path(self, location: str) -> str:
-        """The path on ``filesystem`` of a location recorded in the metadata."""
-        return self.locations.to_fs_path(location)
+    def fs_path(self, location: str, *, what: str = "file") -> str:
+        """The path on ``filesystem`` of a location recorded in the metadata
+        (PathOutsideTableError, naming ``what``, for one outside the table)."""
+        return self.locations.to_fs_path(location, what=what)
 
     @property
     def location(self) -> str:

@@ -40,11 +40,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from icecrypt import __version__
-from icecrypt.errors import CommitConflictError, FormatError
+from icecrypt.errors import CommitConflictError, FormatError, PathOutsideTableError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
 from icecrypt.table import _commit
-from icecrypt.table._io import Locations, file_key_metadata
+from icecrypt.table._io import Deletions, Locations, file_key_metadata
 from icecrypt.table._manifest_write import (
     ADDED,
     DATA,
@@ -784,10 +784,17 @@ def remove_job_leftovers(
 
     marker = f"-{operation_id}-"
     locations = table.locations
-    keep_fs = {locations.to_fs_path(path) for path in keep}
+    deletions = Deletions(locations, f"cleanup of job {operation_id}")
+    keep_fs = set()
+    for path in keep:
+        with contextlib.suppress(ValueError):  # a file outside the table is nobody's to keep here
+            keep_fs.add(locations.to_fs_path(path))
     dirs = {posixpath.dirname(path) for path in keep_fs}
-    dirs.update(locations.to_fs_path(d) for d in directories)
-    dirs.add(locations.to_fs_path(f"{table.location.rstrip('/')}/data"))
+    for directory in (*directories, f"{table.pin.location}/data"):
+        try:
+            dirs.add(locations.delete_path(directory, what="directory"))
+        except ValueError:  # outside the table: never listed, never cleaned
+            continue
     removed = []
     for directory in sorted(dirs):
         try:
@@ -797,8 +804,8 @@ def remove_job_leftovers(
         for info in infos:
             if info.type == _pafs.FileType.File and marker in info.base_name and info.path not in keep_fs:
                 with contextlib.suppress(OSError):
-                    table.filesystem.delete_file(info.path)
-                    removed.append(info.path)
+                    if deletions.path(info.path):
+                        removed.append(info.path)
     return removed
 
 
@@ -1285,9 +1292,15 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
         cache: dict[str, list[dict[str, Any]]] = {}
         still_needed: set[str] = set()
         candidates: set[str] = set()
+        unread: list[tuple[str, str]] = []  # expired snapshots whose files are not the table's to list
         for snapshot in snapshots:
             if snapshot["snapshot-id"] in expired_ids:
-                candidates |= _referenced_files(io, manager, snapshot, cache, live_only=False)
+                try:
+                    candidates |= _referenced_files(io, manager, snapshot, cache, live_only=False)
+                except PathOutsideTableError as exc:
+                    # a manifest list or manifest outside the table is never read: the
+                    # snapshot still expires, and nothing it names is deleted
+                    unread.append((exc.location or snapshot["manifest-list"], str(exc)))
             else:
                 still_needed |= _referenced_files(io, manager, snapshot, cache, live_only=True)
 
@@ -1312,13 +1325,41 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
             _backoff(attempt)
             continue
         target.committed(location)
+        deletions = Deletions(table.locations, f"expire_snapshots of {table.pin.location}")
+        deletions.skipped.extend(unread)
+        keep = {_same_file(table.locations, p) for p in still_needed}
         for path in sorted(candidates - still_needed):
+            if _same_file(table.locations, path) in keep:
+                continue  # another spelling of a file a remaining snapshot needs
             try:
-                io.remove(path)
+                deletions.location(path)
             except OSError:
                 pass  # an orphan file is harmless; the commit stands
-        return sorted(expired_ids)
+        deletions.warn()
+        return ExpiredSnapshots(sorted(expired_ids), deleted_files=deletions.deleted,
+                                skipped_files=deletions.skipped_locations)
     raise AssertionError("unreachable")
+
+
+class ExpiredSnapshots(list):
+    """The snapshot ids :func:`expire_snapshots` removed (a list, as before), with the
+    files it deleted (``deleted_files``, filesystem paths) and those it did not delete
+    because they are not the table's (``skipped_files``, as recorded: outside the
+    table's pinned location or behind a symbolic link; a PathOutsideTableWarning
+    names them too)."""
+
+    def __init__(self, ids: Iterable[int] = (), *, deleted_files: Iterable[str] = (), skipped_files: Iterable[str] = ()):
+        super().__init__(ids)
+        self.deleted_files = list(deleted_files)
+        self.skipped_files = list(skipped_files)
+
+
+def _same_file(locations: Locations, location: str) -> str:
+    """A key under which two spellings of one location compare equal."""
+    try:
+        return str(locations.canonical(location))
+    except ValueError:
+        return location
 
 
 def rotate_keys(

@@ -1,0 +1,260 @@
+"""Whether a location belongs to a table: one normalization and one containment rule.
+
+Locations in Iceberg metadata (``metadata.json``, manifest lists, manifests) are not
+authenticated: whoever can write a table's storage can name any path there.  A table
+operation therefore reads, writes, lists and deletes only locations that lie under one of
+the table's *pinned roots* (the table location and, when the table sets them,
+``write.data.path`` / ``write.metadata.path``, as the table object pinned them; see
+``icecrypt.table._pin``), or under a location the caller allowed explicitly.
+
+The rule, in one place (:func:`parse_location`, :meth:`ParsedLocation.within`):
+
+- A location is refused outright (:class:`UnsafeLocationError`) if it holds a NUL,
+  another control character or a backslash, or a path segment whose percent-decoding
+  is ``.`` or ``..`` or holds ``/``, ``\\`` or a control character.  Percent-encoding is
+  otherwise *not* decoded (Iceberg writes partition values percent-encoded into file
+  names, and storage takes those names literally), so ``%2e%2e`` can never be read as a
+  parent directory by one layer and as a name by another.
+- The scheme is compared case-insensitively (``s3a`` and ``s3n`` count as ``s3``); the
+  authority (bucket, host) exactly.  ``file:/p``, ``file:///p``, ``file://localhost/p``
+  and, on a local filesystem, a plain ``/p`` are one location; a relative plain path on
+  a local filesystem is taken from the working directory.
+- The path is normalized lexically: ``//`` collapses, ``.`` segments go, ``..`` removes
+  the segment before it (never above the root), a trailing ``/`` goes.  Callers then
+  touch storage through the normalized form, so what is checked is what is opened.
+- A location is inside a root when scheme and authority are equal and its path is the
+  root's path or continues it after a ``/`` (``/t`` does not contain ``/t2``).
+
+A foreign scheme is never dropped: ``gs://other/x`` is not inside ``s3://bucket/t`` even
+on a filesystem that would open both as ``bucket-or-other/key``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import re
+from collections.abc import Iterable
+from typing import NamedTuple
+from urllib.parse import unquote
+
+from icecrypt.errors import PathOutsideTableError
+
+__all__ = [
+    "Confinement",
+    "ParsedLocation",
+    "UnsafeLocationError",
+    "check_location_text",
+    "normalize_path",
+    "parse_location",
+    "under_root",
+    "unlink_beneath",
+]
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
+
+
+class UnsafeLocationError(PathOutsideTableError):
+    """A location that no table operation touches whatever its roots: control characters,
+    a backslash, or an encoded dot segment or separator."""
+
+
+def check_location_text(location: str) -> None:
+    if not isinstance(location, str):
+        raise TypeError(f"a location must be a str, not {type(location).__name__}")
+    bad = _FORBIDDEN.search(location)
+    if bad is not None:
+        what = "a backslash" if bad.group() == "\\" else f"the control character {bad.group()!r}"
+        raise UnsafeLocationError(f"location {location!r} holds {what} (refused)", location=location)
+    if "%" in location:
+        for segment in location.split("/"):
+            if "%" not in segment:
+                continue
+            decoded = unquote(segment)
+            if decoded != segment and (decoded in (".", "..") or "/" in decoded or _FORBIDDEN.search(decoded)):
+                raise UnsafeLocationError(
+                    f"location {location!r} holds the percent-encoded segment {segment!r} (a dot segment, "
+                    "separator or control character once decoded; refused)",
+                    location=location,
+                )
+
+
+def normalize_path(path: str) -> str:
+    """``path`` normalized lexically: duplicate ``/`` collapsed, ``.`` segments removed,
+    ``..`` applied (never above the root of an absolute path; kept at the front of a
+    relative one), no trailing ``/`` (``/`` stays ``/``).  Nothing is decoded and no
+    symlink is looked at."""
+    if "//" not in path and "/." not in path and not path.startswith(".") and path and (path == "/" or path[-1] != "/"):
+        return path  # already normal (the common case: no dot segment, no empty one)
+    absolute = path.startswith("/")
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts and parts[-1] != "..":
+                parts.pop()
+            elif not absolute:
+                parts.append(part)
+            continue
+        parts.append(part)
+    joined = "/".join(parts)
+    if absolute:
+        return "/" + joined
+    return joined or "."
+
+
+class ParsedLocation(NamedTuple):
+    """A location in canonical form: ``scheme`` (lower case, ``""`` for a plain path on a
+    non-local filesystem), ``authority`` (bucket or host, as written) and ``path``
+    (normalized)."""
+
+    scheme: str
+    authority: str
+    path: str
+
+    def within(self, root: ParsedLocation) -> bool:
+        """Whether this location is ``root`` or lies under it, on segment boundaries."""
+        if self.scheme != root.scheme or self.authority != root.authority:
+            return False
+        if root.path == "/":
+            return self.path.startswith("/")
+        if root.path == ".":  # the root of a filesystem that takes relative paths
+            return self.path != ".." and not self.path.startswith(("/", "../"))
+        return self.path == root.path or self.path.startswith(root.path + "/")
+
+    def __str__(self) -> str:
+        if self.scheme == "":
+            return self.path
+        return f"{self.scheme}://{self.authority}{self.path}"
+
+
+def parse_location(location: str, *, local: bool) -> ParsedLocation:
+    """``location`` in canonical form; :class:`UnsafeLocationError` for what is refused
+    whatever the roots (see the module docstring).  ``local``: the location is opened on
+    a local filesystem (a plain path is then a ``file`` path, relative ones from the
+    working directory)."""
+    check_location_text(location)
+    match = _SCHEME.match(location)
+    if match is None or len(match.group(1)) == 1:  # a plain path (a drive letter is none)
+        if local:
+            return ParsedLocation("file", "", normalize_path(os.path.join(os.getcwd(), location)))
+        return ParsedLocation("", "", normalize_path(location))
+    scheme = match.group(1).lower()
+    scheme = _SCHEME_ALIASES.get(scheme, scheme)
+    rest = location[match.end() :]
+    authority = ""
+    if rest.startswith("//"):
+        rest = rest[2:]
+        cut = rest.find("/")
+        authority, rest = (rest, "/") if cut < 0 else (rest[:cut], rest[cut:])
+    if scheme == "file":
+        if authority.lower() == "localhost":
+            authority = ""
+        if not rest.startswith("/"):
+            rest = os.path.join(os.getcwd(), rest) if local else rest
+    elif not rest.startswith("/"):
+        rest = "/" + rest
+    return ParsedLocation(scheme, authority, normalize_path(rest))
+
+
+class Confinement:
+    """The roots a table's files may live under, and the check against them.
+
+    ``roots`` and ``allowed`` are canonical locations as they will be compared (the
+    location map already applied); ``allowed`` are extra locations the caller lets the
+    table use (files a table legitimately references elsewhere).  ``table`` names the
+    table in error messages."""
+
+    def __init__(self, roots: Iterable[ParsedLocation], *, allowed: Iterable[ParsedLocation] = (), table: str):
+        self.roots = tuple(roots)
+        if not self.roots:
+            raise ValueError("a confinement needs at least one root")
+        self.allowed = tuple(allowed)
+        self.table = table
+
+    def contains(self, parsed: ParsedLocation, *, roots_only: bool = False) -> bool:
+        """Whether ``parsed`` lies under a root (or an allowed location, unless
+        ``roots_only``: deletes never reach beyond the table's own roots)."""
+        return any(parsed.within(r) for r in (self.roots if roots_only else (*self.roots, *self.allowed)))
+
+    def check(self, location: str, parsed: ParsedLocation, *, what: str = "file", roots_only: bool = False) -> ParsedLocation:
+        """``parsed`` (the canonical, mapped form of ``location``) if it is inside;
+        otherwise :class:`PathOutsideTableError` naming ``location`` and the table."""
+        if not self.contains(parsed, roots_only=roots_only):
+            raise PathOutsideTableError(
+                f"{what} {location} lies outside table {self.table} (refused: a table's files lie under its "
+                "location, write.data.path or write.metadata.path; EncryptedTable.load(allowed_locations=...) "
+                "lets it read elsewhere)",
+                location=location, table_location=self.table,
+            )
+        return parsed
+
+    def __repr__(self) -> str:
+        return f"<Confinement roots={[str(r) for r in self.roots]} allowed={[str(a) for a in self.allowed]}>"
+
+
+def fs_path_of(parsed: ParsedLocation, *, local: bool, original: str) -> str:
+    """The path on the filesystem of a canonical location (as ``Locations.to_fs_path``
+    maps it: ``file`` paths as they are, other schemes without scheme on object stores)."""
+    if parsed.scheme in ("", "file"):
+        if parsed.scheme == "file" and parsed.authority:
+            raise PathOutsideTableError(
+                f"{original}: a file:// location on host {parsed.authority!r} cannot be opened here (refused)",
+                location=original,
+            )
+        return parsed.path
+    if local:
+        raise ValueError(
+            f"{original}: a {parsed.scheme}:// location cannot be read from the local filesystem; "
+            "pass the filesystem that holds it, or a location_map to where it was copied"
+        )
+    return parsed.authority + parsed.path if parsed.path != "/" else parsed.authority
+
+
+# --- deleting without following symbolic links ------------------------------------------------
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def under_root(path: str, roots: Iterable[str]) -> str | None:
+    """The longest of ``roots`` (normalized filesystem paths) that ``path`` lies under."""
+    found = None
+    for root in roots:
+        if (path == root or path.startswith(root.rstrip("/") + "/")) and (found is None or len(root) > len(found)):
+            found = root
+    return found
+
+
+def unlink_beneath(root: str, path: str) -> None:
+    """Delete the local file ``path`` (normalized, under the directory ``root``) without
+    following a symbolic link below ``root``: every directory between them is opened
+    relative to its parent with ``O_NOFOLLOW`` and the file is unlinked relative to the
+    last one, so a directory swapped for a link at any moment makes the call fail
+    (PathOutsideTableError) instead of deleting elsewhere.  A symbolic link as the last
+    component is itself removed, never its target.  FileNotFoundError when missing."""
+    relative = path[len(root.rstrip("/")) + 1 :] if path != root else ""
+    parts = relative.split("/") if relative else []
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        raise PathOutsideTableError(f"{path}: not a file below {root} (refused)", location=path, table_location=root)
+    fd = os.open(root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))  # the root itself may be a link
+    try:
+        for depth, part in enumerate(parts[:-1], 1):
+            try:
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                here = posixpath.join(root, *parts[:depth])
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(here):
+                    raise PathOutsideTableError(
+                        f"{path}: reached through the symbolic link {here} (not deleted: deletes never follow links)",
+                        location=path, table_location=root,
+                    ) from None
+                raise
+            os.close(fd)
+            fd = next_fd
+        os.unlink(parts[-1], dir_fd=fd)
+    finally:
+        os.close(fd)
