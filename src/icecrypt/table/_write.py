@@ -166,12 +166,20 @@ class _Target:
             )
         return location, metadata
 
-    def manager(self, metadata: dict[str, Any]) -> EncryptionManager | None:
+    def manager(self, metadata: dict[str, Any], *, check_kek: bool = True) -> EncryptionManager | None:
         """A fresh encryption manager for ``metadata`` (None for a plaintext table).
 
         When ``metadata`` is the table object's own document, a copy of the table's
         manager (same keys; the cache of unwrapped KEKs, and its TTL, shared across the
-        table object's commits); otherwise one built from ``metadata``."""
+        table object's commits); otherwise one built from ``metadata``.  With
+        ``check_kek`` the KEK new wraps would use is checked first (ReplayedKeyError
+        before anything is written); key rotation and metadata-only commits skip it."""
+        manager = self._manager(metadata)
+        if manager is not None and check_kek:
+            manager.check_current_kek()
+        return manager
+
+    def _manager(self, metadata: dict[str, Any]) -> EncryptionManager | None:
         key_id, _ = validate_table_properties(metadata.get("properties") or {}, FORMAT_VERSION)
         if key_id is None and self.table_key_id is None:
             return None
@@ -1233,7 +1241,7 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
         expired_ids = {s["snapshot-id"] for s in snapshots if s["timestamp-ms"] < older_than_ms} - heads
         if not expired_ids:
             return []
-        manager = target.manager(base)
+        manager = target.manager(base, check_kek=False)  # a metadata-only commit: wraps nothing
         io = target.io(manager)
         cache: dict[str, list[dict[str, Any]]] = {}
         still_needed: set[str] = set()
@@ -1295,7 +1303,8 @@ def rotate_keys(
     target = _Target.of(table)
     for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
         base_location, base = target.latest()
-        manager = target.manager(base)
+        # no check of the current KEK: a rotation is how a refused one is replaced
+        manager = target.manager(base, check_kek=False)
         if manager is None:
             raise ValueError(f"{base_location}: the table is not encrypted (no encryption.key-id); no keys to rotate")
         summary: dict[str, Any] = {"kek_id": None, "rewrapped_kek_ids": [], "table_key_id": manager.table_key_id}
