@@ -176,3 +176,9 @@ class ReplayedKeyError(FormatError):
     def __init__(self, message: str, *, key_id: str):
         super().__init__(message)
         self.key_id = key_id
+
+
+class InsecureTransportWarning(UserWarning):
+    """A KMS client talks to its server without TLS, or without verifying the server's
+    certificate, because its configuration explicitly allows it (for local test servers):
+    whoever is on the network path sees every key it wraps and can answer in its place."""
