@@ -311,7 +311,7 @@ def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_fo
     table and its KMS can be opened (a Spark executor)."""
     target = w._Target.of(table)
     _, base = target.latest()
-    io = target.io(target.manager(base))
+    io = target.io(target.manager(base, check_kek=False))  # fresh DEKs only; the commit checks the KEK
     schema = w._schema(base)
     spec = w._specs(base)[base.get("default-spec-id", 0)]
     properties = base.get("properties") or {}

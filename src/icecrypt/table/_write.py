@@ -688,9 +688,9 @@ def create(
 
 def _write_new_data(
     target: _Target, base: dict[str, Any], data: Any, file_format: str | None, target_file_size: int | None,
-    operation_id: str | None = None, task_id: int = 0,
+    operation_id: str | None = None, task_id: int = 0, *, check_kek: bool = True,
 ) -> tuple[TableIO, list[dict[str, Any]], list[str], PartitionSpec, Schema]:
-    io = target.io(target.manager(base))
+    io = target.io(target.manager(base, check_kek=check_kek))
     schema = _schema(base)
     spec = _specs(base)[base.get("default-spec-id", 0)]
     properties = base.get("properties") or {}
@@ -730,7 +730,10 @@ def write_files(
     """
     target = _Target.of(table)
     _, base = target.latest()
-    _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size, operation_id, task_id)
+    # data files need fresh DEKs only: no KEK is checked here (a Spark executor may have no
+    # KMS access); the driver's append_files checks it before it commits anything
+    _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size, operation_id, task_id,
+                                             check_kek=False)
     return data_files
 
 
