@@ -92,7 +92,9 @@ def test_gcp_key_outside_the_allowed_key_rings_is_refused(gcp_kms_endpoint):
     with create_kms_client(gcp_kms_endpoint.kms_properties()) as kms:
         wrapped = kms.wrap_key(KEY, own)
         before = gcp_kms_endpoint.stats()
-        for bad in (foreign, own + "/cryptoKeyVersions/1/../../k", "projects/icecrypt-test"):
+        dotted = own.replace("/keyRings/icecrypt/cryptoKeys/key-a", "/keyRings/icecrypt/cryptoKeys/../../x/cryptoKeys/k")
+        moved = own.rsplit("/", 1)[0] + "/.."  # would move the REST path out of the allowed key ring
+        for bad in (foreign, own + "/cryptoKeyVersions/1/../../k", "projects/icecrypt-test", dotted, moved):
             with pytest.raises(KmsKeyNotFoundError, match="refused"):
                 kms.unwrap_key(wrapped, bad)
         assert _delta(before, gcp_kms_endpoint.stats()) == {}

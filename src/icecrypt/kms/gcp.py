@@ -99,7 +99,9 @@ _bool_property = functools.partial(_properties.bool_property, backend=_BACKEND)
 _key_bytes = functools.partial(_properties.key_bytes, backend=_BACKEND)
 _check_key_id = functools.partial(_properties.check_key_id, backend=_BACKEND)
 
-_SEGMENT = r"[A-Za-z0-9_.~+%@-]+"
+# a resource id: letters, digits, '_', '-', and '.' / ':' (domain-scoped projects such as
+# "example.com:proj"), never a segment of dots only (it would move the REST request path)
+_SEGMENT = r"(?!\.+(?:/|\Z))[A-Za-z0-9_.:-]+"
 _KEY_NAME = re.compile(rf"projects/{_SEGMENT}/locations/{_SEGMENT}/keyRings/{_SEGMENT}/cryptoKeys/{_SEGMENT}")
 _SCOPE = re.compile(rf"projects/{_SEGMENT}(?:/locations/{_SEGMENT}(?:/keyRings/{_SEGMENT})?)?")
 
