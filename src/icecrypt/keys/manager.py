@@ -389,14 +389,14 @@ class _KekLedger:
         """Why ``entry`` must not wrap new keys, or None."""
         with self._lock:
             if entry.key_id in self.retired_ids or entry.encrypted_key_metadata in self.retired_wrapped:
-                return "a key rotation of this table object retired it"
+                return "a key rotation or rekey of this table object retired it"
             other = self.used_wrapped.get(entry.encrypted_key_metadata, entry.key_id)
             if other != entry.key_id:
                 return f"its wrapped key is that of KEK {other!r}, which this table object used before"
             if fingerprint is None:
                 return None
             if fingerprint in self.retired_fingerprints:
-                return "it unwraps to a KEK that a key rotation of this table object retired"
+                return "it unwraps to a KEK that a key rotation or rekey of this table object retired"
             other = self.used_fingerprints.get(fingerprint, entry.key_id)
             if other != entry.key_id:
                 return f"it unwraps to the key of KEK {other!r}, which this table object used before"
