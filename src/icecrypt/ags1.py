@@ -89,13 +89,9 @@ def encrypt(
     aad_prefix: bytes | None = None,
     *,
     threads: int = 0,
-    _nonces: NonceSource | None = None,
 ) -> bytes:
     """Encrypt a whole buffer into AGS1 bytes (one native call, blocks in parallel)."""
-    nonces = None
-    if _nonces is not None:
-        nonces = _nonces(0, _gcm.run_blocks(memoryview(plaintext).nbytes))
-    return _gcm.ags1_encrypt(key, plaintext, aad_prefix, threads, _nonces=nonces)
+    return _gcm.ags1_encrypt(key, plaintext, aad_prefix, threads)
 
 
 def decrypt(
@@ -121,14 +117,10 @@ def encrypt_into(
     aad_prefix: bytes | None = None,
     *,
     threads: int = 0,
-    _nonces: NonceSource | None = None,
 ) -> int:
     """Encrypt a whole buffer as an AGS1 stream into the writable buffer ``out`` (at
     least ``ciphertext_length(len(plaintext))`` bytes); returns the bytes written."""
-    nonces = None
-    if _nonces is not None:
-        nonces = _nonces(0, _gcm.run_blocks(memoryview(plaintext).nbytes))
-    return _gcm.ags1_encrypt_into(key, plaintext, out, aad_prefix, threads, _nonces=nonces)
+    return _gcm.ags1_encrypt_into(key, plaintext, out, aad_prefix, threads)
 
 
 def decrypt_into(
@@ -594,14 +586,15 @@ class Ags1Writer(io.RawIOBase):
         *,
         threads: int = 0,
         fsync: bool = True,
-        _nonces: NonceSource | None = None,
     ):
         super().__init__()
         self._key = _as_key(key)
         self._aad = _as_aad(aad_prefix)
         self._threads = threads
         self._fsync = fsync
-        self._nonces = _nonces
+        # GCM nonces come from the native core's random source; tests that reproduce
+        # Java's bytes set this attribute to a NonceSource (no argument reaches it)
+        self._nonces: NonceSource | None = None
         self._atomic: AtomicFile | None = None
         # Everything that can fail comes before the sink is opened (a temporary file is
         # created for a path), so a writer that exists has something to abort.  The

@@ -215,3 +215,24 @@ class TableVersionError(IcecryptError):
 
 
 __all__ += ["TableIdentityError", "TableVersionError"]
+
+
+# --- KEKs a writer must not adopt for new wraps (icecrypt.keys.manager) ------------------
+
+
+class ReplayedKeyError(FormatError):
+    """The KEK that the table's ``encryption-keys`` list makes current cannot be shown to
+    be the table's own current KEK, so nothing is wrapped with it: its wrapped key, or the
+    key it unwraps to, already appeared under another KEK id (an old KEK put back under a
+    fresh id), or a rotation made by this table object retired it.  ``key_id``: the
+    refused KEK's id.  ``rotate_keys(new_kek=True)`` puts a fresh KEK first."""
+
+    def __init__(self, message: str, *, key_id: str):
+        super().__init__(message)
+        self.key_id = key_id
+
+
+class InsecureTransportWarning(UserWarning):
+    """A KMS client talks to its server without TLS, or without verifying the server's
+    certificate, because its configuration explicitly allows it (for local test servers):
+    whoever is on the network path sees every key it wraps and can answer in its place."""

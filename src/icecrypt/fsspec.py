@@ -532,14 +532,19 @@ def _manifest_location(filesystem: Any, path: str) -> tuple[Any, Any]:
 
 
 def read_key_manifest(
-    path: str, kms: KeyManagementClient, *, filesystem: AbstractFileSystem | None = None
+    path: str,
+    kms: KeyManagementClient,
+    *,
+    table_key_id: str | None = None,
+    filesystem: AbstractFileSystem | None = None,
 ) -> dict[str, StandardKeyMetadata]:
     """:func:`icecrypt.keys.manifest.read_key_manifest` of a manifest on an fsspec filesystem
-    (default: the local one)."""
+    (default: the local one); ``table_key_id`` is the master key the manifest must be
+    wrapped under (pass it: see there)."""
     from icecrypt.keys.manifest import read_key_manifest as read
 
     name, target = _manifest_location(filesystem if filesystem is not None else LocalFileSystem(), path)
-    return read(name, kms, filesystem=target)
+    return read(name, kms, table_key_id=table_key_id, filesystem=target)
 
 
 fsspec.register_implementation(PROTOCOL, EncryptedFileSystem, clobber=True)

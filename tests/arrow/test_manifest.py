@@ -89,6 +89,23 @@ def test_wrong_or_unknown_master_key(tmp_path, kms_and_key):
         read_key_manifest(path, kms)
 
 
+def test_a_manifest_under_another_master_key_is_refused_when_the_caller_names_its_key(tmp_path, kms):
+    """A storage attacker's manifest, wrapped under another master key the reader's KMS
+    client can use (keyB), supplies DEKs of its choosing: refused once the caller says
+    which master key the data is under, before any KMS call."""
+    path = tmp_path / "keys.json"
+    forged = {"data.parquet": StandardKeyMetadata(bytes(16), bytes(16))}
+    write_key_manifest(path, forged, EncryptionManager(kms, "keyB"))
+    with pytest.raises(icecrypt.AuthenticationError, match=r"keys\.json.*'keyB'.*'keyA'"):
+        read_key_manifest(path, kms, table_key_id="keyA")
+    assert read_key_manifest(path, kms, table_key_id="keyB") == forged
+    # without the caller's key id the manifest's own is taken (documented: safe only with
+    # a KMS client that holds that one key)
+    assert read_key_manifest(path, kms) == forged
+    with pytest.raises(ValueError, match="table_key_id"):
+        read_key_manifest(path, kms, table_key_id="")
+
+
 def edit(path, change) -> None:
     document = json.loads(path.read_text())
     change(document)

@@ -1,6 +1,7 @@
 """Fuzz harness: the ``encryption-keys`` list of table metadata and the unwrapping of
 its entries (``read_encryption_keys``, ``EncryptedKey.from_json``,
-``EncryptionManager.current_kek`` and ``unwrap_manifest_list_key_metadata``).
+``EncryptionManager.current_kek``, ``check_current_kek`` (the replay checks a writer
+makes before it wraps) and ``unwrap_manifest_list_key_metadata``).
 
 Input: JSON text, either a table metadata object holding ``encryption-keys`` or the list
 itself (inputs that are not JSON are skipped: the JSON parser is Python's).  The
@@ -16,7 +17,9 @@ Oracle:
   ``EncryptionKeyNotFoundError`` (an id that is not in the list) and ``KmsError`` (the
   KMS refuses a wrapped KEK) may be raised; never another exception, no hang;
 * no unauthenticated output: every key metadata that unwraps is one that was wrapped
-  into a seed (entries can be relabelled or moved, never forged).
+  into a seed (entries can be relabelled or moved, never forged);
+* a KEK that ``check_current_kek`` lets a writer use shares its wrapped bytes with no
+  other entry (a copy of a KEK under a fresh id is never adopted).
 """
 
 from __future__ import annotations
@@ -68,6 +71,14 @@ def _unwrap_all(document) -> list[tuple[str, StandardKeyMetadata]]:
         manager.current_kek()
     except ALLOWED:
         pass
+    try:
+        adopted = manager.check_current_kek()
+    except ALLOWED:
+        adopted = None
+    if adopted is not None and any(
+        e.key_id != adopted.key_id and e.encrypted_key_metadata == adopted.encrypted_key_metadata for e in entries
+    ):
+        raise Finding(f"KEK {adopted.key_id!r} was adopted although another entry carries its wrapped bytes")
     for entry in entries:
         try:
             out.append((entry.key_id, manager.unwrap_manifest_list_key_metadata(entry.key_id)))

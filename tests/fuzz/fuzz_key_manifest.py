@@ -2,9 +2,11 @@
 
 Input: the manifest file (JSON), written to a private temporary directory and read
 with a ``LocalKms`` over a fixed keystore, and with a ``MemoryKms`` when the local one
-does not hold the manifest's master key.  Seeds: key manifests written here with
+does not hold the manifest's master key; then again with each client and the master
+key the caller expects (``table_key_id``).  Seeds: key manifests written here with
 ``write_key_manifest`` under both KMS clients (empty, one file, several files with
-keys of every length, with and without AAD prefix and length).
+keys of every length, with and without AAD prefix and length), and one under ``keyA``,
+another master key the memory client holds (a storage attacker's manifest).
 
 Oracle:
 
@@ -13,7 +15,9 @@ Oracle:
   ``EncryptionKeyNotFoundError`` may be raised; never another exception, no hang;
 * no unauthenticated output: a manifest that reads yields exactly the ``path -> key
   metadata`` map of one seed (the digest binds every path to its key: entries cannot
-  be swapped, dropped or added).
+  be swapped, dropped or added);
+* a manifest read with ``table_key_id`` yields a map of a seed written under that master
+  key, never the ``keyA`` seed's.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ def clients():
     return local_kms(), memory_kms()
 
 
+#: a manifest under another master key the memory client can use
+_FOREIGN = {"/lake/forged.parquet": StandardKeyMetadata(fixed_bytes("km-forged", 16), None, 99)}
+
+
 @lru_cache(maxsize=None)
 def _seeds() -> tuple[tuple[bytes, ...], tuple[dict, ...]]:
     local, memory = clients()
@@ -50,6 +58,9 @@ def _seeds() -> tuple[tuple[bytes, ...], tuple[dict, ...]]:
             path = workdir() / f"seed-{i}-{master}.json"
             write_key_manifest(str(path), keys, EncryptionManager(kms, master))
             files.append(path.read_bytes())
+    path = workdir() / "seed-foreign-keyA.json"
+    write_key_manifest(str(path), _FOREIGN, EncryptionManager(memory, "keyA"))
+    files.append(path.read_bytes())
     return tuple(files), tuple(maps)
 
 
@@ -65,5 +76,12 @@ def check(data: bytes) -> None:
         keys = read_key_manifest(path, local)
     except KmsKeyNotFoundError:
         keys = read_key_manifest(path, memory)
-    if keys not in maps:
+    if keys not in maps and keys != _FOREIGN:
         raise Finding(f"a key manifest read as a map of {len(keys)} files that no seed holds")
+    for kms, master in ((local, "master"), (memory, "fuzz-master")):
+        try:
+            keys = read_key_manifest(path, kms, table_key_id=master)
+        except ALLOWED:
+            continue
+        if keys not in maps:
+            raise Finding(f"a key manifest read under expected master key {master!r} as a map no seed under it holds")

@@ -14,8 +14,8 @@ from icecrypt.keys import (
     EncryptionManager,
     StandardKeyMetadata,
     unwrap_key_metadata,
-    wrap_key_metadata,
 )
+from icecrypt.keys.manager import _seal_key_metadata
 from icecrypt.kms.memory import ICEBERG_TEST_MASTER_KEYS, MemoryKms
 
 
@@ -43,7 +43,7 @@ def test_rewrap_is_byte_identical_with_the_vector_nonce(kek_vectors):
     for v in kek_vectors:
         km = StandardKeyMetadata.decode(bytes.fromhex(v["key_metadata_hex"]))
         nonce = hash_stream(bytes.fromhex(v["rng_seed_hex"]), 12)
-        wrapped = wrap_key_metadata(bytes.fromhex(v["kek_hex"]), v["key_timestamp"], km, _nonce=nonce)
+        wrapped = _seal_key_metadata(bytes.fromhex(v["kek_hex"]), v["key_timestamp"], km, nonce)
         assert wrapped.hex() == v["wrapped_hex"], v["id"]
         assert len(wrapped) == len(km.encode()) + 28
 
@@ -71,9 +71,10 @@ def test_manager_reproduces_the_java_entry(kek_vectors):
             [kek_entry],
             len(kek),
             clock=Clock(int(v["key_timestamp"]) + 1000),
-            _random=SeededRandom(seed),  # the manager's SecureRandom (key ids)
-            _nonce=lambda nonces=nonces: nonces(12),
         )
+        # test-only injection (no public argument reaches these): Java's random streams
+        manager._random = SeededRandom(seed)  # the manager's SecureRandom (key ids)
+        manager._nonce = lambda nonces=nonces: nonces(12)
         entry = manager.wrap_manifest_list_key_metadata(
             StandardKeyMetadata.decode(bytes.fromhex(v["key_metadata_hex"]))
         )

@@ -189,6 +189,7 @@ def test_server_not_listening_is_unavailable(assert_no_key_material):
         "client.region": REGION,
         "kms.access-key-id": ACCESS_KEY_ID,
         "kms.secret-access-key": SECRET_ACCESS_KEY,
+        "kms.allow-insecure-transport": "true",
     }
     with create_kms_client(properties) as kms:
         with pytest.raises(KmsUnavailableError) as error:

@@ -106,6 +106,10 @@ def test_full_key_id_without_vault_url(azure_keyvault_endpoint):
     del properties["azure.keyvault.url"]
     key = os.urandom(24)
     full_id = azure_keyvault_endpoint.key_ids()[KEY_A]
+    with create_kms_client(properties) as kms:  # no vault configured: no full key id either
+        with pytest.raises(KmsKeyNotFoundError, match="azure.keyvault.allowed-vault-urls"):
+            kms.wrap_key(key, full_id)
+    properties["azure.keyvault.allowed-vault-urls"] = azure_keyvault_endpoint.vault_url
     with create_kms_client(properties) as kms:
         assert kms.unwrap_key(kms.wrap_key(key, full_id), full_id) == key
         with pytest.raises(KmsError, match="azure.keyvault.url"):

@@ -159,6 +159,8 @@ def test_endpoint_down():
         "gcp.kms.endpoint": f"http://127.0.0.1:{free_port()}",  # nothing listens there
         "gcs.oauth2.token": "token",
         "gcp.kms.timeout-ms": "1500",
+        "gcp.kms.allowed-key-rings": "projects/p",
+        "gcp.kms.allow-insecure-transport": "true",
     }
     with create_kms_client(properties) as kms:
         with pytest.raises(KmsUnavailableError):

@@ -72,7 +72,7 @@ def test_selected_by_kms_type(openbao_server, vault_key_names, kms_type):
 def test_address_and_token_from_environment(openbao_server, vault_key_names, monkeypatch):
     monkeypatch.setenv("VAULT_ADDR", openbao_server.address)
     monkeypatch.setenv("VAULT_TOKEN", openbao_server.token)
-    with create_kms_client({"encryption.kms-type": "vault"}) as client:
+    with create_kms_client({"encryption.kms-type": "vault", "vault.allow-insecure-transport": "true"}) as client:
         name = vault_key_names["b"]
         assert client.unwrap_key(client.wrap_key(SECRET_KEY, name), name) == SECRET_KEY
 
@@ -212,6 +212,7 @@ def test_server_not_listening_is_unavailable(assert_no_key_material):
         "encryption.kms-type": "vault",
         "vault.address": f"http://127.0.0.1:{closed_port()}",
         "vault.token": "icecrypt-unused",
+        "vault.allow-insecure-transport": "true",
     }
     with create_kms_client(properties) as kms:
         with pytest.raises(KmsUnavailableError, match="ConnectionError") as error:

@@ -64,6 +64,8 @@ class GcpKmsServer:
             "gcp.kms.endpoint": self.endpoint,
             "gcs.oauth2.token": self.token,
             "gcp.kms.timeout-ms": "10000",
+            "gcp.kms.allowed-key-rings": KEY_RING,
+            "gcp.kms.allow-insecure-transport": "true",  # the local endpoint speaks plain HTTP
         }
         properties.update(overrides)
         return properties

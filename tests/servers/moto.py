@@ -28,6 +28,8 @@ REGION = "us-east-1"
 # (environment, ~/.aws, instance metadata) out of the tests.
 ACCESS_KEY_ID = "AKIAICECRYPTTESTKEY0"
 SECRET_ACCESS_KEY = "icecrypt-test-secret-not-a-real-key"
+#: the account moto gives every resource (its default; key ARNs carry it)
+MOTO_ACCOUNT_ID = "123456789012"
 
 # Run moto's server module with werkzeug's per-request log silenced.
 _LAUNCHER = (
@@ -64,6 +66,8 @@ class MotoServer:
             "client.region": self.region,
             "kms.access-key-id": self.access_key_id,
             "kms.secret-access-key": self.secret_access_key,
+            "kms.allow-insecure-transport": "true",  # moto speaks plain HTTP on 127.0.0.1
+            "kms.allowed-account-ids": MOTO_ACCOUNT_ID,
         }
 
     def boto3_client(self, service: str = "kms"):

@@ -66,6 +66,7 @@ class OpenBaoServer:
             "vault.address": self.address,
             "vault.token": self.token,
             "vault.transit-mount": self.transit_mount,
+            "vault.allow-insecure-transport": "true",  # the dev server speaks plain HTTP
         }
 
     def hvac_client(self, token: str | None = None):

@@ -48,8 +48,10 @@ def kms(keystore) -> LocalKms:
 
 @pytest.fixture(scope="session")
 def kms_options(keystore) -> dict[str, str]:
-    """KMS properties as Spark options (a local keystore file every worker can read)."""
-    return {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
+    """KMS properties as Spark options (a local keystore file every worker can read), and
+    the master key the file sources' key manifests must be wrapped under."""
+    return {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore),
+            "encryption.key-id": MASTER}
 
 
 @pytest.fixture(scope="session")

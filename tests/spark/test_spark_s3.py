@@ -50,9 +50,11 @@ def test_read_and_write_on_s3_with_aws_kms(icespark, remote):
             f"s3://{BUCKET}/in/b.avro": avro.write(second, f"{BUCKET}/in/b.avro", filesystem=s3)}
     wrapped = wrap_keys(keys, kms=kms, table_key_id=key_id)
 
-    df = (icespark.read.format("icecrypt.parquet").options(**options).option("keys.wrapped", wrapped)
+    df = (icespark.read.format("icecrypt.parquet").options(**options).option("encryption.key-id", key_id)
+          .option("keys.wrapped", wrapped)
           .load(f"s3://{BUCKET}/in/"))
-    dfa = (icespark.read.format("icecrypt.avro").options(**options).option("keys.wrapped", wrapped)
+    dfa = (icespark.read.format("icecrypt.avro").options(**options).option("encryption.key-id", key_id)
+           .option("keys.wrapped", wrapped)
            .load(f"s3a://{BUCKET}/in/b.avro"))
     assert table_lines(df.unionByName(dfa).toArrow()) == table_lines(pa.concat_tables([first, second]))
 
@@ -61,6 +63,7 @@ def test_read_and_write_on_s3_with_aws_kms(icespark, remote):
      .option("keys.manifest", manifest).mode("append").save(f"s3://{BUCKET}/out"))
     written = [info for info in s3.get_file_info(pafs.FileSelector(f"{BUCKET}/out")) if info.is_file]
     assert written and all(s3.open_input_file(info.path).read(4) == b"AGS1" for info in written)
-    back = (icespark.read.format("icecrypt.avro").options(**options).option("keys.manifest", manifest)
+    back = (icespark.read.format("icecrypt.avro").options(**options).option("encryption.key-id", key_id)
+            .option("keys.manifest", manifest)
             .load(f"s3://{BUCKET}/out").toArrow())
     assert table_lines(back) == table_lines(first)

@@ -124,11 +124,11 @@ def standalone_steps(root, kms_file: dict, kms_env: dict) -> list[dict]:
     steps = [{"name": "probe", "op": "probe"}]
     for fmt in ("avro", "parquet"):
         source = f"icecrypt.{fmt}"
-        manifest = {"keys.manifest": str(root / f"{fmt}-keys.json")}
+        manifest = {"keys.manifest": str(root / f"{fmt}-keys.json"), "encryption.key-id": MASTER_KEY}
         steps += [write(f"{fmt}_write", source, fmt, {**kms_file, "encryption.key-id": MASTER_KEY, **manifest}),
                   read(f"{fmt}_read", source, fmt, {**kms_file, **manifest})]
         # key transport, with the KMS only the driver can use
-        task_manifest = {"keys.manifest": str(root / f"{fmt}-task-keys.json")}
+        task_manifest = {"keys.manifest": str(root / f"{fmt}-task-keys.json"), "encryption.key-id": MASTER_KEY}
         writing = {**kms_env, "encryption.key-id": MASTER_KEY}
         steps += [
             write(f"{fmt}_write_executor_keys", source, f"{fmt}-executor", {**writing, **task_manifest}),

@@ -34,7 +34,7 @@ def connect_run(spark_connect, tmp_path_factory):
 
     steps = []
     for fmt in ("avro", "parquet"):
-        manifest = {"keys.manifest": str(root / f"{fmt}-keys.json")}
+        manifest = {"keys.manifest": str(root / f"{fmt}-keys.json"), "encryption.key-id": MASTER_KEY}
         steps += [{"name": f"{fmt}_write", "op": "write", "format": f"icecrypt.{fmt}", "path": str(root / fmt),
                    "rows": 2000, "options": {**kms, **manifest, "encryption.key-id": MASTER_KEY}},
                   {"name": f"{fmt}_read", "op": "read", "format": f"icecrypt.{fmt}", "path": str(root / fmt),

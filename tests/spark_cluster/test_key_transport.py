@@ -47,7 +47,8 @@ def setup(tmp_path, monkeypatch):
     manifest = tmp_path / "keys.json"
     write_key_manifest(manifest, keys, EncryptionManager(kms, MASTER_KEY))
     options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore),
-               "keys.manifest": str(manifest), "path": str(data), "split-size": "1m"}
+               "keys.manifest": str(manifest), "encryption.key-id": MASTER_KEY, "path": str(data),
+               "split-size": "1m"}
     return tmp_path, keystore, kms, keys, options
 
 
@@ -123,7 +124,7 @@ def test_task_keys_write_without_kms(setup, monkeypatch):
     keystore.write_bytes(material)  # the driver has it
     keystore.chmod(0o600)
     writer.commit([message])
-    recorded = read_key_manifest(tmp_path / "out-keys.json", kms)
+    recorded = read_key_manifest(tmp_path / "out-keys.json", kms, table_key_id=MASTER_KEY)
     assert list(recorded) == [written.uri]
     assert avro.read(written.uri, recorded[written.uri]).num_rows == 100
 

@@ -506,7 +506,7 @@ def _purge(table: Any) -> None:
 
     target = w._Target.of(table)
     base = table.metadata
-    manager = target.manager(base) if base.get("snapshots") else None
+    manager = target.manager(base, check_kek=False) if base.get("snapshots") else None  # reads only
     io = target.io(manager)
     files: set[str] = set()
     cache: dict[str, Any] = {}

@@ -21,6 +21,8 @@ fields of a ``metadata.json`` document, keeping Java's field placement.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import os
 import re
 import threading
@@ -33,7 +35,9 @@ from icecrypt._gcm import GcmKey
 from icecrypt.errors import (
     EncryptionKeyNotFoundError,
     FormatError,
+    KmsError,
     KmsInvalidWrappedKeyError,
+    ReplayedKeyError,
 )
 from icecrypt.keys.encrypted_key import KEY_TIMESTAMP, EncryptedKey
 from icecrypt.keys.metadata import StandardKeyMetadata
@@ -90,14 +94,18 @@ def _as_gcm_key(key: GcmKey | bytes) -> GcmKey:
     return key if isinstance(key, GcmKey) else GcmKey(key)
 
 
-def wrap_key_metadata(
-    kek: GcmKey | bytes, key_timestamp: str, key_metadata: StandardKeyMetadata, *, _nonce: bytes | None = None
-) -> bytes:
-    """``nonce || AES-GCM(kek, key_metadata.encode(), AAD = UTF-8(key_timestamp)) || tag``.
+def wrap_key_metadata(kek: GcmKey | bytes, key_timestamp: str, key_metadata: StandardKeyMetadata) -> bytes:
+    """``nonce || AES-GCM(kek, key_metadata.encode(), AAD = UTF-8(key_timestamp)) || tag``
+    with a fresh random nonce."""
+    return _seal_key_metadata(kek, key_timestamp, key_metadata, None)
 
-    ``_nonce`` (12 bytes) is a test hook to reproduce Java's output byte for byte.
-    """
-    return _as_gcm_key(kek).seal(key_metadata.encode(), key_timestamp.encode("utf-8"), _nonce=_nonce)
+
+def _seal_key_metadata(
+    kek: GcmKey | bytes, key_timestamp: str, key_metadata: StandardKeyMetadata, nonce: bytes | None
+) -> bytes:
+    # ``nonce`` is given only by tests that reproduce Java's output byte for byte (they set
+    # a manager's ``_nonce`` attribute); no public function passes one
+    return _as_gcm_key(kek).seal(key_metadata.encode(), key_timestamp.encode("utf-8"), _nonce=nonce)
 
 
 def unwrap_key_metadata(kek: GcmKey | bytes, key_timestamp: str, wrapped: bytes) -> StandardKeyMetadata:
@@ -270,53 +278,129 @@ def _ttl_property(properties: Mapping[str, Any]) -> float | None:
     return int(text) / 1000
 
 
+#: per-process key of the KEK fingerprints below (they never leave the process)
+_FINGERPRINT_KEY = os.urandom(32)
+
+
+def _fingerprint(material: bytes) -> bytes:
+    """A keyed digest of unwrapped KEK material: equal for equal keys, useless without
+    this process's random key."""
+    return hmac.new(_FINGERPRINT_KEY, material, hashlib.sha256).digest()
+
+
+def _kek_slot(entry: EncryptedKey, table_key_id: str) -> tuple[str, bytes, str]:
+    """What names one unwrapped KEK: its id, its wrapped bytes and the master key that
+    unwraps them.  An id alone names nothing: metadata.json is not authenticated, and a
+    version may give one id other bytes (item 6 of the storage-attacker review)."""
+    return (entry.key_id, entry.encrypted_key_metadata, table_key_id)
+
+
 class _KekCache:
-    """Unwrapped KEKs with a time to live; one KMS call per KEK however many threads ask."""
+    """Unwrapped KEKs (and their fingerprints) with a time to live, by (KEK id, wrapped
+    bytes, master key id); one KMS call per KEK however many threads ask."""
 
     def __init__(self, ttl_ms: float, clock: Callable[[], int]) -> None:
         self._ttl_ms = ttl_ms
         self._clock = clock
         self._lock = threading.Lock()
-        self._slots: dict[str, tuple[Future, float]] = {}  # kek id -> (future GcmKey, expiry)
+        # slot -> (future (GcmKey, fingerprint), expiry)
+        self._slots: dict[tuple[str, bytes, str], tuple[Future, float]] = {}
 
-    def get(self, kek_id: str, load: Callable[[], GcmKey]) -> GcmKey:
+    def get(self, slot_key: tuple[str, bytes, str], load: Callable[[], tuple[GcmKey, bytes]]) -> tuple[GcmKey, bytes]:
         now = self._clock()
         with self._lock:
-            slot = self._slots.get(kek_id)
+            slot = self._slots.get(slot_key)
             if slot is not None and (not slot[0].done() or now < slot[1]):
                 future, owner = slot[0], False
             else:
                 future, owner = Future(), True
-                self._slots[kek_id] = (future, float("inf"))
+                self._slots[slot_key] = (future, float("inf"))
         if not owner:
             return future.result()
         try:
-            key = load()
+            value = load()
         except BaseException as exc:
             with self._lock:
-                if self._slots.get(kek_id, (None,))[0] is future:
-                    del self._slots[kek_id]
+                if self._slots.get(slot_key, (None,))[0] is future:
+                    del self._slots[slot_key]
             future.set_exception(exc)
             raise
         with self._lock:
-            if self._slots.get(kek_id, (None,))[0] is future:
-                self._slots[kek_id] = (future, self._clock() + self._ttl_ms)
-        future.set_result(key)
-        return key
+            if self._slots.get(slot_key, (None,))[0] is future:
+                self._slots[slot_key] = (future, self._clock() + self._ttl_ms)
+        future.set_result(value)
+        return value
+
+    def peek(self, slot_key: tuple[str, bytes, str]) -> tuple[GcmKey, bytes] | None:
+        """The cached value of a slot, if it is there and loaded (expired or not)."""
+        with self._lock:
+            slot = self._slots.get(slot_key)
+        if slot is None or not slot[0].done() or slot[0].exception() is not None:
+            return None
+        return slot[0].result()
 
     @property
     def ttl_ms(self) -> float:
         return self._ttl_ms
 
-    def put(self, kek_id: str, key: GcmKey) -> None:
+    def put(self, slot_key: tuple[str, bytes, str], value: tuple[GcmKey, bytes]) -> None:
         future: Future = Future()
-        future.set_result(key)
+        future.set_result(value)
         with self._lock:
-            self._slots[kek_id] = (future, self._clock() + self._ttl_ms)
+            self._slots[slot_key] = (future, self._clock() + self._ttl_ms)
 
     def clear(self) -> None:
         with self._lock:
             self._slots.clear()
+
+
+class _KekLedger:
+    """What one writer (a table object and the managers of its commits) knows about KEKs:
+    those it wrapped with (wrapped bytes and fingerprint -> KEK id) and those its own
+    rotations retired (ids, wrapped bytes, fingerprints).  Only what the writer did goes
+    in, never what a metadata version merely lists, so a version cannot poison it."""
+
+    _MAX = 1 << 14  # KEKs come one per rotation: far more than any table holds
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.used_wrapped: dict[bytes, str] = {}
+        self.used_fingerprints: dict[bytes, str] = {}
+        self.retired_ids: set[str] = set()
+        self.retired_wrapped: set[bytes] = set()
+        self.retired_fingerprints: set[bytes] = set()
+
+    def record_use(self, entry: EncryptedKey, fingerprint: bytes) -> None:
+        with self._lock:
+            if len(self.used_wrapped) < self._MAX:
+                self.used_wrapped.setdefault(entry.encrypted_key_metadata, entry.key_id)
+            if len(self.used_fingerprints) < self._MAX:
+                self.used_fingerprints.setdefault(fingerprint, entry.key_id)
+
+    def retire(self, entry: EncryptedKey, fingerprint: bytes | None) -> None:
+        with self._lock:
+            if len(self.retired_ids) < self._MAX:
+                self.retired_ids.add(entry.key_id)
+                self.retired_wrapped.add(entry.encrypted_key_metadata)
+                if fingerprint is not None:
+                    self.retired_fingerprints.add(fingerprint)
+
+    def refusal(self, entry: EncryptedKey, fingerprint: bytes | None) -> str | None:
+        """Why ``entry`` must not wrap new keys, or None."""
+        with self._lock:
+            if entry.key_id in self.retired_ids or entry.encrypted_key_metadata in self.retired_wrapped:
+                return "a key rotation or rekey of this table object retired it"
+            other = self.used_wrapped.get(entry.encrypted_key_metadata, entry.key_id)
+            if other != entry.key_id:
+                return f"its wrapped key is that of KEK {other!r}, which this table object used before"
+            if fingerprint is None:
+                return None
+            if fingerprint in self.retired_fingerprints:
+                return "it unwraps to a KEK that a key rotation or rekey of this table object retired"
+            other = self.used_fingerprints.get(fingerprint, entry.key_id)
+            if other != entry.key_id:
+                return f"it unwraps to the key of KEK {other!r}, which this table object used before"
+        return None
 
 
 class EncryptionManager:
@@ -329,6 +413,13 @@ class EncryptionManager:
     the property ``encryption.kek-cache-ttl-ms``; 0 = a KMS call for every unwrap).
     ``clock`` returns the time in milliseconds since the epoch (KEK timestamps, expiry,
     and the cache).  The manager is safe to share between threads.
+
+    New manifest-list keys are wrapped only with a KEK this manager can show to be the
+    table's current one (:meth:`current_kek` by Java's rule, then
+    :class:`~icecrypt.errors.ReplayedKeyError` for one whose wrapped bytes are another
+    entry's, or that this writer's own rotations retired, or that unwraps to a key this
+    writer used under another id).  What a writer used and retired is kept in a ledger
+    shared, like the KEK cache, by the managers of one table object.
     """
 
     def __init__(
@@ -340,8 +431,6 @@ class EncryptionManager:
         *,
         kek_cache_ttl: float = 3600,
         clock: Callable[[], int] | None = None,
-        _random: Callable[[int], bytes] | None = None,
-        _nonce: Callable[[], bytes] | None = None,
     ) -> None:
         if not isinstance(table_key_id, str) or not table_key_id:
             raise ValueError("table_key_id must be a non-empty str")
@@ -351,9 +440,10 @@ class EncryptionManager:
         self._table_key_id = table_key_id
         self._data_key_length = data_key_length
         self._clock = clock or _now_ms
-        # test hooks: a deterministic random source and GCM nonce source
-        self._random = _random or os.urandom
-        self._nonce = _nonce
+        # random bytes (DEKs, KEKs, key ids) and GCM nonces; tests that reproduce Java's
+        # output byte for byte replace these attributes (no argument reaches them)
+        self._random: Callable[[int], bytes] = os.urandom
+        self._nonce: Callable[[], bytes] | None = None
         self._lock = threading.RLock()
         self._keys: dict[str, EncryptedKey] = {}
         for key in encryption_keys:
@@ -365,6 +455,7 @@ class EncryptionManager:
                 # or reader taking the other one): two different entries are damage
                 raise FormatError(f"encryption-keys holds two different entries with key id {key.key_id!r}")
         self._cache = _KekCache(kek_cache_ttl * 1000.0, self._clock)
+        self._ledger = _KekLedger()
 
     @classmethod
     def from_table_metadata(
@@ -421,9 +512,12 @@ class EncryptionManager:
 
     def share_kek_cache(self, other: EncryptionManager | None) -> bool:
         """Use ``other``'s cache of unwrapped KEKs when it is configured alike (same KMS
-        client, table key and TTL); returns whether it does.  A KEK id names the same
-        key material wherever it appears (ids are random), and cached keys keep their
-        expiry time."""
+        client, table key and TTL); returns whether it does.  Cached keys are found by
+        KEK id, wrapped bytes and master key id together, and keep their expiry time.
+        ``other``'s ledger of the KEKs it used and retired is shared in any case (a
+        table object keeps what it learnt across versions)."""
+        if other is not None and other is not self:
+            self._ledger = other._ledger
         if (
             other is None or other is self or other._kms is not self._kms
             or other._table_key_id != self._table_key_id or other._cache.ttl_ms != self._cache.ttl_ms
@@ -503,21 +597,22 @@ class EncryptionManager:
                     return entry
         return None
 
-    def _create_kek(self) -> tuple[EncryptedKey, GcmKey]:
+    def _create_kek(self) -> tuple[EncryptedKey, GcmKey, bytes]:
         material = self._random(self._data_key_length)
         kek = GcmKey(material)
+        fingerprint = _fingerprint(material)
         wrapped = self._kms.wrap_key(material, self._table_key_id)
         del material
         entry = EncryptedKey(
             self._new_key_id(), wrapped, self._table_key_id, {KEY_TIMESTAMP: str(self._clock())}
         )
-        return entry, kek
+        return entry, kek, fingerprint
 
-    def _unwrap_kek(self, entry: EncryptedKey) -> GcmKey:
-        def load() -> GcmKey:
+    def _unwrap_kek_and_fingerprint(self, entry: EncryptedKey) -> tuple[GcmKey, bytes]:
+        def load() -> tuple[GcmKey, bytes]:
             material = self._kms.unwrap_key(entry.encrypted_key_metadata, self._table_key_id)
             try:
-                return GcmKey(material)
+                return GcmKey(material), _fingerprint(material)
             except (TypeError, ValueError):
                 raise KmsInvalidWrappedKeyError(
                     f"KMS returned a {len(material)}-byte key for KEK {entry.key_id!r} "
@@ -525,17 +620,86 @@ class EncryptionManager:
                     backend=self._kms.kms_type,
                 ) from None
 
-        return self._cache.get(entry.key_id, load)
+        return self._cache.get(_kek_slot(entry, self._table_key_id), load)
+
+    def _unwrap_kek(self, entry: EncryptedKey) -> GcmKey:
+        return self._unwrap_kek_and_fingerprint(entry)[0]
+
+    def _refuse(self, entry: EncryptedKey, reason: str, *, rewrap: bool = False) -> ReplayedKeyError:
+        if rewrap:
+            what = " is not re-wrapped under the new master key"
+        else:
+            what = (", which the table's encryption-keys list makes current, is not used to wrap new keys "
+                    "(rotate_keys(new_kek=True) puts a fresh KEK first)")
+        return ReplayedKeyError(f"key encryption key {entry.key_id!r}{what}: {reason}", key_id=entry.key_id)
+
+    def _check_listed(self, entry: EncryptedKey) -> None:
+        """ReplayedKeyError when ``entry`` shares its wrapped bytes with another listed
+        entry, or the ledger says this writer used them under another id or retired it.
+        (Under the lock.)"""
+        for other in self._keys.values():
+            if other.key_id != entry.key_id and other.encrypted_key_metadata == entry.encrypted_key_metadata:
+                raise self._refuse(entry, f"its wrapped key is also that of entry {other.key_id!r}")
+        reason = self._ledger.refusal(entry, None)
+        if reason is not None:
+            raise self._refuse(entry, reason)
 
     def _kek_for_wrap(self) -> tuple[EncryptedKey, GcmKey]:
         with self._lock:
             entry = self.current_kek()
             if entry is None:
-                entry, kek = self._create_kek()
+                entry, kek, fingerprint = self._create_kek()
                 self._keys[entry.key_id] = entry
-                self._cache.put(entry.key_id, kek)
+                self._cache.put(_kek_slot(entry, self._table_key_id), (kek, fingerprint))
+                self._ledger.record_use(entry, fingerprint)
                 return entry, kek
-        return entry, self._unwrap_kek(entry)
+            self._check_listed(entry)
+        kek, fingerprint = self._unwrap_adoptable(entry)
+        self._ledger.record_use(entry, fingerprint)
+        return entry, kek
+
+    def _unwrap_adoptable(self, entry: EncryptedKey) -> tuple[GcmKey, bytes]:
+        """The current KEK ``entry`` unwrapped, after the ledger's checks of its key."""
+        try:
+            kek, fingerprint = self._unwrap_kek_and_fingerprint(entry)
+        except KmsInvalidWrappedKeyError as exc:
+            # not wrapped by the table's master key (e.g. a KEK of a master key retired
+            # after a leak, put back): never adopted, whatever the list says
+            raise self._refuse(entry, f"it does not unwrap under master key {self._table_key_id!r} ({exc})") from exc
+        reason = self._ledger.refusal(entry, fingerprint)
+        if reason is not None:
+            raise self._refuse(entry, reason)
+        return kek, fingerprint
+
+    def check_current_kek(self) -> EncryptedKey | None:
+        """The KEK new wraps would use (None: one would be created), after the checks a
+        wrap makes (:class:`~icecrypt.errors.ReplayedKeyError`); unwraps it (one KMS call,
+        cached).  Lets a writer refuse before it writes any file."""
+        with self._lock:
+            entry = self.current_kek()
+            if entry is None:
+                return None
+            self._check_listed(entry)
+        self._unwrap_adoptable(entry)
+        return entry
+
+    def retire_keks(self, key_ids: Iterable[str], *, unwrap: bool = False) -> None:
+        """Never wrap new keys with the KEKs ``key_ids`` (e.g. leaked ones), nor with any
+        entry that carries their wrapped bytes or their key, in this manager and every
+        manager sharing its ledger.  Their keys are recognized when this writer has them
+        unwrapped in its cache, or with ``unwrap`` (a KMS call per KEK; one the KMS
+        refuses is retired by id and wrapped bytes only).  Reads of what they wrapped are
+        unaffected."""
+        with self._lock:
+            entries = [self._keys[key_id] for key_id in key_ids if key_id in self._keys]
+        for entry in entries:
+            cached = self._cache.peek(_kek_slot(entry, self._table_key_id))
+            if cached is None and unwrap and self.is_kek(entry):
+                try:
+                    cached = self._unwrap_kek_and_fingerprint(entry)
+                except KmsError:
+                    pass
+            self._ledger.retire(entry, None if cached is None else cached[1])
 
     # --- manifest-list key metadata ------------------------------------------------------
 
@@ -547,7 +711,7 @@ class EncryptionManager:
         """
         kek_entry, kek = self._kek_for_wrap()
         nonce = self._nonce() if self._nonce is not None else None
-        wrapped = wrap_key_metadata(kek, kek_entry.key_timestamp, key_metadata, _nonce=nonce)
+        wrapped = _seal_key_metadata(kek, kek_entry.key_timestamp, key_metadata, nonce)
         entry = EncryptedKey(self._new_key_id(), wrapped, kek_entry.key_id)
         with self._lock:
             self._keys.setdefault(entry.key_id, entry)
@@ -588,11 +752,16 @@ class EncryptionManager:
         one; their ids and bytes are unchanged.)
         """
         with self._lock:
-            entry, kek = self._create_kek()
+            entry, kek, fingerprint = self._create_kek()
             rest = self._keys
+            # every KEK there was is retired for new wraps by this writer: a version that
+            # lists one of them first again (or its wrapped bytes under a fresh id) is
+            # refused, not followed
+            self.retire_keks([k for k, v in rest.items() if self.is_kek(v)])
             self._keys = {entry.key_id: entry}
             self._keys.update((k, v) for k, v in rest.items() if k != entry.key_id)
-            self._cache.put(entry.key_id, kek)
+            self._cache.put(_kek_slot(entry, self._table_key_id), (kek, fingerprint))
+            self._ledger.record_use(entry, fingerprint)
             return entry
 
     def rotate_master_key(self, new_key_id: str, new_kms: KeyManagementClient | None = None) -> list[EncryptedKey]:
@@ -604,22 +773,40 @@ class EncryptionManager:
         property ``encryption.key-id`` (and a catalog's copy of it) must be updated to
         ``new_key_id`` together with the new ``encryption-keys``.  All KEKs are unwrapped
         and re-wrapped before anything changes, so a failure leaves the manager as it was.
+
+        A replayed KEK is never carried over to the new master key: two KEKs that unwrap
+        to the same key, or one that unwraps to the key of a KEK this writer retired
+        under another id, raise :class:`~icecrypt.errors.ReplayedKeyError` (nothing
+        changes).
         """
         if not isinstance(new_key_id, str) or not new_key_id:
             raise ValueError("new_key_id must be a non-empty str")
         target = new_kms or self._kms
         with self._lock:
             replaced: dict[str, EncryptedKey] = {}
+            unwrapped: list[tuple[GcmKey, bytes]] = []
+            owners: dict[bytes, str] = {}
             for entry in self._keys.values():
                 if not self.is_kek(entry):
                     continue
                 material = self._kms.unwrap_key(entry.encrypted_key_metadata, self._table_key_id)
+                fingerprint = _fingerprint(material)
+                other = owners.setdefault(fingerprint, entry.key_id)
+                if other != entry.key_id:
+                    raise self._refuse(entry, f"it unwraps to the key of KEK {other!r} (a replayed KEK)", rewrap=True)
+                if fingerprint in self._ledger.retired_fingerprints and entry.key_id not in self._ledger.retired_ids:
+                    raise self._refuse(
+                        entry, "it unwraps to the key of a KEK a rotation of this table object retired", rewrap=True
+                    )
                 wrapped = target.wrap_key(material, new_key_id)
+                unwrapped.append((GcmKey(material), fingerprint))
                 del material
                 replaced[entry.key_id] = entry.replace(encrypted_key_metadata=wrapped, encrypted_by_id=new_key_id)
             self._keys = {key_id: replaced.get(key_id, entry) for key_id, entry in self._keys.items()}
             self._kms = target
             self._table_key_id = new_key_id
+            for entry, value in zip(replaced.values(), unwrapped):
+                self._cache.put(_kek_slot(entry, new_key_id), value)
             return list(replaced.values())
 
     # --- metadata.json -----------------------------------------------------------------

@@ -30,6 +30,14 @@ fails to read (:class:`~icecrypt.AuthenticationError`).
 Every manifest gets a KEK of its own (one KMS call to write, one to read), made by a
 private :class:`~icecrypt.keys.EncryptionManager` over the caller's KMS and master key: the caller's
 manager, which may be a table's, gains no entries.
+
+A manifest's ``table-key-id`` is part of the file, and whoever can write the file can
+write a manifest of their own, wrapped under any master key the reader's KMS client can
+use (another key of the same keystore or account).  The master key a reader expects
+therefore comes from the reader: :func:`read_key_manifest` takes it as ``table_key_id``
+and refuses a manifest under any other.  The Spark file sources always pass it (option
+``encryption.key-id``); without it the low-level function accepts the manifest's own
+``table-key-id``, which is safe only when the KMS client can use that one master key.
 """
 
 from __future__ import annotations
@@ -169,18 +177,31 @@ def read_key_manifest(
     path: str | os.PathLike[str],
     kms: KeyManagementClient,
     *,
+    table_key_id: str | None = None,
     filesystem: Any = None,
 ) -> dict[str, StandardKeyMetadata]:
     """Read a key manifest written by :func:`write_key_manifest`: ``path -> key metadata``.
 
-    ``kms`` must hold the manifest's master key.  Raises :class:`~icecrypt.FormatError`
-    for a file that is not a key manifest, a :class:`~icecrypt.KmsError` when the KMS
-    cannot unwrap the KEK (wrong or unknown master key), and
-    :class:`~icecrypt.AuthenticationError` when an entry does not authenticate or the
-    manifest was altered; every message names the manifest.
+    ``table_key_id``: the master key the manifest must be wrapped under, as the caller
+    knows it (a manifest naming another one is refused with
+    :class:`~icecrypt.AuthenticationError` before any KMS call).  None accepts the master
+    key the manifest names, which is safe only when ``kms`` can use no other key: a
+    manifest is a file, and whoever can write it can wrap one under any key ``kms``
+    unwraps with.  ``kms`` must hold the manifest's master key.  Raises
+    :class:`~icecrypt.FormatError` for a file that is not a key manifest, a
+    :class:`~icecrypt.KmsError` when the KMS cannot unwrap the KEK (wrong or unknown
+    master key), and :class:`~icecrypt.AuthenticationError` when an entry does not
+    authenticate or the manifest was altered; every message names the manifest.
     """
+    if table_key_id is not None and (not isinstance(table_key_id, str) or not table_key_id):
+        raise ValueError("table_key_id must be a non-empty str (or None)")
     name = _filesystem_name(path, filesystem)
     document = _load(path, filesystem, name)
+    if table_key_id is not None and document["table-key-id"] != table_key_id:
+        raise AuthenticationError(
+            f"{name}: the key manifest is wrapped under master key {document['table-key-id']!r}, not the "
+            f"expected {table_key_id!r} (refused: a manifest under another key is not this data's)"
+        )
     try:
         entries = [EncryptedKey.from_json(entry) for entry in document["encryption-keys"]]
         manager = EncryptionManager(kms, document["table-key-id"], entries)

@@ -7,10 +7,11 @@ key bytes.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from icecrypt.errors import KmsError, KmsKeyNotFoundError
+from icecrypt.errors import InsecureTransportWarning, KmsError, KmsKeyNotFoundError
 
 _TRUE = ("true",)
 _FALSE = ("false",)
@@ -62,3 +63,33 @@ def check_key_id(wrapping_key_id: Any, *, backend: str) -> str:
     if not isinstance(wrapping_key_id, str) or not wrapping_key_id.strip():
         raise KmsKeyNotFoundError(f"invalid wrapping key id {wrapping_key_id!r}", backend=backend)
     return wrapping_key_id
+
+
+def list_property(properties: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """``properties[name]`` as a comma-separated list of non-blank items (empty when unset)."""
+    raw = properties.get(name)
+    if raw is None:
+        return ()
+    return tuple(item.strip() for item in str(raw).split(",") if item.strip())
+
+
+def allow_insecure_transport(properties: Mapping[str, str], name: str, what: str, *, backend: str) -> None:
+    """Refuse an insecure transport (``what``: a plain ``http://`` endpoint, TLS verification
+    off) unless property ``name`` is ``true``; when it is, warn with
+    :class:`~icecrypt.errors.InsecureTransportWarning` and go on."""
+    if not bool_property(properties, name, False, backend=backend):
+        raise KmsError(
+            f"{what}: keys and credentials would cross the network unprotected; use TLS, or set "
+            f"{name}=true to allow it (local test servers only)",
+            backend=backend,
+        )
+    warnings.warn(f"{backend} KMS: {what} ({name}=true): not for production", InsecureTransportWarning, stacklevel=4)
+
+
+def refuse_key_id(wrapping_key_id: str, why: str, *, backend: str) -> KmsKeyNotFoundError:
+    """The error for a key id outside what the client's configuration allows."""
+    return KmsKeyNotFoundError(
+        f"wrapping key id {wrapping_key_id!r} is refused: {why} (a key id comes from table metadata, which "
+        "anyone who can write the table's storage can edit; the configuration says which keys may be used)",
+        backend=backend,
+    )

@@ -21,7 +21,20 @@ property                           default            meaning
 ``kms.read-timeout-ms``            10000              response timeout per attempt
 ``kms.max-attempts``               3                  attempts per call, first included
 ``kms.max-connections``            32                 HTTP connection pool size
+``kms.allowed-account-ids``        none               accounts whose key and alias ARNs may be
+                                                      used (comma-separated; icecrypt only)
+``kms.allowed-key-ids``            none               further key ids, aliases or ARNs that may
+                                                      be used (comma-separated; icecrypt only)
+``kms.allow-insecure-transport``   false              allow an ``http://`` ``kms.endpoint``
+                                                      (local test servers; warns)
 =================================  =================  ===========================================
+
+Key ids come from table metadata, which whoever can write the table's storage can edit, so
+the configuration says which keys may be used: a bare key id or alias name (they resolve
+in the client's own account and region) is always accepted; an ARN only when its account
+is in ``kms.allowed-account-ids`` or the ARN is listed in ``kms.allowed-key-ids``.  Another
+account's key whose policy lets this client encrypt and decrypt would otherwise serve a
+storage attacker.  Anything else is :class:`~icecrypt.KmsKeyNotFoundError` before a call.
 
 Without static credentials boto3's default chain applies (``AWS_ACCESS_KEY_ID`` ...,
 ``AWS_PROFILE``, ``~/.aws``, instance and container roles), like Java's
@@ -65,6 +78,9 @@ KMS_CONNECT_TIMEOUT_MS = "kms.connect-timeout-ms"
 KMS_READ_TIMEOUT_MS = "kms.read-timeout-ms"
 KMS_MAX_ATTEMPTS = "kms.max-attempts"
 KMS_MAX_CONNECTIONS = "kms.max-connections"
+KMS_ALLOWED_ACCOUNT_IDS = "kms.allowed-account-ids"
+KMS_ALLOWED_KEY_IDS = "kms.allowed-key-ids"
+KMS_ALLOW_INSECURE_TRANSPORT = "kms.allow-insecure-transport"
 
 _DEFAULT_CONNECT_TIMEOUT_MS = 2000
 _DEFAULT_READ_TIMEOUT_MS = 10000
@@ -75,6 +91,17 @@ _BACKEND = "aws"
 _int_property = functools.partial(_properties.int_property, backend=_BACKEND)
 _key_bytes = functools.partial(_properties.key_bytes, backend=_BACKEND)
 _check_key_id = functools.partial(_properties.check_key_id, backend=_BACKEND)
+
+
+def _arn_account(key_id: str) -> str | None:
+    """The account of a key or alias ARN (``arn:<partition>:kms:<region>:<account>:...``),
+    None for a bare key id or alias name; KmsKeyNotFoundError for a malformed ARN."""
+    if not key_id.startswith("arn:"):
+        return None
+    parts = key_id.split(":", 5)
+    if len(parts) != 6 or parts[2] != "kms" or not parts[4] or not parts[5].startswith(("key/", "alias/")):
+        raise _properties.refuse_key_id(key_id, "not a KMS key or alias ARN", backend=_BACKEND)
+    return parts[4]
 
 # KMS error codes -> icecrypt exception classes.  Codes not listed become plain KmsError.
 _ERROR_CLASSES: dict[str, type[KmsError]] = {
@@ -142,9 +169,13 @@ class AwsKms(KeyManagementClient):
         self._owns_client = client is None
         self.encryption_algorithm_spec = KMS_ENCRYPTION_ALGORITHM_SPEC_DEFAULT
         self.data_key_spec = KMS_DATA_KEY_SPEC_DEFAULT
+        self._allowed_accounts: frozenset[str] = frozenset()
+        self._allowed_key_ids: frozenset[str] = frozenset()
 
     def initialize(self, properties: Mapping[str, str]) -> None:
         """Read the properties listed in the module docstring and build the boto3 client."""
+        self._allowed_accounts = frozenset(_properties.list_property(properties, KMS_ALLOWED_ACCOUNT_IDS))
+        self._allowed_key_ids = frozenset(_properties.list_property(properties, KMS_ALLOWED_KEY_IDS))
         spec = properties.get(KMS_ENCRYPTION_ALGORITHM_SPEC)
         if spec:
             self.encryption_algorithm_spec = spec.strip().upper()
@@ -174,12 +205,17 @@ class AwsKms(KeyManagementClient):
             raise KmsError(f"set both {KMS_ACCESS_KEY_ID} and {KMS_SECRET_ACCESS_KEY}, or neither", backend=_BACKEND)
         from botocore import exceptions as bx
 
+        endpoint = (properties.get(KMS_ENDPOINT) or "").strip() or None
+        if endpoint is not None and endpoint.lower().startswith("http://"):
+            _properties.allow_insecure_transport(
+                properties, KMS_ALLOW_INSECURE_TRANSPORT, f"{KMS_ENDPOINT} {endpoint!r} is plain HTTP", backend=_BACKEND
+            )
         try:
             # A session of our own: boto3's default session is not thread-safe to create.
             self._client = boto3.session.Session().client(
                 "kms",
                 region_name=properties.get(CLIENT_REGION) or None,
-                endpoint_url=properties.get(KMS_ENDPOINT) or None,
+                endpoint_url=endpoint,
                 aws_access_key_id=access_key_id,
                 aws_secret_access_key=secret_access_key,
                 aws_session_token=properties.get(KMS_SESSION_TOKEN) or None,
@@ -191,6 +227,18 @@ class AwsKms(KeyManagementClient):
             raise KmsError(f"cannot create the AWS KMS client: {exc}", backend=_BACKEND) from exc
         self._owns_client = True
 
+    def _allowed_key_id(self, wrapping_key_id: Any) -> str:
+        """``wrapping_key_id`` if the configuration allows it (see the module docstring)."""
+        key_id = _check_key_id(wrapping_key_id)
+        if key_id in self._allowed_key_ids:
+            return key_id
+        account = _arn_account(key_id)
+        if account is not None and account not in self._allowed_accounts:
+            raise _properties.refuse_key_id(
+                key_id, f"account {account} is not in {KMS_ALLOWED_ACCOUNT_IDS} and the ARN is not in "
+                f"{KMS_ALLOWED_KEY_IDS}", backend=_BACKEND)
+        return key_id
+
     def _require_client(self) -> Any:
         if self._client is None:
             raise KmsError("AwsKms is not initialized (or was closed)", backend=_BACKEND)
@@ -199,7 +247,7 @@ class AwsKms(KeyManagementClient):
     def wrap_key(self, key: bytes, wrapping_key_id: str) -> bytes:
         """KMS ``Encrypt`` of ``key`` under ``wrapping_key_id``; returns the ``CiphertextBlob``."""
         plaintext = _key_bytes(key, "key")
-        key_id = _check_key_id(wrapping_key_id)
+        key_id = self._allowed_key_id(wrapping_key_id)
         client = self._require_client()
         try:
             response = client.encrypt(
@@ -214,7 +262,7 @@ class AwsKms(KeyManagementClient):
     def unwrap_key(self, wrapped_key: bytes, wrapping_key_id: str) -> bytes:
         """KMS ``Decrypt`` of ``wrapped_key`` (a ``CiphertextBlob``) with ``wrapping_key_id``."""
         blob = _key_bytes(wrapped_key, "wrapped key")
-        key_id = _check_key_id(wrapping_key_id)
+        key_id = self._allowed_key_id(wrapping_key_id)
         client = self._require_client()
         try:
             response = client.decrypt(

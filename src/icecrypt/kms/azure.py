@@ -7,8 +7,8 @@ algorithm's raw output (an RSA-OAEP block), so they are interchangeable with Jav
 
 ``wrapping_key_id`` is, as in Java (``KeyClient.getCryptographyClient(name)``), a key name
 resolved against ``azure.keyvault.url``.  ``name/version`` pins a version, and a full key
-identifier (``https://vault.vault.azure.net/keys/name[/version]``) names a key in any
-vault.  Without a version both wrap and unwrap use the key's *latest* version, exactly as
+identifier (``https://vault.vault.azure.net/keys/name[/version]``) names a key in that vault
+or one of ``azure.keyvault.allowed-vault-urls``.  Without a version both wrap and unwrap use the key's *latest* version, exactly as
 Java does: after the master key is rotated, keys wrapped earlier unwrap only through a
 versioned id.  Pin versions where master keys rotate.
 
@@ -44,7 +44,17 @@ property                                      default           meaning
 ``azure.keyvault.connect-timeout-ms``         2000              TCP connect timeout per attempt
 ``azure.keyvault.read-timeout-ms``            10000             response timeout per attempt
 ``azure.keyvault.max-attempts``               3                 attempts per request, first included
+``azure.keyvault.allowed-vault-urls``         none              further vaults whose full key id
+                                                                URLs may be used (comma-separated;
+                                                                icecrypt only)
 ============================================  ================  ====================================
+
+Key ids come from table metadata, which whoever can write the table's storage can edit, so
+the configuration says where keys may be: a full key identifier is accepted only when its
+vault (scheme, host and port) is ``azure.keyvault.url`` or one of
+``azure.keyvault.allowed-vault-urls``.  Otherwise a key id naming a host of the attacker's
+would have this client fetch the attacker's public key to wrap new KEKs, and send it
+every unwrap; it is :class:`~icecrypt.KmsKeyNotFoundError` before any request.
 
 Without a credential property ``DefaultAzureCredential`` applies, as in Java.  TLS
 verification cannot be turned off.  azure-core's network trace (``logging_enable=True``)
@@ -86,6 +96,7 @@ __all__ = [
     "AZURE_KEYVAULT_CONNECT_TIMEOUT_MS",
     "AZURE_KEYVAULT_READ_TIMEOUT_MS",
     "AZURE_KEYVAULT_MAX_ATTEMPTS",
+    "AZURE_KEYVAULT_ALLOWED_VAULT_URLS",
 ]
 
 AZURE_KEYVAULT_URL = "azure.keyvault.url"
@@ -98,6 +109,7 @@ AZURE_KEYVAULT_VERIFY_CHALLENGE_RESOURCE = "azure.keyvault.verify-challenge-reso
 AZURE_KEYVAULT_CONNECT_TIMEOUT_MS = "azure.keyvault.connect-timeout-ms"
 AZURE_KEYVAULT_READ_TIMEOUT_MS = "azure.keyvault.read-timeout-ms"
 AZURE_KEYVAULT_MAX_ATTEMPTS = "azure.keyvault.max-attempts"
+AZURE_KEYVAULT_ALLOWED_VAULT_URLS = "azure.keyvault.allowed-vault-urls"
 
 _DEFAULT_ALGORITHM = "RSA-OAEP-256"  # Java: KeyWrapAlgorithm.RSA_OAEP_256
 _DEFAULT_CONNECT_TIMEOUT_MS = 2000
@@ -131,6 +143,24 @@ class StaticTokenCredential:
 
     def __repr__(self) -> str:
         return "<StaticTokenCredential token=***>"
+
+
+def _vault_origin(url: str) -> str | None:
+    """``https://host[:port]`` of a vault URL, lower-cased, default port dropped; None if
+    it is not an https URL with a host and nothing but an optional ``/`` after it."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() != "https" or not parts.hostname or parts.path.strip("/") or parts.query or parts.fragment:
+        return None
+    if parts.username is not None or parts.password is not None:
+        return None
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"https://{host}" + (f":{port}" if port not in (None, 443) else "")
 
 
 def _credential(properties: Mapping[str, str]) -> Any:
@@ -177,6 +207,7 @@ class AzureKms(KeyManagementClient):
         self._credential: Any = None
         self._client_kwargs: dict[str, Any] = {}
         self._key_clients: dict[str, Any] = {}  # vault URL -> KeyClient
+        self._allowed_vaults: frozenset[str] = frozenset()  # origins full key ids may name
         self._crypto_clients: dict[tuple[str, str, str], Any] = {}  # (vault, name, version) -> client
 
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -213,6 +244,15 @@ class AzureKms(KeyManagementClient):
             if not os.path.isfile(ca_cert):
                 raise KmsError(f"invalid {AZURE_KEYVAULT_CA_CERT} {ca_cert!r}: no such file", backend=_BACKEND)
             client_kwargs["connection_verify"] = ca_cert
+        allowed = set()
+        for url in ((properties.get(AZURE_KEYVAULT_URL) or "").strip(), *_properties.list_property(
+                properties, AZURE_KEYVAULT_ALLOWED_VAULT_URLS)):
+            if not url:
+                continue
+            origin = _vault_origin(url)
+            if origin is None:
+                raise KmsError(f"invalid vault URL {url!r}: expected https://<vault host>[:port]", backend=_BACKEND)
+            allowed.add(origin)
         credential = _credential(properties)
 
         self.close()
@@ -221,6 +261,7 @@ class AzureKms(KeyManagementClient):
             self._algorithm = algorithm
             self._credential = credential
             self._client_kwargs = client_kwargs
+            self._allowed_vaults = frozenset(allowed)
             self._initialized = True
 
     def _key_client(self, vault_url: str) -> Any:
@@ -247,6 +288,10 @@ class AzureKms(KeyManagementClient):
                 raise KmsKeyNotFoundError(f"invalid Key Vault key id {wrapping_key_id!r}", backend=_BACKEND)
             vault_url, name = f"https://{url.netloc}", parts[1]
             version = parts[2] if len(parts) == 3 else None
+            if _vault_origin(vault_url) not in self._allowed_vaults:
+                raise _properties.refuse_key_id(
+                    wrapping_key_id, f"its vault is not {AZURE_KEYVAULT_URL} nor in {AZURE_KEYVAULT_ALLOWED_VAULT_URLS}",
+                    backend=_BACKEND)
         else:
             if not self._vault_url:
                 message = f"key name {wrapping_key_id!r} needs {AZURE_KEYVAULT_URL} (or use a full key id URL)"

@@ -29,7 +29,19 @@ property                          default      meaning
                                                ``rest`` (default when the endpoint is a URL)
 ``gcp.kms.timeout-ms``            10000        deadline of one call, retries of transient
                                                failures included (icecrypt only)
+``gcp.kms.allowed-key-rings``     none         where keys may be (required; icecrypt only):
+                                               comma-separated ``projects/P``,
+                                               ``projects/P/locations/L`` or
+                                               ``projects/P/locations/L/keyRings/R``
+``gcp.kms.allow-insecure-transport``  false    allow an ``http://`` endpoint (local test
+                                               servers; warns; icecrypt only)
 ================================  ===========  ================================================
+
+Key ids come from table metadata, which whoever can write the table's storage can edit, so
+the configuration says which keys may be used: a CryptoKey name is accepted only under one
+of ``gcp.kms.allowed-key-rings`` (a key in another project whose IAM policy lets this
+client encrypt and decrypt would otherwise serve a storage attacker); anything else is
+:class:`~icecrypt.KmsKeyNotFoundError` before a call.
 
 Only failures that cannot have changed anything are retried (UNAVAILABLE, DEADLINE_EXCEEDED,
 connection errors), with backoff, until the deadline.
@@ -42,6 +54,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -66,6 +79,8 @@ __all__ = [
     "GCP_KMS_ENDPOINT",
     "GCP_KMS_TRANSPORT",
     "GCP_KMS_TIMEOUT_MS",
+    "GCP_KMS_ALLOWED_KEY_RINGS",
+    "GCP_KMS_ALLOW_INSECURE_TRANSPORT",
 ]
 
 GCS_OAUTH2_TOKEN = "gcs.oauth2.token"
@@ -74,6 +89,8 @@ GCS_NO_AUTH = "gcs.no-auth"
 GCP_KMS_ENDPOINT = "gcp.kms.endpoint"
 GCP_KMS_TRANSPORT = "gcp.kms.transport"
 GCP_KMS_TIMEOUT_MS = "gcp.kms.timeout-ms"
+GCP_KMS_ALLOWED_KEY_RINGS = "gcp.kms.allowed-key-rings"
+GCP_KMS_ALLOW_INSECURE_TRANSPORT = "gcp.kms.allow-insecure-transport"
 
 _DEFAULT_TIMEOUT_MS = 10_000
 _BACKEND = "gcp"
@@ -81,6 +98,24 @@ _int_property = functools.partial(_properties.int_property, backend=_BACKEND)
 _bool_property = functools.partial(_properties.bool_property, backend=_BACKEND)
 _key_bytes = functools.partial(_properties.key_bytes, backend=_BACKEND)
 _check_key_id = functools.partial(_properties.check_key_id, backend=_BACKEND)
+
+# a resource id: letters, digits, '_', '-', and '.' / ':' (domain-scoped projects such as
+# "example.com:proj"), never a segment of dots only (it would move the REST request path)
+_SEGMENT = r"(?!\.+(?:/|\Z))[A-Za-z0-9_.:-]+"
+_KEY_NAME = re.compile(rf"projects/{_SEGMENT}/locations/{_SEGMENT}/keyRings/{_SEGMENT}/cryptoKeys/{_SEGMENT}")
+_SCOPE = re.compile(rf"projects/{_SEGMENT}(?:/locations/{_SEGMENT}(?:/keyRings/{_SEGMENT})?)?")
+
+
+def _key_rings(properties: Mapping[str, str]) -> tuple[str, ...]:
+    scopes = tuple(item.rstrip("/") for item in _properties.list_property(properties, GCP_KMS_ALLOWED_KEY_RINGS))
+    for scope in scopes:
+        if not _SCOPE.fullmatch(scope):
+            raise KmsError(
+                f"invalid {GCP_KMS_ALLOWED_KEY_RINGS} entry {scope!r}: expected projects/P, "
+                "projects/P/locations/L or projects/P/locations/L/keyRings/R",
+                backend=_BACKEND,
+            )
+    return scopes
 
 
 def _crc32c_table() -> tuple[int, ...]:
@@ -150,6 +185,7 @@ class GcpKms(KeyManagementClient):
         self._timeout = _DEFAULT_TIMEOUT_MS / 1000
         self._endpoint: str | None = None
         self._transport = "grpc"
+        self._key_rings: tuple[str, ...] = ()
 
     def initialize(self, properties: Mapping[str, str]) -> None:
         """Build the Cloud KMS client from ``properties`` (see the module docstring)."""
@@ -163,8 +199,14 @@ class GcpKms(KeyManagementClient):
                 "the gcp KMS needs google-cloud-kms (pip install 'icecrypt[gcp]')", backend=_BACKEND
             ) from exc
 
+        key_rings = _key_rings(properties)
         endpoint = (properties.get(GCP_KMS_ENDPOINT) or "").strip() or None
         is_url = endpoint is not None and endpoint.startswith(("http://", "https://"))
+        if endpoint is not None and endpoint.startswith("http://"):
+            _properties.allow_insecure_transport(
+                properties, GCP_KMS_ALLOW_INSECURE_TRANSPORT, f"{GCP_KMS_ENDPOINT} {endpoint!r} is plain HTTP",
+                backend=_BACKEND,
+            )
         transport = (properties.get(GCP_KMS_TRANSPORT) or ("rest" if is_url else "grpc")).strip().lower()
         if transport not in ("grpc", "rest"):
             raise KmsError(f"invalid {GCP_KMS_TRANSPORT} {transport!r}: expected grpc or rest", backend=_BACKEND)
@@ -193,6 +235,19 @@ class GcpKms(KeyManagementClient):
         with self._lock:
             self._client, self._retry, self._timeout = client, retry, timeout
             self._endpoint, self._transport = endpoint, transport
+            self._key_rings = key_rings
+
+    def _allowed_key_id(self, wrapping_key_id: Any) -> str:
+        """``wrapping_key_id`` if it is a CryptoKey name under ``gcp.kms.allowed-key-rings``."""
+        key_id = _check_key_id(wrapping_key_id)
+        if not _KEY_NAME.fullmatch(key_id):
+            raise _properties.refuse_key_id(
+                key_id, "not a CryptoKey name projects/P/locations/L/keyRings/R/cryptoKeys/K", backend=_BACKEND)
+        if not any(key_id.startswith(scope + "/") for scope in self._key_rings):
+            where = ", ".join(self._key_rings) or "nothing (unset)"
+            raise _properties.refuse_key_id(
+                key_id, f"it is not under {GCP_KMS_ALLOWED_KEY_RINGS} ({where})", backend=_BACKEND)
+        return key_id
 
     def _require_client(self) -> Any:
         client = self._client
@@ -203,7 +258,7 @@ class GcpKms(KeyManagementClient):
     def wrap_key(self, key: bytes, wrapping_key_id: str) -> bytes:
         """Cloud KMS ``Encrypt(name=wrapping_key_id, plaintext=key)`` -> ciphertext."""
         data = _key_bytes(key, "key")
-        key_id = _check_key_id(wrapping_key_id)
+        key_id = self._allowed_key_id(wrapping_key_id)
         client = self._require_client()
         try:
             response = client.encrypt(
@@ -225,7 +280,7 @@ class GcpKms(KeyManagementClient):
     def unwrap_key(self, wrapped_key: bytes, wrapping_key_id: str) -> bytes:
         """Cloud KMS ``Decrypt(name=wrapping_key_id, ciphertext=wrapped_key)`` -> plaintext."""
         data = _key_bytes(wrapped_key, "wrapped key", KmsInvalidWrappedKeyError)
-        key_id = _check_key_id(wrapping_key_id)
+        key_id = self._allowed_key_id(wrapping_key_id)
         client = self._require_client()
         try:
             response = client.decrypt(

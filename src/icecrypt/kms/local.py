@@ -13,12 +13,18 @@ authenticated, so a blob wrapped under one master key never unwraps under anothe
 
 Properties (``encryption.kms-type = local``): ``encryption.kms.local.keystore`` = path;
 without it the ``ICECRYPT_KEYSTORE`` environment variable is used.
+
+:meth:`LocalKms.add_key` and :meth:`LocalKms.remove_key` read, change and replace the
+keystore under an exclusive ``flock`` of ``<keystore>.lock`` (created 0600 beside it), so
+two processes rotating master keys at once never lose one another's key.  (Where ``fcntl``
+is missing, as on Windows, only threads of one process are serialized.)
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 import stat
@@ -58,6 +64,27 @@ def _write_keystore(path: Path, document: dict, *, overwrite: bool) -> None:
     with AtomicFile(path) as out:
         out.file.write((json.dumps(document, indent=2) + "\n").encode("utf-8"))
         out.commit(overwrite=overwrite)
+
+
+@contextlib.contextmanager
+def _keystore_lock(path: Path):
+    """An exclusive inter-process lock on ``<path>.lock`` for a read-modify-write of the
+    keystore (the keystore itself is replaced by rename, so it cannot carry the lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        raise _error(KmsAccessDeniedError, f"cannot open the keystore lock {lock_path}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _new_entry(key_length: int) -> dict:
@@ -115,7 +142,8 @@ class LocalKms(KeyManagementClient):
     def add_key(self, key_id: str, key_length: int = 32) -> None:
         """Add a fresh random master key to the keystore file (master-key rotation).
 
-        The file is re-read, extended and atomically replaced; an existing id is refused.
+        The file is re-read, extended and atomically replaced under the keystore's
+        inter-process lock; an existing id is refused.
         """
         if not isinstance(key_id, str) or not key_id:
             raise ValueError("master key id must be a non-empty str")
@@ -123,28 +151,31 @@ class LocalKms(KeyManagementClient):
             raise ValueError(f"key_length must be 16, 24 or 32, not {key_length}")
         with self._lock:
             path = self._require_path()
-            document = self._read_document(path)
-            if key_id in document["keys"]:
-                raise KmsError(f"keystore {path} already has a master key {key_id!r}", backend=_BACKEND)
-            document["keys"][key_id] = _new_entry(key_length)
-            _write_keystore(path, document, overwrite=True)
-            self._load(path)
+            with _keystore_lock(path):
+                document = self._read_document(path)
+                if key_id in document["keys"]:
+                    raise KmsError(f"keystore {path} already has a master key {key_id!r}", backend=_BACKEND)
+                document["keys"][key_id] = _new_entry(key_length)
+                _write_keystore(path, document, overwrite=True)
+                self._load(path)
 
     def remove_key(self, key_id: str) -> None:
         """Remove master key ``key_id`` from the keystore file (retire it after a rotation).
 
         Whatever it wrapped can no longer be unwrapped: re-wrap first (e.g.
         ``EncryptionManager.rotate_master_key``).  The file is re-read, reduced and
-        atomically replaced; an unknown id is :class:`~icecrypt.KmsKeyNotFoundError`.
+        atomically replaced under the keystore's inter-process lock; an unknown id is
+        :class:`~icecrypt.KmsKeyNotFoundError`.
         """
         with self._lock:
             path = self._require_path()
-            document = self._read_document(path)
-            if key_id not in document["keys"]:
-                raise _error(KmsKeyNotFoundError, f"keystore {path} has no master key {key_id!r}")
-            del document["keys"][key_id]
-            _write_keystore(path, document, overwrite=True)
-            self._load(path)
+            with _keystore_lock(path):
+                document = self._read_document(path)
+                if key_id not in document["keys"]:
+                    raise _error(KmsKeyNotFoundError, f"keystore {path} has no master key {key_id!r}")
+                del document["keys"][key_id]
+                _write_keystore(path, document, overwrite=True)
+                self._load(path)
 
     @property
     def keystore_path(self) -> Path | None:

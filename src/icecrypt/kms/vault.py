@@ -25,7 +25,16 @@ property                      default                         meaning
 ``vault.read-timeout-ms``     10000                           response timeout per attempt
 ``vault.max-attempts``        3                               connection attempts per call
 ``vault.max-connections``     32                              HTTP connection pool size
+``vault.allow-insecure-       false                           allow an ``http://`` address or
+transport``                                                   ``vault.tls-verify=false`` (local
+                                                              test servers; warns)
 ============================  ==============================  ===============================
+
+Keys cross the wire to Vault in clear inside the request, so an ``http://`` address or
+``vault.tls-verify=false`` is refused unless ``vault.allow-insecure-transport=true``, which
+then warns (:class:`~icecrypt.errors.InsecureTransportWarning`).  Key ids are transit key
+names (checked against Vault's name rule): they select a key on the configured server and
+cannot name another server; the token's policy decides which keys it may use.
 
 Only failures to connect are retried (an answer from Vault is final).  The transit engine
 creates a missing key on ``encrypt`` when the token may create it ("upsert"); set
@@ -70,6 +79,7 @@ VAULT_CONNECT_TIMEOUT_MS = "vault.connect-timeout-ms"
 VAULT_READ_TIMEOUT_MS = "vault.read-timeout-ms"
 VAULT_MAX_ATTEMPTS = "vault.max-attempts"
 VAULT_MAX_CONNECTIONS = "vault.max-connections"
+VAULT_ALLOW_INSECURE_TRANSPORT = "vault.allow-insecure-transport"
 
 _DEFAULT_CONNECT_TIMEOUT_MS = 2000
 _DEFAULT_READ_TIMEOUT_MS = 10000
@@ -205,6 +215,15 @@ class VaultKms(KeyManagementClient):
         if token is None:
             raise KmsError(f"no Vault token: set {VAULT_TOKEN} or VAULT_TOKEN", backend=_BACKEND)
         verify: bool | str = _bool_property(properties, VAULT_TLS_VERIFY, True)
+        if address.lower().startswith("http://"):
+            _properties.allow_insecure_transport(
+                properties, VAULT_ALLOW_INSECURE_TRANSPORT, f"Vault address {address!r} is plain HTTP", backend=_BACKEND
+            )
+        elif not verify:
+            _properties.allow_insecure_transport(
+                properties, VAULT_ALLOW_INSECURE_TRANSPORT, f"{VAULT_TLS_VERIFY}=false: the server is not verified",
+                backend=_BACKEND,
+            )
         ca_cert = _first_setting(properties, VAULT_CA_CERT, "VAULT_CACERT")
         if verify and ca_cert:
             verify = ca_cert

@@ -7,7 +7,8 @@
 
     kms = {"encryption.kms-type": "local", "encryption.kms.local.keystore": "/secure/keystore.json"}
     df = (spark.read.format("icecrypt.parquet")          # or "icecrypt.avro"
-          .options(**kms).option("keys.manifest", "/data/keys.json")
+          .options(**kms).option("encryption.key-id", "master")
+          .option("keys.manifest", "/data/keys.json")
           .load("/data/events"))                          # file, directory, glob, list, URI
 
     (df.write.format("icecrypt.avro").options(**kms)
@@ -18,7 +19,8 @@
 
 Keys never travel in clear: options hold either the path of a key manifest
 (``keys.manifest``, :mod:`icecrypt.keys.manifest`) or the text of one
-(``keys.wrapped``, from :func:`wrap_keys`), plus the KMS properties of
+(``keys.wrapped``, from :func:`wrap_keys`), the master key it must be wrapped under
+(``encryption.key-id``: one under any other is refused), plus the KMS properties of
 :func:`icecrypt.kms.create_kms_client` (Spark lower-cases option names).  By default every
 worker unwraps what it needs itself; with ``keys.transport=task`` the driver does and the
 tasks carry their files' data keys, so executors never call the KMS (``icecrypt.iceberg``
@@ -158,6 +160,6 @@ def write(
     df.write.format(f"icecrypt.{format}").mode(mode).options(**all_options).save(path)
     filesystem, manifest_path, _ = resolve(manifest, all_options)
     with create_kms_client(dict(kms_properties)) as kms:
-        keys = read_key_manifest(manifest_path, kms, filesystem=filesystem)
+        keys = read_key_manifest(manifest_path, kms, table_key_id=table_key_id, filesystem=filesystem)
     marker = f"-{job_id}-"
     return {name: km for name, km in keys.items() if marker in name.rsplit("/", 1)[-1]}

@@ -146,12 +146,14 @@ def kms_client(options: Mapping[str, str]) -> KeyManagementClient:
     return _CLIENTS.get(_fingerprint(properties), lambda: _LazyKms(properties))
 
 
-def table_key_id(options: Mapping[str, str]) -> str:
-    """The master key id for new KEKs (option ``encryption.key-id``)."""
+def table_key_id(options: Mapping[str, str], *, purpose: str = "write") -> str:
+    """The master key id (option ``encryption.key-id``): the one new KEKs are wrapped
+    under, and the only one a key manifest or ``keys.wrapped`` document is accepted under
+    (a manifest names its own master key, and whoever can write it can name another)."""
     key_id = options.get(ENCRYPTION_TABLE_KEY)
     if not key_id or not str(key_id).strip():
-        raise ValueError(f"option {ENCRYPTION_TABLE_KEY} (the KMS master key that wraps the written files' "
-                         "keys) is required to write")
+        raise ValueError(f"option {ENCRYPTION_TABLE_KEY} (the KMS master key that wraps the files' keys) is "
+                         f"required to {purpose}")
     return str(key_id).strip()
 
 
@@ -193,9 +195,11 @@ def wrap_keys(
     return json.dumps(document, separators=(",", ":"))
 
 
-def unwrap_keys(text: str, kms: KeyManagementClient) -> dict[str, StandardKeyMetadata]:
+def unwrap_keys(text: str, kms: KeyManagementClient, *, table_key_id: str | None = None) -> dict[str, StandardKeyMetadata]:
     """Inverse of :func:`wrap_keys`: FormatError / AuthenticationError / KmsError on bad input,
-    with messages that name the option."""
+    with messages that name the option.  ``table_key_id``: the master key the document
+    must be wrapped under (:func:`icecrypt.keys.manifest.read_key_manifest`); the data
+    sources always pass option ``encryption.key-id``."""
     from icecrypt.keys.manifest import read_key_manifest
 
     origin = f"option {OPT_KEYS_WRAPPED}"
@@ -204,7 +208,7 @@ def unwrap_keys(text: str, kms: KeyManagementClient) -> dict[str, StandardKeyMet
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         try:
-            return read_key_manifest(path, kms)
+            return read_key_manifest(path, kms, table_key_id=table_key_id)
         except (IcecryptError, ValueError) as exc:
             message = str(exc).replace(path, origin)
             try:
@@ -258,10 +262,11 @@ def _load_manifest(location: str, options: Mapping[str, str]) -> KeyRing:
     if info.type != pafs.FileType.File:
         raise EncryptionKeyNotFoundError(f"key manifest {location} (option {OPT_KEYS_MANIFEST}) does not exist")
     properties = kms_properties(options)
-    cache_key = ("manifest", prefix + path, info.mtime_ns, info.size, _fingerprint(properties))
+    expected = table_key_id(options, purpose="read encrypted files")
+    cache_key = ("manifest", prefix + path, info.mtime_ns, info.size, _fingerprint(properties), expected)
 
     def load() -> KeyRing:
-        keys = read_key_manifest(path, kms_client(options), filesystem=filesystem)
+        keys = read_key_manifest(path, kms_client(options), table_key_id=expected, filesystem=filesystem)
         return KeyRing(keys, f"key manifest {location}")
 
     return _KEYRINGS.get(cache_key, load)
@@ -277,10 +282,12 @@ def keyring(options: Mapping[str, str]) -> KeyRing:
         return _load_manifest(manifest, options)
     if wrapped:
         properties = kms_properties(options)
+        expected = table_key_id(options, purpose="read encrypted files")
         digest = hashlib.sha256(wrapped.encode("utf-8")).hexdigest()
         return _KEYRINGS.get(
-            ("wrapped", digest, _fingerprint(properties)),
-            lambda: KeyRing(unwrap_keys(wrapped, kms_client(options)), f"option {OPT_KEYS_WRAPPED}"),
+            ("wrapped", digest, _fingerprint(properties), expected),
+            lambda: KeyRing(unwrap_keys(wrapped, kms_client(options), table_key_id=expected),
+                            f"option {OPT_KEYS_WRAPPED}"),
         )
     raise EncryptionKeyNotFoundError(
         f"no key metadata given: set option {OPT_KEYS_MANIFEST} (a key manifest file) or {OPT_KEYS_WRAPPED} "

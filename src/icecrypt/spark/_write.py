@@ -78,13 +78,19 @@ class TaskFiles(WriterCommitMessage):
 
 
 def read_manifest(options: Mapping[str, str]) -> tuple[pafs.FileSystem, str, dict[str, StandardKeyMetadata]]:
-    """The manifest's file system, path, and keys (empty if it does not exist yet)."""
+    """The manifest's file system, path, and keys (empty if it does not exist yet).
+
+    Every entry is authenticated under the job's master key (option ``encryption.key-id``)
+    or the whole read fails: the commit re-wraps what it read under that key, so an entry
+    it could not authenticate would come out of it looking genuine."""
     from icecrypt.keys.manifest import read_key_manifest
 
     filesystem, path, _ = resolve(options[OPT_KEYS_MANIFEST], options)
     if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
         return filesystem, path, {}
-    return filesystem, path, dict(read_key_manifest(path, _keys.kms_client(options), filesystem=filesystem))
+    keys = read_key_manifest(path, _keys.kms_client(options), table_key_id=_keys.table_key_id(options),
+                             filesystem=filesystem)
+    return filesystem, path, dict(keys)
 
 
 class EncryptedFileWriter(DataSourceArrowWriter):

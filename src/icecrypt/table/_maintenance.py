@@ -322,7 +322,7 @@ def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_fo
     table and its KMS can be opened (a Spark executor)."""
     target = w._Target.of(table)
     _, base = target.latest()
-    io = target.io(target.manager(base))
+    io = target.io(target.manager(base, check_kek=False))  # fresh DEKs only; the commit checks the KEK
     schema = w._schema(base)
     spec = w._specs(base)[base.get("default-spec-id", 0)]
     properties = base.get("properties") or {}
@@ -714,14 +714,22 @@ def rekey(
     manifest-list keys leaked), ``kek_ids`` (those KEKs leaked; every manifest-list key
     they wrap is then leaked), or ``everything``.  A leaked manifest-list key exposes the
     keys of its manifests, and a leaked manifest key those of its files: the closure is
-    retired.  Steps: (1) a new KEK (and with ``new_master_key_id`` every KEK re-wrapped);
-    (2) the live data files under retired keys, and those a retired delete file applies
+    retired.  Steps: (1) a new KEK (the leaked KEKs, and every other KEK there was, are
+    retired for new wraps in this table object: a version that puts one back, even under
+    a fresh id, is refused, :class:`~icecrypt.errors.ReplayedKeyError`); (2) the live data files under retired keys, and those a retired delete file applies
     to, are rewritten (deletes applied; new DEKs) in one ``replace`` commit; (3) every
     manifest is rewritten under a fresh key; (4) with ``expire``: every snapshot but the
     current one (and ref heads) is expired and its files deleted, retired KEK entries
     removed, and the older metadata files (which hold the old wrapped keys) are dropped
-    from the metadata log and deleted.  :meth:`RekeyResult.check` then proves that no
+    from the metadata log and deleted; (5) with ``new_master_key_id`` every KEK left is
+    re-wrapped under it -- after (4) when ``expire`` is set, so a leaked KEK is never
+    wrapped under the new master key.  :meth:`RekeyResult.check` then proves that no
     reachable file or metadata uses a retired key.
+
+    The response to a leaked KEK is ``rekey(kek_ids=..., new_master_key_id=...,
+    expire=True)`` followed by disabling the old master key in the KMS: the old KEK's
+    wrapped bytes, which a storage attacker keeps, then unwrap nowhere, so a writer given
+    them back under a fresh KEK id refuses to use them.
     """
     from icecrypt.table._manifest import read_manifest
 
@@ -762,7 +770,7 @@ def rekey(
     parent = w._current_snapshot(base)
     rewrite_paths: set[str] = set()
     if parent is not None:
-        vmanager = target.manager(base)
+        vmanager = target.manager(base, check_kek=False)  # reads only; the KEK rotates next
         live = _live(target.io(vmanager), vmanager, parent)
         data = [(m, e) for m, e in live.data()]
         for _, e in data:
@@ -780,6 +788,7 @@ def rekey(
                 if _applies(d, e["sequence_number"], de["data_file"], de["sequence_number"], same):
                     rewrite_paths.add(de["data_file"]["file_path"])
     _emit(progress, "rotate-kek")
+    manager.retire_keks(leaked_keks, unwrap=True)
     rotated = w.rotate_keys(table, new_kek=True)
     retired_keks = leaked_keks
     rewrite = None
@@ -788,7 +797,7 @@ def rekey(
     _emit(progress, "rewrite-manifests")
     manifests = rewrite_manifests(table, force=True, progress=progress)
     table_key_id = table.encryption_manager.table_key_id
-    if new_master_key_id is not None:
+    if new_master_key_id is not None and not expire:
         table_key_id = w.rotate_keys(table, new_kek=False, new_master_key_id=new_master_key_id, new_kms=new_kms)["table_key_id"]
     result = RekeyResult(retired, retired_keks, rotated["kek_id"], rewrite, manifests, table_key_id=table_key_id)
     if expire:
@@ -797,6 +806,11 @@ def rekey(
         deletions = _drop_old_keys_and_metadata(table, retired_keks)
         result.removed_metadata_files = deletions.deleted
         result.skipped_files = [*getattr(result.expired_snapshot_ids, "skipped_files", ()), *deletions.skipped_locations]
+        if new_master_key_id is not None:
+            # the leaked KEKs are gone: none of them is ever wrapped under the new master key
+            result.table_key_id = w.rotate_keys(
+                table, new_kek=False, new_master_key_id=new_master_key_id, new_kms=new_kms
+            )["table_key_id"]
     return result
 
 
@@ -809,7 +823,7 @@ def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> Deletions
     for attempt in range(1, w.DEFAULT_COMMIT_RETRIES + 2):
         base_location, base = target.latest()
         check_unambiguous(target.store, target.filesystem, base_location, base)  # it deletes metadata files
-        manager = target.manager(base)
+        manager = target.manager(base, check_kek=False)  # a metadata-only commit
         used = set().union(*referenced_keys(base).values()) if base.get("snapshots") else set()
         current = manager.current_kek()
         drop = set()

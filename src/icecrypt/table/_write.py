@@ -190,17 +190,25 @@ class _Target:
             )
         return location, metadata
 
-    def manager(self, metadata: dict[str, Any]) -> EncryptionManager | None:
+    def manager(self, metadata: dict[str, Any], *, check_kek: bool = True) -> EncryptionManager | None:
         """A fresh encryption manager for ``metadata`` (None for a plaintext table).
 
         When ``metadata`` is the table object's own document, a copy of the table's
         manager (same keys; the cache of unwrapped KEKs, and its TTL, shared across the
         table object's commits); otherwise one built from ``metadata``.  A version that
         differs from the pin gets none (TableIdentityError): never a plaintext writer, or
-        one under another master key, for a pinned table."""
+        one under another master key, for a pinned table.  With ``check_kek`` the KEK new
+        wraps would use is checked first (ReplayedKeyError before anything is written);
+        key rotation and metadata-only commits skip it."""
         own_version = self.table is not None and metadata is self.table.metadata
         location = self.table.metadata_location if own_version else self.base_location
         self.check_pin(location or self.metadata_location, metadata)
+        manager = self._manager(metadata)
+        if manager is not None and check_kek:
+            manager.check_current_kek()
+        return manager
+
+    def _manager(self, metadata: dict[str, Any]) -> EncryptionManager | None:
         key_id, _ = validate_table_properties(metadata.get("properties") or {}, FORMAT_VERSION)
         if key_id is None and self.table_key_id is None:
             return None
@@ -726,9 +734,9 @@ def create(
 
 def _write_new_data(
     target: _Target, base: dict[str, Any], data: Any, file_format: str | None, target_file_size: int | None,
-    operation_id: str | None = None, task_id: int = 0,
+    operation_id: str | None = None, task_id: int = 0, *, check_kek: bool = True,
 ) -> tuple[TableIO, list[dict[str, Any]], list[str], PartitionSpec, Schema]:
-    io = target.io(target.manager(base))
+    io = target.io(target.manager(base, check_kek=check_kek))
     schema = _schema(base)
     spec = _specs(base)[base.get("default-spec-id", 0)]
     properties = base.get("properties") or {}
@@ -768,7 +776,10 @@ def write_files(
     """
     target = _Target.of(table)
     _, base = target.latest()
-    _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size, operation_id, task_id)
+    # data files need fresh DEKs only: no KEK is checked here (a Spark executor may have no
+    # KMS access); the driver's append_files checks it before it commits anything
+    _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size, operation_id, task_id,
+                                             check_kek=False)
     return data_files
 
 
@@ -1287,7 +1298,7 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
         expired_ids = {s["snapshot-id"] for s in snapshots if s["timestamp-ms"] < older_than_ms} - heads
         if not expired_ids:
             return []
-        manager = target.manager(base)
+        manager = target.manager(base, check_kek=False)  # a metadata-only commit: wraps nothing
         io = target.io(manager)
         cache: dict[str, list[dict[str, Any]]] = {}
         still_needed: set[str] = set()
@@ -1383,7 +1394,8 @@ def rotate_keys(
     target = _Target.of(table)
     for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
         base_location, base = target.latest()
-        manager = target.manager(base)
+        # no check of the current KEK: a rotation is how a refused one is replaced
+        manager = target.manager(base, check_kek=False)
         if manager is None:
             raise ValueError(f"{base_location}: the table is not encrypted (no encryption.key-id); no keys to rotate")
         summary: dict[str, Any] = {"kek_id": None, "rewrapped_kek_ids": [], "table_key_id": manager.table_key_id}
