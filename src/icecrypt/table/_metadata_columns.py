@@ -1,0 +1,109 @@
+"""Iceberg's metadata columns: what a scan can project beside the table's own columns.
+
+Field ids and names are the spec's reserved ones (table "Reserved Field IDs"), the same
+Iceberg Java's ``MetadataColumns`` gives them:
+
+==========  ==================================  ========  ==========================================
+field id    name                                type      value
+==========  ==================================  ========  ==========================================
+2147483646  ``_file``                           string    the data file's location (as recorded)
+2147483645  ``_pos``                            long      the row's position in its data file
+                                                          (before deletes are applied)
+2147483644  ``_deleted``                        boolean   whether a delete removes the row; a scan
+                                                          that projects it keeps deleted rows
+2147483643  ``_spec_id``                        int       the data file's partition spec id
+2147483642  ``_partition``                      struct    the data file's partition (all specs'
+                                                          fields, null where a spec lacks one)
+2147483540  ``_row_id``                         long      row lineage (format v3): the row's id
+2147483539  ``_last_updated_sequence_number``   long      row lineage: the sequence number of the
+                                                          commit that last added or changed the row
+==========  ==================================  ========  ==========================================
+
+Row lineage is inherited where a data file does not store it (the column is missing or
+null): ``_row_id`` = the file's ``first_row_id`` + the row's position,
+``_last_updated_sequence_number`` = the file's data sequence number.  A writer that moves
+rows into a new file (compaction, re-keying) stores both columns, under the reserved ids
+and names, so that the rows keep them.  A table column of the same name hides the
+metadata column (as in Iceberg Java and Spark).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.types import BooleanType, IntegerType, LongType, NestedField, StringType, StructType
+
+__all__ = [
+    "FILE_PATH",
+    "IS_DELETED",
+    "LAST_UPDATED_SEQUENCE_NUMBER",
+    "LINEAGE",
+    "METADATA_NAMES",
+    "PARTITION_ID",
+    "ROW_ID",
+    "ROW_POSITION",
+    "SPEC_ID",
+    "is_metadata",
+    "lineage_columns",
+    "metadata_field",
+    "partition_type",
+]
+
+FILE_PATH = NestedField(2147483646, "_file", StringType(), required=True)
+ROW_POSITION = NestedField(2147483645, "_pos", LongType(), required=True)
+IS_DELETED = NestedField(2147483644, "_deleted", BooleanType(), required=True)
+SPEC_ID = NestedField(2147483643, "_spec_id", IntegerType(), required=True)
+PARTITION_ID = 2147483642
+PARTITION_NAME = "_partition"
+ROW_ID = NestedField(2147483540, "_row_id", LongType(), required=False)
+LAST_UPDATED_SEQUENCE_NUMBER = NestedField(2147483539, "_last_updated_sequence_number", LongType(), required=False)
+
+#: the row lineage columns, in the order writers append them to a data file's columns
+LINEAGE = (ROW_ID, LAST_UPDATED_SEQUENCE_NUMBER)
+_FIXED = {f.name: f for f in (FILE_PATH, ROW_POSITION, IS_DELETED, SPEC_ID, ROW_ID, LAST_UPDATED_SEQUENCE_NUMBER)}
+METADATA_NAMES = frozenset([*_FIXED, PARTITION_NAME])
+_IDS = frozenset([*(f.field_id for f in _FIXED.values()), PARTITION_ID])
+#: formats with row lineage
+LINEAGE_FORMAT_VERSION = 3
+
+
+def is_metadata(field: NestedField) -> bool:
+    """Whether ``field`` (of a projected schema) is a metadata column."""
+    return field.field_id in _IDS
+
+
+def partition_type(specs: Mapping[int, PartitionSpec], schema: Schema) -> StructType:
+    """The type of ``_partition``: every partition field of every spec (by partition
+    field id, in id order, the newest spec's name), all optional — a row of a file
+    written under another spec has nulls for the fields its spec lacks."""
+    fields: dict[int, NestedField] = {}
+    for spec_id in sorted(specs):
+        try:
+            struct = specs[spec_id].partition_type(schema)
+        except ValueError:
+            continue  # a spec over columns the schema dropped: its files read with nulls there
+        for field in struct.fields:
+            fields[field.field_id] = NestedField(field.field_id, field.name, field.field_type, required=False)
+    return StructType(*(fields[i] for i in sorted(fields)))
+
+
+def metadata_field(name: str, specs: Mapping[int, PartitionSpec], schema: Schema, *, case_sensitive: bool = True) -> NestedField | None:
+    """The metadata column called ``name`` (None if there is none)."""
+    key = name if case_sensitive else name.lower()
+    if key == PARTITION_NAME:
+        return NestedField(PARTITION_ID, PARTITION_NAME, partition_type(specs, schema), required=False)
+    return _FIXED.get(key)
+
+
+def lineage_columns(schema: Schema) -> list[str]:
+    """The projection of a rewrite: every top-level column of ``schema``, then the row
+    lineage columns.  A table whose own columns take a lineage column's name cannot carry
+    its rows' lineage into new files: refused (ValueError) rather than re-assigned."""
+    own = [f.name for f in schema.fields]
+    taken = [f.name for f in LINEAGE if f.name in own]
+    if taken:
+        raise ValueError(f"the table has column(s) named {taken}, the names of Iceberg's row lineage columns; "
+                         "rows cannot be rewritten without losing their lineage")
+    return [*own, *(f.name for f in LINEAGE)]
