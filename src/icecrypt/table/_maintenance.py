@@ -43,6 +43,7 @@ from icecrypt.table._manifest_write import (
     WrittenManifest,
     write_manifest,
 )
+from icecrypt.table._metadata_columns import lineage_columns
 from icecrypt.table._read import FileScanTask, read_task
 from icecrypt.table._write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, write_data_files
 
@@ -249,7 +250,8 @@ def plan_rewrite(
     if wanted is None and row_filter is not None:
         wanted = {t.file.path for t in table.scan(row_filter=row_filter).plan_files()}
     tasks_by_file: dict[str, list[FileScanTask]] = {}
-    for task in table.scan().plan_files():
+    # the rows keep their lineage: the tasks read it (inherited where a file stores none)
+    for task in table.scan(columns=lineage_columns(table.schema)).plan_files():
         tasks_by_file.setdefault(task.file.path, []).append(task)
 
     def too_many_deletes(tasks: list[FileScanTask]) -> bool:
@@ -307,8 +309,11 @@ def plan_rewrite(
 def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_format: str | None = None) -> list[dict[str, Any]]:
     """Read the live rows of ``group`` (deletes applied) and write them as new data files
     under fresh DEKs, in the table's default spec and format; returns their records
-    (nothing is committed; nothing is left behind if this raises).  Runs anywhere the
-    table and its KMS can be opened (a Spark executor)."""
+    (nothing is committed; nothing is left behind if this raises).  The rows keep their
+    row lineage: the files store each row's ``_row_id`` and
+    ``_last_updated_sequence_number`` as it read (the spec's rule for rows moved to a new
+    file), so nothing is re-assigned when the new files get a ``first_row_id`` at
+    commit.  Runs anywhere the table and its KMS can be opened (a Spark executor)."""
     target = w._Target.of(table)
     _, base = target.latest()
     io = target.io(target.manager(base))
@@ -325,7 +330,7 @@ def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_fo
 
     data_files, _ = write_data_files(
         io, batches(), schema=schema, spec=spec, location=base["location"], properties=properties, options=options,
-        sort_order_id=base.get("default-sort-order-id", 0),
+        sort_order_id=base.get("default-sort-order-id", 0), lineage=True,
     )  # fmt: skip
     return data_files
 
