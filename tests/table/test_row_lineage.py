@@ -198,6 +198,7 @@ def test_a_table_column_of_the_same_name_hides_the_metadata_column(tmp_path, kms
     table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="keyA")
     table.append(pa.table({"id": pa.array([5], pa.int64()), "_pos": ["mine"]}, schema=schema))
     assert table.scan(columns=["_pos", "_row_id"]).to_arrow().to_pylist() == [{"_pos": "mine", "_row_id": 0}]
+    assert table.scan(row_filter="_pos = 'mine' and _row_id = 0").count() == 1  # filters too
     with pytest.raises(ValueError, match="unknown column"):
         table.scan(columns=["id", "_no_such_metadata"])
 
@@ -366,3 +367,52 @@ def test_lineage_positions_count_rows_before_deletes_in_every_row_group(tmp_path
     rows = table.scan(columns=["id", "_pos", "_row_id"], row_filter="id >= 2000").to_arrow()
     assert rows.column("_pos").to_pylist() == rows.column("id").to_pylist() == rows.column("_row_id").to_pylist()
     assert np.all(np.asarray(rows.column("id")) % 7 != 0)
+
+
+# --- row filters -------------------------------------------------------------------------------------
+
+_FILTERS = {
+    "_row_id >= 8": lambda r: r["_row_id"] >= 8,
+    "not (_pos < 2) and id < 8": lambda r: not r["_pos"] < 2 and r["id"] < 8,
+    "not (_row_id = 3 and id = 3)": lambda r: not (r["_row_id"] == 3 and r["id"] == 3),
+    "_last_updated_sequence_number = 2 or part = 0": lambda r: r["_last_updated_sequence_number"] == 2 or r["part"] == 0,
+    "_spec_id = 0 and _pos in (0, 2)": lambda r: r["_spec_id"] == 0 and r["_pos"] in (0, 2),
+    "_deleted = true": lambda r: r["_deleted"],
+    "_deleted = false and _row_id < 4": lambda r: not r["_deleted"] and r["_row_id"] < 4,
+}
+
+
+@pytest.mark.parametrize("expression", list(_FILTERS))
+def test_row_filters_may_name_metadata_columns(small, expression):
+    everything = small.scan(columns=["id", "part", "_row_id", "_last_updated_sequence_number", "_pos", "_spec_id",
+                                     "_deleted"]).to_arrow().to_pylist()  # fmt: skip
+    # a filter that does not name _deleted sees the live rows only
+    rows = everything if "_deleted" in expression else [r for r in everything if not r["_deleted"]]
+    want = sorted(r["id"] for r in rows if _FILTERS[expression](r))
+    got = small.scan(columns=["id"], row_filter=expression).to_arrow().column("id").to_pylist()
+    assert sorted(got) == want
+    assert small.scan(row_filter=expression).count() == len(want)
+
+
+def test_a_file_filter_reads_that_file(small):
+    path = next(t.file.path for t in small.scan().plan_files() if t.first_row_id == 8)
+    rows = small.scan(columns=["id", "_file"], row_filter=f"_file = '{path}'").to_arrow()
+    assert sorted(rows.column("id").to_pylist()) == [8, 10, 11]
+
+
+def test_metadata_predicates_never_prune_by_statistics(small):
+    """Stored lineage has no metrics, and a file's bounds would leave out inherited values:
+    pruning treats metadata predicates as true (a NOT is pushed down first)."""
+    small.rewrite_data_files(options={"rewrite-all": "true"})
+    scan = small.scan(row_filter="_row_id = 11 and not (_pos > 100)")
+    assert scan.to_arrow().column("id").to_pylist() == [11]
+    scan = small.scan(row_filter="not (_row_id != 0)")
+    assert scan.to_arrow().column("id").to_pylist() == [0]
+
+
+def test_filtering_on_positions_keeps_avro_files_whole(tmp_path, kms):
+    table = _create(tmp_path / "t", kms, **{"write.format.default": "avro", "write.avro.compression-codec": "uncompressed"})
+    table.append(_rows(range(20_000), part=0))
+    scan = table.scan(columns=["id"], row_filter="_pos >= 19990", split_size=16 * 1024)
+    assert len(scan.plan_files()) == 1
+    assert scan.to_arrow().column("id").to_pylist() == list(range(19_990, 20_000))

@@ -31,6 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pyiceberg.expressions import (
+    AlwaysFalse,
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    BoundPredicate,
+    Not,
+    Or,
+    UnboundPredicate,
+)
+from pyiceberg.expressions.visitors import BooleanExpressionVisitor, rewrite_not, visit
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.types import BooleanType, IntegerType, LongType, NestedField, StringType, StructType
@@ -45,10 +56,12 @@ __all__ = [
     "ROW_ID",
     "ROW_POSITION",
     "SPEC_ID",
+    "filter_schema",
     "is_metadata",
     "lineage_columns",
     "metadata_field",
     "partition_type",
+    "without_metadata",
 ]
 
 FILE_PATH = NestedField(2147483646, "_file", StringType(), required=True)
@@ -107,3 +120,60 @@ def lineage_columns(schema: Schema) -> list[str]:
         raise ValueError(f"the table has column(s) named {taken}, the names of Iceberg's row lineage columns; "
                          "rows cannot be rewritten without losing their lineage")
     return [*own, *(f.name for f in LINEAGE)]
+
+
+# --- row filters ---------------------------------------------------------------------------------
+
+#: the metadata columns a row filter may refer to (``_partition`` is a struct: not filterable)
+_FILTERABLE = (FILE_PATH, ROW_POSITION, IS_DELETED, SPEC_ID, ROW_ID, LAST_UPDATED_SEQUENCE_NUMBER)
+
+
+def _hidden(schema: Schema) -> set[str]:
+    """Metadata column names a table column hides (compared ignoring case, so that a
+    case-insensitive filter never has two candidates)."""
+    own = {f.name.lower() for f in schema.fields}
+    return {f.name for f in _FILTERABLE if f.name.lower() in own}
+
+
+def filter_schema(schema: Schema, *, lineage: bool = True) -> Schema:
+    """``schema`` with the metadata columns a row filter may name (``_file``, ``_pos``,
+    ``_deleted``, ``_spec_id`` and, with ``lineage``, ``_row_id`` and
+    ``_last_updated_sequence_number``), except those a table column hides."""
+    hidden = _hidden(schema)
+    extra = [f for f in _FILTERABLE if f.name not in hidden and (lineage or f not in LINEAGE)]
+    return Schema(*schema.fields, *extra, schema_id=schema.schema_id)
+
+
+class _WithoutMetadata(BooleanExpressionVisitor[BooleanExpression]):
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def visit_true(self) -> BooleanExpression:
+        return AlwaysTrue()
+
+    def visit_false(self) -> BooleanExpression:
+        return AlwaysFalse()
+
+    def visit_not(self, child_result: BooleanExpression) -> BooleanExpression:
+        return Not(child_result)
+
+    def visit_and(self, left_result: BooleanExpression, right_result: BooleanExpression) -> BooleanExpression:
+        return And(left_result, right_result)
+
+    def visit_or(self, left_result: BooleanExpression, right_result: BooleanExpression) -> BooleanExpression:
+        return Or(left_result, right_result)
+
+    def visit_unbound_predicate(self, predicate: UnboundPredicate) -> BooleanExpression:
+        return AlwaysTrue() if predicate.term.name.lower() in self.names else predicate
+
+    def visit_bound_predicate(self, predicate: BoundPredicate) -> BooleanExpression:
+        return AlwaysTrue() if predicate.term.ref().field.field_id in _IDS else predicate
+
+
+def without_metadata(expression: BooleanExpression, schema: Schema) -> BooleanExpression:
+    """What pruning may use of a row filter: every predicate on a metadata column made
+    true (negations pushed down first, so that this only widens the filter).  Partition
+    values and column statistics say nothing about metadata columns (a file's stored
+    ``_row_id`` bounds leave out the inherited values its nulls stand for)."""
+    names = {f.name.lower() for f in _FILTERABLE} - {n.lower() for n in _hidden(schema)}
+    return visit(rewrite_not(expression), _WithoutMetadata(names))

@@ -48,7 +48,9 @@ from icecrypt.table._metadata_columns import (
     ROW_ID,
     ROW_POSITION,
     SPEC_ID,
+    filter_schema,
     is_metadata,
+    without_metadata,
 )
 from icecrypt.table._write_schema import arrow_write_schema
 
@@ -314,7 +316,8 @@ def _row_group_filter(task: FileScanTask, source: pa.Schema, read_schema: Schema
     """A predicate on row-group metadata: False when the row group's statistics show that
     no row can match the task's filter (None when there is no filter)."""
     spec = task.read
-    if spec.row_filter == AlwaysTrue():
+    row_filter = without_metadata(spec.row_filter, spec.schema)
+    if row_filter == AlwaysTrue():
         return None
     from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator
 
@@ -328,7 +331,7 @@ def _row_group_filter(task: FileScanTask, source: pa.Schema, read_schema: Schema
                 continue
             if table_field.field_type.is_primitive:
                 columns[field.name] = table_field
-    evaluator = _InclusiveMetricsEvaluator(spec.schema, spec.row_filter, spec.case_sensitive, include_empty_files=True)
+    evaluator = _InclusiveMetricsEvaluator(spec.schema, row_filter, spec.case_sensitive, include_empty_files=True)
     return lambda rg: evaluator.eval(_RowGroupMetrics(rg, columns))
 
 
@@ -534,24 +537,27 @@ def read_task(task: FileScanTask, filesystem: pafs.FileSystem | None = None, *, 
     spec = task.read
     if spec.encrypted and task.file.key_metadata is None:
         raise PlaintextFileError(f"data file {task.file.path} has no key metadata, but the table is encrypted (refused)")
-    metadata = _MetadataValues.of(task)
+    has_filter = spec.row_filter != AlwaysTrue()
+    filter_ids: set[int] = set()
+    if has_filter:
+        searchable = filter_schema(spec.schema)
+        filter_ids = extract_field_ids(bind(searchable, spec.row_filter, spec.case_sensitive))
+    metadata = _MetadataValues.of(task, [f for f in searchable.fields if f.field_id in filter_ids and is_metadata(f)]
+                                  if has_filter else [])  # fmt: skip
     positions = _positions(task, fs, cache)
     equality = _equality_deletes(task, fs, cache)
-    read_ids = {i for f in spec.projected.fields if not is_metadata(f) for i in _nested_ids(f)}
-    has_filter = spec.row_filter != AlwaysTrue()
-    if has_filter:
-        read_ids |= extract_field_ids(bind(spec.schema, spec.row_filter, spec.case_sensitive))
+    read_ids = {i for f in spec.projected.fields if not is_metadata(f) for i in _nested_ids(f)} | filter_ids
     for ids, _ in equality:
         read_ids |= set(ids)
     read_schema = _top_level(spec.schema, read_ids)
     if metadata is not None and metadata.lineage:
         read_schema = Schema(*read_schema.fields, *LINEAGE, schema_id=read_schema.schema_id)
+    batch_schema = read_schema if metadata is None else metadata.schema(read_schema)
     arrow_filter = None
     if has_filter:
         from pyiceberg.io.pyarrow import expression_to_pyarrow
 
-        arrow_filter = expression_to_pyarrow(bind(read_schema, spec.row_filter, spec.case_sensitive), read_schema)
-    batch_schema = read_schema if metadata is None else metadata.schema(read_schema)
+        arrow_filter = expression_to_pyarrow(bind(batch_schema, spec.row_filter, spec.case_sensitive), batch_schema)
     output = _Projector(arrow_schema(batch_schema), spec.projected, {}, None, task.file.path)
     names = {f.field_id: f.name for f in read_schema.fields}
     mark_deleted = metadata is not None and metadata.mark_deleted
@@ -599,8 +605,11 @@ class _MetadataValues:
             )
 
     @classmethod
-    def of(cls, task: FileScanTask) -> _MetadataValues | None:
+    def of(cls, task: FileScanTask, filtered: list[NestedField]) -> _MetadataValues | None:
+        """The metadata columns the task projects, and those its row filter names
+        (``filtered``), or None."""
         fields = [f for f in task.read.projected.fields if is_metadata(f)]
+        fields += [f for f in filtered if f.field_id not in {g.field_id for g in fields}]
         return cls(task, fields) if fields else None
 
     def schema(self, read_schema: Schema) -> Schema:

@@ -39,6 +39,7 @@ from pyiceberg.expressions.visitors import (
     _InclusiveMetricsEvaluator,
     bind,
     expression_evaluator,
+    extract_field_ids,
     inclusive_projection,
     manifest_evaluator,
 )
@@ -63,8 +64,10 @@ from icecrypt.table._metadata_columns import (
     PARTITION_ID,
     ROW_ID,
     ROW_POSITION,
+    filter_schema,
     metadata_field,
     partition_type,
+    without_metadata,
 )
 from icecrypt.table._read import (
     FileScanTask,
@@ -289,11 +292,17 @@ class TableScan:
         self.row_filter = parse_row_filter(row_filter)
         self.case_sensitive = case_sensitive
         if self.row_filter != AlwaysTrue():
-            bind(self.schema, self.row_filter, case_sensitive)  # unknown columns fail here, not in a worker
+            # unknown columns fail here, not in a worker; metadata columns may be named
+            lineage = table.format_version >= LINEAGE_FORMAT_VERSION
+            filter_ids = extract_field_ids(bind(filter_schema(self.schema, lineage=lineage), self.row_filter, case_sensitive))
+        else:
+            filter_ids = set()
+        # pruning by partition values and statistics knows nothing of metadata columns
+        self._prune_filter = without_metadata(self.row_filter, self.schema)
         self.projected = _project(self.schema, columns, case_sensitive, table.specs, table.format_version)
         projected_ids = {f.field_id for f in self.projected.fields}
         # row positions are counted from a file's start: its Avro files are then not split
-        self._needs_positions = bool(projected_ids & {ROW_ID.field_id, ROW_POSITION.field_id})
+        self._needs_positions = bool((projected_ids | filter_ids) & {ROW_ID.field_id, ROW_POSITION.field_id})
         self._partition_names = None
         if PARTITION_ID in projected_ids:
             self._partition_names = {f.field_id: f.name for f in partition_type(table.specs, self.schema).fields}
@@ -339,7 +348,7 @@ class TableScan:
         if self.snapshot is None:
             return
         table = self.table
-        evaluators = _Evaluators(table, self.schema, self.row_filter, self.case_sensitive)
+        evaluators = _Evaluators(table, self.schema, self._prune_filter, self.case_sensitive)
         data_manifests: list[ManifestFile] = []
         delete_manifests: list[ManifestFile] = []
         for manifest in table.manifests(self.snapshot):
