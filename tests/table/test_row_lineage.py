@@ -416,3 +416,67 @@ def test_filtering_on_positions_keeps_avro_files_whole(tmp_path, kms):
     scan = table.scan(columns=["id"], row_filter="_pos >= 19990", split_size=16 * 1024)
     assert len(scan.plan_files()) == 1
     assert scan.to_arrow().column("id").to_pylist() == list(range(19_990, 20_000))
+
+
+@pytest.mark.parametrize("first_row_id", [2**63 - 3, 2**63 + 5])
+def test_row_ids_that_would_overflow_are_refused_not_wrapped(small, first_row_id):
+    import dataclasses
+
+    from icecrypt.errors import FormatError
+    from icecrypt.table import read_task
+
+    task = next(t for t in small.scan(columns=["id", "_row_id"]).plan_files() if t.first_row_id == 0)
+    with pytest.raises(FormatError, match=r"data file .*\.parquet: first_row_id .* overflow a long"):
+        list(read_task(dataclasses.replace(task, first_row_id=first_row_id), small.filesystem))
+    assert len(list(read_task(dataclasses.replace(task, first_row_id=2**63 - 8), small.filesystem))) == 1
+
+
+def test_partition_type_unites_every_spec():
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform
+    from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
+
+    from icecrypt.table._metadata_columns import partition_type
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "d", DateType()),
+                    NestedField(3, "s", StringType()))  # fmt: skip
+    old = PartitionSpec(PartitionField(3, 1000, IdentityTransform(), "s"), spec_id=0)
+    new = PartitionSpec(PartitionField(3, 1000, IdentityTransform(), "s"), PartitionField(2, 1001, DayTransform(), "d_day"),
+                        PartitionField(1, 1002, BucketTransform(8), "id_bucket"), spec_id=1)  # fmt: skip
+    struct = partition_type({0: old, 1: new}, schema)
+    assert [(f.field_id, f.name, f.required) for f in struct.fields] == [
+        (1000, "s", False), (1001, "d_day", False), (1002, "id_bucket", False)]
+    assert struct.fields[1].field_type == DateType() and struct.fields[2].field_type == IntegerType()
+
+
+def test_partition_and_spec_id_across_an_evolved_spec(tmp_path, kms):
+    """Files of the old spec read with nulls for the new spec's fields; a rewrite moves
+    them into the new spec and the rows keep their lineage."""
+    import json
+
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("s", pa.string())])
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="s"))
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="keyA", partition_spec=spec)
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64()), "s": ["a", "b"]}, schema=schema))
+    path = Path(table.metadata_location)  # a second spec, committed as a writer with spec evolution would
+    metadata = json.loads(path.read_text(encoding="utf-8"))
+    metadata["partition-specs"].append({"spec-id": 1, "fields": [
+        {"source-id": 2, "field-id": 1000, "name": "s", "transform": "identity"},
+        {"source-id": 1, "field-id": 1001, "name": "id_bucket", "transform": "bucket[4]"}]})  # fmt: skip
+    metadata["default-spec-id"], metadata["last-partition-id"] = 1, 1001
+    path.write_text(json.dumps(metadata), encoding="utf-8")
+    table = EncryptedTable.load(str(path), kms=kms)
+    table.append(pa.table({"id": pa.array([3], pa.int64()), "s": ["c"]}, schema=schema))
+    columns = ["id", "_spec_id", "_partition", *LINEAGE]
+    rows = table.scan(columns=columns).to_arrow().sort_by("id").to_pylist()
+    assert [(r["_spec_id"], r["_partition"]) for r in rows] == [
+        (0, {"s": "a", "id_bucket": None}), (0, {"s": "b", "id_bucket": None}), (1, {"s": "c", "id_bucket": 3})]
+    before = _lineage(table)
+    assert before == {1: (0, 1), 2: (1, 1), 3: (2, 2)}
+    table.rewrite_data_files(options={"rewrite-all": "true"})
+    assert _lineage(table) == before
+    assert {r["_spec_id"] for r in table.scan(columns=columns).to_arrow().to_pylist()} == {1}

@@ -624,7 +624,12 @@ class _MetadataValues:
         if self.lineage:  # the last two columns of the read schema
             row_ids, sequence_numbers = arrays[-2], arrays[-1]
             if positions is not None and row_ids.null_count and task.first_row_id is not None:
-                row_ids = pc.coalesce(row_ids, pc.add(positions, pa.scalar(task.first_row_id, pa.int64())))
+                try:
+                    inherited = pc.add_checked(positions, pa.scalar(task.first_row_id, pa.int64()))
+                except (pa.ArrowInvalid, OverflowError):  # a first_row_id no table reaches: never wrap around
+                    raise FormatError(f"data file {task.file.path}: first_row_id {task.first_row_id} + row positions "
+                                      "overflow a long") from None
+                row_ids = pc.coalesce(row_ids, inherited)
             if sequence_numbers.null_count:
                 sequence_numbers = pc.coalesce(sequence_numbers, pa.scalar(task.file.sequence_number, pa.int64()))
             arrays[-2], arrays[-1] = row_ids, sequence_numbers
