@@ -49,6 +49,12 @@ def test_java_table_lineage_through_the_columns_option(icespark):
                .option("columns", "id,_row_id,_last_updated_sequence_number").load(str(metadata_path(name))))  # fmt: skip
     live = {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in lineage.collect()}
     assert live == {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in want if not r["_deleted"]}
+    # the filter option may name them too
+    picked = (icespark.read.format(FORMAT).options(**JAVA_KMS, **{"location-map": json.dumps(location_map(name))})
+              .option("columns", "id,_row_id").option("filter", "_row_id >= 8000 and _pos < 10")
+              .load(str(metadata_path(name))))  # fmt: skip
+    assert sorted(r["_row_id"] for r in picked.collect()) == sorted(
+        r["_row_id"] for r in want if not r["_deleted"] and r["_row_id"] >= 8000 and r["_pos"] < 10)
 
 
 def test_spark_rewrite_keeps_row_lineage(icespark, kms, kms_options, tmp_path):

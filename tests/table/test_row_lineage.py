@@ -480,3 +480,21 @@ def test_partition_and_spec_id_across_an_evolved_spec(tmp_path, kms):
     table.rewrite_data_files(options={"rewrite-all": "true"})
     assert _lineage(table) == before
     assert {r["_spec_id"] for r in table.scan(columns=columns).to_arrow().to_pylist()} == {1}
+
+
+def test_plaintext_table_rewrite_keeps_lineage_and_pyiceberg_still_reads_it(tmp_path):
+    """The lineage columns of rewritten files are extra columns to readers that do not
+    ask for them (PyIceberg projects by field id)."""
+    from pyiceberg.table import StaticTable
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("s", pa.string())])
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=None, table_key_id=None)
+    for i in range(3):
+        table.append(pa.table({"id": pa.array(range(i * 3, i * 3 + 3), pa.int64()), "s": ["x"] * 3}, schema=schema))
+    table.delete("id = 4")
+    before = _lineage(table)
+    table.rewrite_data_files(options={"rewrite-all": "true"})
+    assert _lineage(table) == before
+    theirs = StaticTable.from_metadata(table.metadata_location).scan().to_arrow()
+    assert theirs.schema.names == ["id", "s"]
+    assert sorted(theirs.column("id").to_pylist()) == sorted(before)

@@ -539,11 +539,12 @@ def read_task(task: FileScanTask, filesystem: pafs.FileSystem | None = None, *, 
         raise PlaintextFileError(f"data file {task.file.path} has no key metadata, but the table is encrypted (refused)")
     has_filter = spec.row_filter != AlwaysTrue()
     filter_ids: set[int] = set()
+    filtered: list[NestedField] = []  # metadata columns the filter names
     if has_filter:
         searchable = filter_schema(spec.schema)
         filter_ids = extract_field_ids(bind(searchable, spec.row_filter, spec.case_sensitive))
-    metadata = _MetadataValues.of(task, [f for f in searchable.fields if f.field_id in filter_ids and is_metadata(f)]
-                                  if has_filter else [])  # fmt: skip
+        filtered = [f for f in searchable.fields if is_metadata(f) and f.field_id in filter_ids]
+    metadata = _MetadataValues.of(task, filtered)
     positions = _positions(task, fs, cache)
     equality = _equality_deletes(task, fs, cache)
     read_ids = {i for f in spec.projected.fields if not is_metadata(f) for i in _nested_ids(f)} | filter_ids
@@ -596,6 +597,9 @@ class _MetadataValues:
         # the columns appended to a batch of the read schema (lineage is read, then filled)
         self.extra = [f for f in fields if f.field_id not in {g.field_id for g in LINEAGE}]
         self._arrow = arrow_schema(Schema(*self.extra)) if self.extra else None
+        self._partition = None
+        if PARTITION_ID in ids:
+            self._partition = _partition_scalar(task, self._arrow.field(self._arrow.get_field_index("_partition")).type)
         file = task.file
         if self.needs_positions and file.file_format == "AVRO" and task.start > 0:
             # a split's rows cannot be numbered without reading the file from its start
@@ -646,7 +650,7 @@ class _MetadataValues:
             elif fid == SPEC_ID.field_id:
                 arrays.append(pa.repeat(pa.scalar(task.spec_id, target.type), n))
             else:  # _partition
-                arrays.append(pa.repeat(_partition_scalar(task, target.type), n))
+                arrays.append(pa.repeat(self._partition, n))
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([*batch.schema, *self._arrow]))
 
 

@@ -570,10 +570,12 @@ def _project(
     def key(name: str) -> str:
         return name if case_sensitive else name.lower()
 
-    own = {key(f.name) for f in schema.fields}
+    # a table column hides the metadata column of its name, compared ignoring case (as in
+    # row filters, where a case-insensitive match must have one candidate)
+    own = {f.name.lower() for f in schema.fields}
     metadata: dict[str, NestedField] = {}
     for name in columns:
-        if key(name) in own:
+        if name.lower() in own:
             continue
         field = metadata_field(name, specs or {}, schema, case_sensitive=case_sensitive)
         if field is None:
