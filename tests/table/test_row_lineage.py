@@ -498,3 +498,27 @@ def test_plaintext_table_rewrite_keeps_lineage_and_pyiceberg_still_reads_it(tmp_
     theirs = StaticTable.from_metadata(table.metadata_location).scan().to_arrow()
     assert theirs.schema.names == ["id", "s"]
     assert sorted(theirs.column("id").to_pylist()) == sorted(before)
+
+
+def test_format_2_tables_have_no_lineage_columns(tmp_path):
+    """As in Java, _row_id and _last_updated_sequence_number exist in format-version 3
+    tables only; the other metadata columns read in any version."""
+    import json
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=None, table_key_id=None)
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64())}, schema=schema))
+    path = Path(table.metadata_location)  # the same table as a v2 writer leaves it
+    metadata = json.loads(path.read_text(encoding="utf-8"))
+    metadata["format-version"] = 2
+    metadata.pop("next-row-id")
+    for snapshot in metadata["snapshots"]:
+        snapshot.pop("first-row-id")
+        snapshot.pop("added-rows")
+    path.write_text(json.dumps(metadata), encoding="utf-8")
+    table = EncryptedTable.load(str(path), kms=None)
+    assert table.scan(columns=["id", "_pos"]).to_arrow().column("_pos").to_pylist() == [0, 1]
+    with pytest.raises(ValueError, match="'_row_id': row lineage exists in format-version 3 tables"):
+        table.scan(columns=["id", "_row_id"])
+    with pytest.raises(ValueError, match="_last_updated_sequence_number"):
+        table.scan(row_filter="_last_updated_sequence_number > 0")
