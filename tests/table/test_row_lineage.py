@@ -522,3 +522,31 @@ def test_format_2_tables_have_no_lineage_columns(tmp_path):
         table.scan(columns=["id", "_row_id"])
     with pytest.raises(ValueError, match="_last_updated_sequence_number"):
         table.scan(row_filter="_last_updated_sequence_number > 0")
+
+
+def test_a_file_whose_lineage_column_is_no_long_is_refused_by_name(tmp_path):
+    """Storage is input: a plaintext table's data file replaced by one whose _row_id column
+    holds strings, or whose id column cannot be read as a long, fails with FormatError
+    naming the file and the column (no bare Arrow error, no guessed values)."""
+    import pyarrow.parquet as pq
+
+    from icecrypt.errors import FormatError
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=None, table_key_id=None)
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64())}, schema=schema))
+    task = table.scan().plan_files()[0]
+
+    def field(name, type_, field_id):
+        return pa.field(name, type_, metadata={b"PARQUET:field_id": str(field_id).encode()})
+
+    forged = pa.schema([field("id", pa.int64(), 1), field("_row_id", pa.string(), ROW_ID_FIELD)])
+    pq.write_table(pa.table({"id": [1, 2], "_row_id": ["7", "8"]}, schema=forged), task.file.fs_path)
+    with pytest.raises(FormatError, match=r"\.parquet: column '_row_id' \(field id 2147483540\) is string, not long"):
+        table.scan(columns=["id", "_row_id"]).to_arrow()
+    assert table.scan().to_arrow().column("id").to_pylist() == [1, 2]  # not asked for: not read
+
+    forged = pa.schema([field("id", pa.string(), 1)])
+    pq.write_table(pa.table({"id": ["1", "two"]}, schema=forged), task.file.fs_path)
+    with pytest.raises(FormatError, match=r"\.parquet: column 'id' \(field id 1\) cannot be read as long"):
+        table.scan().to_arrow()

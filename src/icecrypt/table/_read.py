@@ -206,7 +206,19 @@ class _Projector:
         if isinstance(target_type, pa.BaseExtensionType) and source_type.equals(target_type.storage_type):
             return lambda array: pa.ExtensionArray.from_storage(target_type, array)
         if field.field_type.is_primitive:
-            return lambda array: array.cast(target_type)
+            if is_metadata(field) and not pa.types.is_integer(source_type):
+                # row lineage is stored as longs; anything else is not lineage
+                raise FormatError(f"{what}: column {source_field.name!r} (field id {field.field_id}) is {source_type}, "
+                                  f"not {field.field_type}")
+
+            def cast(array: pa.Array) -> pa.Array:
+                try:
+                    return array.cast(target_type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                    raise FormatError(f"{what}: column {source_field.name!r} (field id {field.field_id}) cannot be read "
+                                      f"as {field.field_type} ({exc})") from None
+
+            return cast
         # nested types that differ (evolved structs, renamed children): PyIceberg's projection
         from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema
 
