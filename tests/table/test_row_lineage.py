@@ -401,13 +401,37 @@ def test_a_file_filter_reads_that_file(small):
 
 
 def test_metadata_predicates_never_prune_by_statistics(small):
-    """Stored lineage has no metrics, and a file's bounds would leave out inherited values:
-    pruning treats metadata predicates as true (a NOT is pushed down first)."""
-    small.rewrite_data_files(options={"rewrite-all": "true"})
-    scan = small.scan(row_filter="_row_id = 11 and not (_pos > 100)")
-    assert scan.to_arrow().column("id").to_pylist() == [11]
-    scan = small.scan(row_filter="not (_row_id != 0)")
-    assert scan.to_arrow().column("id").to_pylist() == [0]
+    """A file's statistics of a lineage column (which another writer may record) leave out
+    the inherited values its nulls stand for: pruning treats metadata predicates as true (a
+    NOT is pushed down first), so lying-looking metrics prune nothing."""
+    import struct
+
+    from tablelib import current_manifests, reload, rewrite_chain
+
+    def with_lineage_metrics(entries: list[dict]) -> list[dict]:
+        for entry in entries:
+            data_file = entry["data_file"]
+            count = data_file["record_count"]
+            for name, value in (("value_counts", count), ("null_value_counts", count), ("nan_value_counts", 0)):
+                data_file[name] = [*(data_file.get(name) or []), {"key": ROW_ID_FIELD, "value": value},
+                                   {"key": SEQ_FIELD, "value": value}]  # fmt: skip
+            for name in ("lower_bounds", "upper_bounds"):  # all null, and bounds far from any row
+                bound = struct.pack("<q", 10**9)
+                data_file[name] = [*(data_file.get(name) or []), {"key": ROW_ID_FIELD, "value": bound},
+                                   {"key": SEQ_FIELD, "value": bound}]  # fmt: skip
+        return entries
+
+    for index, manifest in enumerate(current_manifests(small)):
+        if not manifest.is_deletes:
+            rewrite_chain(small, index, with_lineage_metrics)
+    table = reload(small)
+    assert table.scan(row_filter="_row_id = 11 and not (_pos > 100)").to_arrow().column("id").to_pylist() == [11]
+    assert table.scan(row_filter="not (_row_id != 0)").to_arrow().column("id").to_pylist() == [0]
+    assert table.scan(row_filter="_last_updated_sequence_number < 2").count() == 7
+    assert table.scan(row_filter="_row_id is null").count() == 0
+    # and after a rewrite, whose files store the values (without metrics for them)
+    table.rewrite_data_files(options={"rewrite-all": "true"})
+    assert table.scan(row_filter="_row_id = 11 and not (_pos > 100)").to_arrow().column("id").to_pylist() == [11]
 
 
 def test_filtering_on_positions_keeps_avro_files_whole(tmp_path, kms):
