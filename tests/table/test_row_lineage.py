@@ -574,3 +574,55 @@ def test_a_file_whose_lineage_column_is_no_long_is_refused_by_name(tmp_path):
     pq.write_table(pa.table({"id": ["1", "two"]}, schema=forged), task.file.fs_path)
     with pytest.raises(FormatError, match=r"\.parquet: column 'id' \(field id 1\) cannot be read as long"):
         table.scan().to_arrow()
+
+
+def _as_position_delete_files(table: EncryptedTable) -> None:
+    """Replace the table's deletion vectors by v2 position-delete files (encrypted Parquet,
+    the reserved file_path/pos columns, one per data file, ``referenced_data_file`` set),
+    as a format-2 writer leaves them; icecrypt's own delete() writes DVs only."""
+    from tablelib import current_manifests, rewrite_chain
+
+    def field(name, type_, field_id):
+        return pa.field(name, type_, nullable=False, metadata={b"PARQUET:field_id": str(field_id).encode()})
+
+    schema = pa.schema([field("file_path", pa.string(), 2147483546), field("pos", pa.int64(), 2147483545)])
+
+    def replace(entries: list[dict]) -> list[dict]:
+        for n, entry in enumerate(entries):
+            dv = entry["data_file"]
+            positions = sorted(_dv_positions(table, dv))
+            path = str(Path(table.fs_path(table.location)) / "data" / f"pos-deletes-{n}.parquet")
+            rows = pa.table({"file_path": [dv["referenced_data_file"]] * len(positions), "pos": positions}, schema=schema)
+            key = parquet.write_table(rows, path, key_length=16)
+            entry["data_file"] = {**dv, "file_path": path, "file_format": "PARQUET", "record_count": len(positions),
+                                  "file_size_in_bytes": key.file_length, "key_metadata": key.encode(),
+                                  "content_offset": None, "content_size_in_bytes": None}  # fmt: skip
+        return entries
+
+    index = next(i for i, m in enumerate(current_manifests(table)) if m.is_deletes)
+    rewrite_chain(table, index, replace)
+
+
+def _dv_positions(table: EncryptedTable, dv: dict) -> list[int]:
+    target = w._Target.of(table)
+    io = target.io(target.manager(table.metadata))
+    return [int(p) for p in w._read_dv(io, dv)]
+
+
+def test_position_delete_files_with_lineage_through_rewrite_and_rekey(small, kms):
+    from tablelib import reload
+
+    before = _lineage(small)
+    _as_position_delete_files(small)
+    table = reload(small)
+    tasks = table.scan().plan_files()
+    assert {d.file_format for t in tasks for d in t.deletes} == {"PARQUET"}  # no DV left
+    assert _lineage(table) == before
+    marked = table.scan(columns=["id", "_pos", "_row_id", "_deleted"]).to_arrow().to_pylist()
+    assert sorted(r["id"] for r in marked if r["_deleted"]) == [1, 9]
+    assert all(r["_row_id"] == r["id"] for r in marked)  # ids 0-11 were appended in order
+    table.rewrite_data_files(options={"delete-ratio-threshold": "0.01"})  # files with deletes
+    assert _lineage(table) == before
+    assert not [t for t in table.scan().plan_files() if t.deletes]
+    table.rekey(everything=True)
+    assert _lineage(EncryptedTable.load(table.metadata_location, kms=kms)) == before
