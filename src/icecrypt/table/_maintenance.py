@@ -23,6 +23,7 @@ import posixpath
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -175,6 +176,8 @@ class RewritePlan:
     target_file_size: int
     groups: list[RewriteGroup]
     base_delete_keys: set = dataclasses.field(default_factory=set)
+    #: whether the groups' tasks read row lineage and the new files store it
+    lineage: bool = True
 
     @property
     def paths(self) -> set[str]:
@@ -251,7 +254,12 @@ def plan_rewrite(
         wanted = {t.file.path for t in table.scan(row_filter=row_filter).plan_files()}
     tasks_by_file: dict[str, list[FileScanTask]] = {}
     # the rows keep their lineage: the tasks read it (inherited where a file stores none)
-    for task in table.scan(columns=lineage_columns(table.schema)).plan_files():
+    columns = lineage_columns(table.schema)
+    if columns is None:
+        plan.lineage = False
+        warnings.warn(f"{table.metadata_location}: the table has a column named like a row lineage column "
+                      "(_row_id, _last_updated_sequence_number); the rewritten rows get new row ids", stacklevel=2)
+    for task in table.scan(columns=columns).plan_files():
         tasks_by_file.setdefault(task.file.path, []).append(task)
 
     def too_many_deletes(tasks: list[FileScanTask]) -> bool:
@@ -330,7 +338,7 @@ def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_fo
 
     data_files, _ = write_data_files(
         io, batches(), schema=schema, spec=spec, location=base["location"], properties=properties, options=options,
-        sort_order_id=base.get("default-sort-order-id", 0), lineage=True,
+        sort_order_id=base.get("default-sort-order-id", 0), lineage=plan.lineage,
     )  # fmt: skip
     return data_files
 

@@ -110,15 +110,15 @@ def metadata_field(name: str, specs: Mapping[int, PartitionSpec], schema: Schema
     return _FIXED.get(key)
 
 
-def lineage_columns(schema: Schema) -> list[str]:
-    """The projection of a rewrite: every top-level column of ``schema``, then the row
-    lineage columns.  A table whose own columns take a lineage column's name cannot carry
-    its rows' lineage into new files: refused (ValueError) rather than re-assigned."""
+def lineage_columns(schema: Schema) -> list[str] | None:
+    """The projection of a rewrite that keeps row lineage: every top-level column of
+    ``schema``, then the row lineage columns.  None when the table's own columns take a
+    lineage column's name (compared ignoring case): such a table's lineage is hidden from
+    every reader by its own column, and a data file cannot hold two columns of one name,
+    so its rewrites cannot carry lineage."""
     own = [f.name for f in schema.fields]
-    taken = [f.name for f in LINEAGE if f.name in own]
-    if taken:
-        raise ValueError(f"the table has column(s) named {taken}, the names of Iceberg's row lineage columns; "
-                         "rows cannot be rewritten without losing their lineage")
+    if {f.name for f in LINEAGE} & {name.lower() for name in own}:
+        return None
     return [*own, *(f.name for f in LINEAGE)]
 
 
