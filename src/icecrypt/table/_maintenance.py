@@ -478,7 +478,8 @@ def rewrite_data_files(
 ) -> RewriteDataFilesResult:
     """Bin-pack the table's data files (Java's ``rewriteDataFiles`` with the bin-pack
     strategy): plan (:func:`plan_rewrite`), rewrite each group's live rows into new files
-    under fresh DEKs (:func:`rewrite_group`), commit once (:func:`commit_rewrite`).
+    under fresh DEKs (:func:`rewrite_group`; the rows keep their ``_row_id`` and
+    ``_last_updated_sequence_number``), commit once (:func:`commit_rewrite`).
     ``progress(event, detail)`` is called with ``"group-written"`` and ``"commit"``."""
     plan = plan_rewrite(table, target_file_size, row_filter, options, only_paths=only_paths)
     if not plan.groups:
@@ -714,7 +715,8 @@ def rekey(
     keys of its manifests, and a leaked manifest key those of its files: the closure is
     retired.  Steps: (1) a new KEK (and with ``new_master_key_id`` every KEK re-wrapped);
     (2) the live data files under retired keys, and those a retired delete file applies
-    to, are rewritten (deletes applied; new DEKs) in one ``replace`` commit; (3) every
+    to, are rewritten (deletes applied; new DEKs; rows keep their row lineage) in one
+    ``replace`` commit; (3) every
     manifest is rewritten under a fresh key; (4) with ``expire``: every snapshot but the
     current one (and ref heads) is expired and its files deleted, retired KEK entries
     removed, and the older metadata files (which hold the old wrapped keys) are dropped
