@@ -635,3 +635,22 @@ def test_position_delete_files_with_lineage_through_rewrite_and_rekey(small, kms
     assert not [t for t in table.scan().plan_files() if t.deletes]
     table.rekey(everything=True)
     assert _lineage(EncryptedTable.load(table.metadata_location, kms=kms)) == before
+
+
+def test_rewritten_avro_files_store_the_lineage_columns(tmp_path, kms):
+    from icecrypt import avro
+
+    table = _create(tmp_path / "t", kms, **{"write.format.default": "avro"})
+    for i in range(3):
+        table.append(_rows(range(i * 10, i * 10 + 10), part=0))
+    table.delete("id = 4 or id = 25")
+    before = _lineage(table)
+    table.rewrite_data_files(options={"rewrite-all": "true"})
+    assert _lineage(table) == before
+    (task,) = table.scan().plan_files()
+    assert task.file.file_format == "AVRO"
+    stored = avro.read_schema(task.file.fs_path, task.file.key())
+    assert stored.names == ["id", "part", "s", *LINEAGE]
+    assert [int(stored.field(n).metadata[b"PARQUET:field_id"]) for n in LINEAGE] == [ROW_ID_FIELD, SEQ_FIELD]
+    rows = avro.read(task.file.fs_path, task.file.key(), columns=["id", *LINEAGE]).to_pylist()
+    assert {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows} == before
