@@ -25,6 +25,7 @@ import posixpath
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -53,6 +54,7 @@ from icecrypt.table._manifest_write import (
     WrittenManifest,
     write_manifest,
 )
+from icecrypt.table._metadata_columns import lineage_columns
 from icecrypt.table._pin import check_unambiguous
 from icecrypt.table._read import FileScanTask, read_task
 from icecrypt.table._write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, write_data_files
@@ -185,6 +187,8 @@ class RewritePlan:
     target_file_size: int
     groups: list[RewriteGroup]
     base_delete_keys: set = dataclasses.field(default_factory=set)
+    #: whether the groups' tasks read row lineage and the new files store it
+    lineage: bool = True
 
     @property
     def paths(self) -> set[str]:
@@ -260,7 +264,13 @@ def plan_rewrite(
     if wanted is None and row_filter is not None:
         wanted = {t.file.path for t in table.scan(row_filter=row_filter).plan_files()}
     tasks_by_file: dict[str, list[FileScanTask]] = {}
-    for task in table.scan().plan_files():
+    # the rows keep their lineage: the tasks read it (inherited where a file stores none)
+    columns = lineage_columns(table.schema)
+    if columns is None:
+        plan.lineage = False
+        warnings.warn(f"{table.metadata_location}: the table has a column named like a row lineage column "
+                      "(_row_id, _last_updated_sequence_number); the rewritten rows get new row ids", stacklevel=2)
+    for task in table.scan(columns=columns).plan_files():
         tasks_by_file.setdefault(task.file.path, []).append(task)
 
     def too_many_deletes(tasks: list[FileScanTask]) -> bool:
@@ -318,8 +328,11 @@ def plan_rewrite(
 def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_format: str | None = None) -> list[dict[str, Any]]:
     """Read the live rows of ``group`` (deletes applied) and write them as new data files
     under fresh DEKs, in the table's default spec and format; returns their records
-    (nothing is committed; nothing is left behind if this raises).  Runs anywhere the
-    table and its KMS can be opened (a Spark executor)."""
+    (nothing is committed; nothing is left behind if this raises).  The rows keep their
+    row lineage: the files store each row's ``_row_id`` and
+    ``_last_updated_sequence_number`` as it read (the spec's rule for rows moved to a new
+    file), so nothing is re-assigned when the new files get a ``first_row_id`` at
+    commit.  Runs anywhere the table and its KMS can be opened (a Spark executor)."""
     target = w._Target.of(table)
     _, base = target.latest()
     io = target.io(target.manager(base, check_kek=False))  # fresh DEKs only; the commit checks the KEK
@@ -336,7 +349,7 @@ def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_fo
 
     data_files, _ = write_data_files(
         io, batches(), schema=schema, spec=spec, location=base["location"], properties=properties, options=options,
-        sort_order_id=base.get("default-sort-order-id", 0),
+        sort_order_id=base.get("default-sort-order-id", 0), lineage=plan.lineage,
     )  # fmt: skip
     return data_files
 
@@ -476,7 +489,8 @@ def rewrite_data_files(
 ) -> RewriteDataFilesResult:
     """Bin-pack the table's data files (Java's ``rewriteDataFiles`` with the bin-pack
     strategy): plan (:func:`plan_rewrite`), rewrite each group's live rows into new files
-    under fresh DEKs (:func:`rewrite_group`), commit once (:func:`commit_rewrite`).
+    under fresh DEKs (:func:`rewrite_group`; the rows keep their ``_row_id`` and
+    ``_last_updated_sequence_number``), commit once (:func:`commit_rewrite`).
     ``progress(event, detail)`` is called with ``"group-written"`` and ``"commit"``."""
     plan = plan_rewrite(table, target_file_size, row_filter, options, only_paths=only_paths)
     if not plan.groups:
@@ -716,8 +730,9 @@ def rekey(
     keys of its manifests, and a leaked manifest key those of its files: the closure is
     retired.  Steps: (1) a new KEK (the leaked KEKs, and every other KEK there was, are
     retired for new wraps in this table object: a version that puts one back, even under
-    a fresh id, is refused, :class:`~icecrypt.errors.ReplayedKeyError`); (2) the live data files under retired keys, and those a retired delete file applies
-    to, are rewritten (deletes applied; new DEKs) in one ``replace`` commit; (3) every
+    a fresh id, is refused, :class:`~icecrypt.errors.ReplayedKeyError`); (2) the live data
+    files under retired keys, and those a retired delete file applies to, are rewritten
+    (deletes applied; new DEKs; rows keep their row lineage) in one ``replace`` commit; (3) every
     manifest is rewritten under a fresh key; (4) with ``expire``: every snapshot but the
     current one (and ref heads) is expired and its files deleted, retired KEK entries
     removed, and the older metadata files (which hold the old wrapped keys) are dropped

@@ -268,11 +268,22 @@ def read_manifest(
         with _malformed("manifest", manifest.path):
             names = _partition_names(records.schema)
         fields = [(names.get(f.field_id, f.name), f.field_type) for f in partition_type.fields]
+        # first_row_id inheritance (spec "First Row ID Inheritance"): a live data file
+        # without one starts where the preceding such files of the manifest end
+        next_row_id = manifest.first_row_id if manifest.content == MANIFEST_DATA else None
         for record in records:
             with _malformed("manifest", manifest.path):
-                entry = _manifest_entry(record, manifest, fields, encrypted, include_deleted, require_keys)
+                entry = _manifest_entry(record, manifest, fields, encrypted, include_deleted, require_keys, next_row_id)
+                if next_row_id is not None and _inherits_first_row_id(record):
+                    next_row_id += record["data_file"]["record_count"]
             if entry is not None:
                 yield entry
+
+
+def _inherits_first_row_id(record: dict[str, Any]) -> bool:
+    """Whether a manifest record is a live data file whose first_row_id is inherited."""
+    df = record["data_file"]
+    return record["status"] != DELETED and (df.get("content") or DATA) == DATA and df.get("first_row_id") is None
 
 
 def _manifest_entry(
@@ -282,8 +293,10 @@ def _manifest_entry(
     encrypted: bool,
     include_deleted: bool,
     require_keys: bool,
+    next_row_id: int | None = None,
 ) -> ManifestEntry | None:
-    """One manifest record as a ManifestEntry (None for a DELETED entry not asked for)."""
+    """One manifest record as a ManifestEntry (None for a DELETED entry not asked for);
+    ``next_row_id`` is the first_row_id the entry inherits if it has none."""
     status = record["status"]
     if status == DELETED and not include_deleted:
         return None
@@ -333,7 +346,7 @@ def _manifest_entry(
             referenced_data_file=df.get("referenced_data_file"),
             content_offset=df.get("content_offset"),
             content_size_in_bytes=df.get("content_size_in_bytes"),
-            first_row_id=df.get("first_row_id"),
+            first_row_id=next_row_id if _inherits_first_row_id(record) else df.get("first_row_id"),
             key_metadata_bytes=raw_key if km is not None and isinstance(raw_key, bytes) else None,
         ),
         record=record,

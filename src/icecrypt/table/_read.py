@@ -40,6 +40,18 @@ from icecrypt.table._deletes import (
 )
 from icecrypt.table._io import PlaintextFileError, reading
 from icecrypt.table._manifest import DATA, EQUALITY_DELETES
+from icecrypt.table._metadata_columns import (
+    FILE_PATH,
+    IS_DELETED,
+    LINEAGE,
+    PARTITION_ID,
+    ROW_ID,
+    ROW_POSITION,
+    SPEC_ID,
+    filter_schema,
+    is_metadata,
+    without_metadata,
+)
 from icecrypt.table._write_schema import arrow_write_schema
 
 __all__ = ["FileScanTask", "ReadSpec", "TaskFile", "arrow_schema", "read_task"]
@@ -108,7 +120,12 @@ class FileScanTask:
     of the decrypted Avro bytes), with the delete files that apply to it.
 
     ``constants`` holds identity-partition values by source field id (columns a data file
-    does not store).  Picklable; ``read_task`` runs it anywhere.
+    does not store), and under ``PARTITION_ID`` the file's ``_partition`` value when the
+    scan projects it.  ``first_row_id`` is the data file's (inherited from its manifest as
+    the spec says; None before row lineage): with ``file.sequence_number`` (the data
+    sequence number) it gives the rows that do not store their lineage their
+    ``_row_id`` and ``_last_updated_sequence_number``.  Picklable; ``read_task`` runs it
+    anywhere.
     """
 
     file: TaskFile
@@ -119,6 +136,7 @@ class FileScanTask:
     partition: tuple
     constants: Mapping[int, Any]
     read: ReadSpec = dataclasses.field(repr=False)
+    first_row_id: int | None = None
 
     @property
     def whole_file(self) -> bool:
@@ -188,7 +206,19 @@ class _Projector:
         if isinstance(target_type, pa.BaseExtensionType) and source_type.equals(target_type.storage_type):
             return lambda array: pa.ExtensionArray.from_storage(target_type, array)
         if field.field_type.is_primitive:
-            return lambda array: array.cast(target_type)
+            if is_metadata(field) and not pa.types.is_integer(source_type):
+                # row lineage is stored as longs; anything else is not lineage
+                raise FormatError(f"{what}: column {source_field.name!r} (field id {field.field_id}) is {source_type}, "
+                                  f"not {field.field_type}")
+
+            def cast(array: pa.Array) -> pa.Array:
+                try:
+                    return array.cast(target_type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                    raise FormatError(f"{what}: column {source_field.name!r} (field id {field.field_id}) cannot be read "
+                                      f"as {field.field_type} ({exc})") from None
+
+            return cast
         # nested types that differ (evolved structs, renamed children): PyIceberg's projection
         from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema
 
@@ -298,7 +328,8 @@ def _row_group_filter(task: FileScanTask, source: pa.Schema, read_schema: Schema
     """A predicate on row-group metadata: False when the row group's statistics show that
     no row can match the task's filter (None when there is no filter)."""
     spec = task.read
-    if spec.row_filter == AlwaysTrue():
+    row_filter = without_metadata(spec.row_filter, spec.schema)
+    if row_filter == AlwaysTrue():
         return None
     from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator
 
@@ -312,7 +343,7 @@ def _row_group_filter(task: FileScanTask, source: pa.Schema, read_schema: Schema
                 continue
             if table_field.field_type.is_primitive:
                 columns[field.name] = table_field
-    evaluator = _InclusiveMetricsEvaluator(spec.schema, spec.row_filter, spec.case_sensitive, include_empty_files=True)
+    evaluator = _InclusiveMetricsEvaluator(spec.schema, row_filter, spec.case_sensitive, include_empty_files=True)
     return lambda rg: evaluator.eval(_RowGroupMetrics(rg, columns))
 
 
@@ -495,7 +526,10 @@ def read_task(task: FileScanTask, filesystem: pafs.FileSystem | None = None, *, 
 
     ``filesystem`` holds the stored files (None = local).  ``cache`` (any dict, owned by
     the caller) shares loaded deletes between tasks of one scan.  Every file is
-    authenticated as it is read; errors name the file.
+    authenticated as it is read; errors name the file.  Metadata columns in the
+    projection (``_file``, ``_pos``, ``_row_id``, ...) are filled in per row; with
+    ``_deleted`` projected, rows removed by deletes are kept and marked (as Iceberg Java
+    does), the row filter still applies.
     """
     if task.file.content != DATA:
         raise ValueError(f"{task.file.path} is not a data file")
@@ -503,22 +537,31 @@ def read_task(task: FileScanTask, filesystem: pafs.FileSystem | None = None, *, 
     spec = task.read
     if spec.encrypted and task.file.key_metadata is None:
         raise PlaintextFileError(f"data file {task.file.path} has no key metadata, but the table is encrypted (refused)")
+    has_filter = spec.row_filter != AlwaysTrue()
+    filter_ids: set[int] = set()
+    filtered: list[NestedField] = []  # metadata columns the filter names
+    if has_filter:
+        searchable = filter_schema(spec.schema)
+        filter_ids = extract_field_ids(bind(searchable, spec.row_filter, spec.case_sensitive))
+        filtered = [f for f in searchable.fields if is_metadata(f) and f.field_id in filter_ids]
+    metadata = _MetadataValues.of(task, filtered)
     positions = _positions(task, fs, cache)
     equality = _equality_deletes(task, fs, cache)
-    read_ids = set(spec.projected.field_ids)
-    has_filter = spec.row_filter != AlwaysTrue()
-    if has_filter:
-        read_ids |= extract_field_ids(bind(spec.schema, spec.row_filter, spec.case_sensitive))
+    read_ids = {i for f in spec.projected.fields if not is_metadata(f) for i in _nested_ids(f)} | filter_ids
     for ids, _ in equality:
         read_ids |= set(ids)
     read_schema = _top_level(spec.schema, read_ids)
+    if metadata is not None and metadata.lineage:
+        read_schema = Schema(*read_schema.fields, *LINEAGE, schema_id=read_schema.schema_id)
+    batch_schema = read_schema if metadata is None else metadata.schema(read_schema)
     arrow_filter = None
     if has_filter:
         from pyiceberg.io.pyarrow import expression_to_pyarrow
 
-        arrow_filter = expression_to_pyarrow(bind(read_schema, spec.row_filter, spec.case_sensitive), read_schema)
-    output = _Projector(arrow_schema(read_schema), spec.projected, {}, None, task.file.path)
+        arrow_filter = expression_to_pyarrow(bind(batch_schema, spec.row_filter, spec.case_sensitive), batch_schema)
+    output = _Projector(arrow_schema(batch_schema), spec.projected, {}, None, task.file.path)
     names = {f.field_id: f.name for f in read_schema.fields}
+    mark_deleted = metadata is not None and metadata.mark_deleted
 
     with reading("data file", task.file.path, fs, task.file.fs_path, encrypted=spec.encrypted):
         for batch, first in _file_batches(task, fs, read_schema):
@@ -528,12 +571,96 @@ def read_task(task: FileScanTask, filesystem: pafs.FileSystem | None = None, *, 
                 hit = equality_delete_mask(pa.table([batch.column(names[i]) for i in ids], names=[names[i] for i in ids]), deletes)
                 if hit.any():
                     keep = ~hit if keep is None else keep & ~hit
-            if keep is not None:
+            if metadata is not None:
+                batch = metadata.add(batch, first, keep)
+            if keep is not None and not mark_deleted:
                 batch = batch.filter(pa.array(keep))
             if arrow_filter is not None and batch.num_rows:
                 batch = batch.filter(arrow_filter)
             if batch.num_rows:
                 yield output(batch)
+
+
+class _MetadataValues:
+    """The metadata columns a task's projection asks for, computed per batch of the data
+    file: lineage inherited where the file stores none (``_row_id`` = the file's
+    ``first_row_id`` + position, ``_last_updated_sequence_number`` = its data sequence
+    number), positions counted in the file before any delete is applied."""
+
+    def __init__(self, task: FileScanTask, fields: list[NestedField]) -> None:
+        self.task = task
+        self.fields = fields
+        ids = {f.field_id for f in fields}
+        self.lineage = bool(ids & {f.field_id for f in LINEAGE})
+        self.mark_deleted = IS_DELETED.field_id in ids
+        self.needs_positions = bool(ids & {ROW_ID.field_id, ROW_POSITION.field_id})
+        # the columns appended to a batch of the read schema (lineage is read, then filled)
+        self.extra = [f for f in fields if f.field_id not in {g.field_id for g in LINEAGE}]
+        self._arrow = arrow_schema(Schema(*self.extra)) if self.extra else None
+        self._partition = None
+        if PARTITION_ID in ids:
+            self._partition = _partition_scalar(task, self._arrow.field(self._arrow.get_field_index("_partition")).type)
+        file = task.file
+        if self.needs_positions and file.file_format == "AVRO" and task.start > 0:
+            # a split's rows cannot be numbered without reading the file from its start
+            raise ValueError(
+                f"{file.path}: the task reads an Avro split starting at byte {task.start}, whose row positions are "
+                "unknown; plan the scan with _pos or _row_id projected (its Avro files are then not split)"
+            )
+
+    @classmethod
+    def of(cls, task: FileScanTask, filtered: list[NestedField]) -> _MetadataValues | None:
+        """The metadata columns the task projects, and those its row filter names
+        (``filtered``), or None."""
+        fields = [f for f in task.read.projected.fields if is_metadata(f)]
+        fields += [f for f in filtered if f.field_id not in {g.field_id for g in fields}]
+        return cls(task, fields) if fields else None
+
+    def schema(self, read_schema: Schema) -> Schema:
+        """The schema of the batches :meth:`add` returns."""
+        return Schema(*read_schema.fields, *self.extra, schema_id=read_schema.schema_id)
+
+    def add(self, batch: pa.RecordBatch, first: int, keep: np.ndarray | None) -> pa.RecordBatch:
+        n = batch.num_rows
+        task = self.task
+        positions = pa.array(np.arange(first, first + n, dtype=np.int64)) if self.needs_positions else None
+        arrays = list(batch.columns)
+        if self.lineage:  # the last two columns of the read schema
+            row_ids, sequence_numbers = arrays[-2], arrays[-1]
+            if positions is not None and row_ids.null_count and task.first_row_id is not None:
+                try:
+                    inherited = pc.add_checked(positions, pa.scalar(task.first_row_id, pa.int64()))
+                except (pa.ArrowInvalid, OverflowError):  # a first_row_id no table reaches: never wrap around
+                    raise FormatError(f"data file {task.file.path}: first_row_id {task.first_row_id} + row positions "
+                                      "overflow a long") from None
+                row_ids = pc.coalesce(row_ids, inherited)
+            if sequence_numbers.null_count:
+                sequence_numbers = pc.coalesce(sequence_numbers, pa.scalar(task.file.sequence_number, pa.int64()))
+            arrays[-2], arrays[-1] = row_ids, sequence_numbers
+        if self._arrow is None:
+            return pa.RecordBatch.from_arrays(arrays, schema=batch.schema)
+        for field, target in zip(self.extra, self._arrow):
+            fid = field.field_id
+            if fid == FILE_PATH.field_id:
+                arrays.append(pa.repeat(pa.scalar(task.file.path, target.type), n))
+            elif fid == ROW_POSITION.field_id:
+                arrays.append(positions)
+            elif fid == IS_DELETED.field_id:
+                arrays.append(pa.array(np.zeros(n, dtype=bool) if keep is None else ~keep))
+            elif fid == SPEC_ID.field_id:
+                arrays.append(pa.repeat(pa.scalar(task.spec_id, target.type), n))
+            else:  # _partition
+                arrays.append(pa.repeat(self._partition, n))
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([*batch.schema, *self._arrow]))
+
+
+def _partition_scalar(task: FileScanTask, struct_type: pa.StructType) -> pa.Scalar:
+    """The task's ``_partition`` value (planned into its constants) as an Arrow scalar."""
+    value = task.constants.get(PARTITION_ID) or {}
+    try:
+        return pa.scalar(value, type=struct_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        raise FormatError(f"{task.file.path}: partition value {value!r} does not fit {struct_type} ({exc})") from None
 
 
 def _top_level(schema: Schema, ids: set[int]) -> Schema:

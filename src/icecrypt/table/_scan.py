@@ -28,7 +28,7 @@ import itertools
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -39,11 +39,14 @@ from pyiceberg.expressions.visitors import (
     _InclusiveMetricsEvaluator,
     bind,
     expression_evaluator,
+    extract_field_ids,
     inclusive_projection,
     manifest_evaluator,
 )
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import NestedField
 
 from icecrypt.errors import FormatError
 from icecrypt.table._manifest import (
@@ -55,6 +58,17 @@ from icecrypt.table._manifest import (
     read_manifest,
 )
 from icecrypt.table._metadata import Snapshot
+from icecrypt.table._metadata_columns import (
+    LINEAGE,
+    LINEAGE_FORMAT_VERSION,
+    PARTITION_ID,
+    ROW_ID,
+    ROW_POSITION,
+    filter_schema,
+    metadata_field,
+    partition_type,
+    without_metadata,
+)
 from icecrypt.table._read import (
     FileScanTask,
     ReadSpec,
@@ -278,8 +292,20 @@ class TableScan:
         self.row_filter = parse_row_filter(row_filter)
         self.case_sensitive = case_sensitive
         if self.row_filter != AlwaysTrue():
-            bind(self.schema, self.row_filter, case_sensitive)  # unknown columns fail here, not in a worker
-        self.projected = _project(self.schema, columns, case_sensitive)
+            # unknown columns fail here, not in a worker; metadata columns may be named
+            lineage = table.format_version >= LINEAGE_FORMAT_VERSION
+            filter_ids = extract_field_ids(bind(filter_schema(self.schema, lineage=lineage), self.row_filter, case_sensitive))
+        else:
+            filter_ids = set()
+        # pruning by partition values and statistics knows nothing of metadata columns
+        self._prune_filter = without_metadata(self.row_filter, self.schema)
+        self.projected = _project(self.schema, columns, case_sensitive, table.specs, table.format_version)
+        projected_ids = {f.field_id for f in self.projected.fields}
+        # row positions are counted from a file's start: its Avro files are then not split
+        self._needs_positions = bool((projected_ids | filter_ids) & {ROW_ID.field_id, ROW_POSITION.field_id})
+        self._partition_names = None
+        if PARTITION_ID in projected_ids:
+            self._partition_names = {f.field_id: f.name for f in partition_type(table.specs, self.schema).fields}
         self.split_size = split_size or int(table.properties.get(SPLIT_SIZE_PROPERTY, DEFAULT_SPLIT_SIZE))
         if self.split_size <= 0:
             raise ValueError(f"split_size must be positive, not {self.split_size}")
@@ -322,7 +348,7 @@ class TableScan:
         if self.snapshot is None:
             return
         table = self.table
-        evaluators = _Evaluators(table, self.schema, self.row_filter, self.case_sensitive)
+        evaluators = _Evaluators(table, self.schema, self._prune_filter, self.case_sensitive)
         data_manifests: list[ManifestFile] = []
         delete_manifests: list[ManifestFile] = []
         for manifest in table.manifests(self.snapshot):
@@ -413,7 +439,8 @@ class TableScan:
         task_file = self._task_file(file, entry.sequence_number)
         delete_files = tuple(self._task_file(d, s) for s, d in deletes)
         constants = self._constants(file)
-        for start, length in self._splits(file, has_positions=any(d.content != EQUALITY_DELETES for _, d in deletes)):
+        has_positions = self._needs_positions or any(d.content != EQUALITY_DELETES for _, d in deletes)
+        for start, length in self._splits(file, has_positions=has_positions):
             yield FileScanTask(
                 file=task_file,
                 start=start,
@@ -423,16 +450,25 @@ class TableScan:
                 partition=file.partition,
                 constants=constants,
                 read=self.read_spec,
+                first_row_id=file.first_row_id,
             )
 
     def _constants(self, file: ContentFile) -> dict[int, Any]:
-        """Identity-partition values by source field id (for columns a file lacks)."""
+        """Identity-partition values by source field id (for columns a file lacks), and
+        the file's ``_partition`` value (by name) if the scan projects it."""
         spec = self.table.specs[file.spec_id]
-        return {
+        constants: dict[int, Any] = {
             field.source_id: value
             for field, value in zip(spec.fields, file.partition)
             if isinstance(field.transform, IdentityTransform) and value is not None
         }
+        if self._partition_names is not None:
+            values = {name: None for name in self._partition_names.values()}
+            for field, value in zip(spec.fields, file.partition):
+                if field.field_id in self._partition_names:
+                    values[self._partition_names[field.field_id]] = value
+            constants[PARTITION_ID] = values
+        return constants
 
     def _splits(self, file: ContentFile, *, has_positions: bool) -> list[tuple[int, int]]:
         target = self.split_size
@@ -512,9 +548,17 @@ def _preload_deletes(tasks: list[FileScanTask], filesystem: Any, cache: dict) ->
             load_deletes(task, filesystem, cache)
 
 
-def _project(schema: Schema, columns: Sequence[str] | None, case_sensitive: bool) -> Schema:
+def _project(
+    schema: Schema,
+    columns: Sequence[str] | None,
+    case_sensitive: bool,
+    specs: Mapping[int, PartitionSpec] | None = None,
+    format_version: int = LINEAGE_FORMAT_VERSION,
+) -> Schema:
     """The output schema: all columns, or the named ones in the order given (nested
-    names like ``"a.b"`` select parts of structs, in schema order)."""
+    names like ``"a.b"`` select parts of structs, in schema order, metadata columns
+    after them).  A name the table schema does not have may be a metadata column
+    (``_file``, ``_pos``, ``_row_id``, ...; see :mod:`._metadata_columns`)."""
     if columns is None:
         return schema
     if isinstance(columns, str):
@@ -522,13 +566,33 @@ def _project(schema: Schema, columns: Sequence[str] | None, case_sensitive: bool
     columns = list(columns)
     if not columns:
         return Schema(schema_id=schema.schema_id)
+
+    def key(name: str) -> str:
+        return name if case_sensitive else name.lower()
+
+    # a table column hides the metadata column of its name, compared ignoring case (as in
+    # row filters, where a case-insensitive match must have one candidate)
+    own = {f.name.lower() for f in schema.fields}
+    metadata: dict[str, NestedField] = {}
+    for name in columns:
+        if name.lower() in own:
+            continue
+        field = metadata_field(name, specs or {}, schema, case_sensitive=case_sensitive)
+        if field is None:
+            continue
+        if field in LINEAGE and format_version < LINEAGE_FORMAT_VERSION:
+            raise ValueError(f"column {name!r}: row lineage exists in format-version {LINEAGE_FORMAT_VERSION} tables, "
+                             f"this one is format-version {format_version}")
+        metadata[name] = field
+    data_columns = [c for c in columns if c not in metadata]
     try:
-        selected = schema.select(*columns, case_sensitive=case_sensitive)
+        selected = schema.select(*data_columns, case_sensitive=case_sensitive) if data_columns else Schema()
     except ValueError as exc:
         raise ValueError(f"unknown column in {columns}: {exc}") from None
-    if all("." not in c for c in columns):
-        by_name = {(f.name if case_sensitive else f.name.lower()): f for f in selected.fields}
-        ordered = [by_name[c if case_sensitive else c.lower()] for c in dict.fromkeys(columns)]
-        return Schema(*ordered, schema_id=schema.schema_id)
-    return selected
-
+    if all("." not in c for c in data_columns):
+        by_name = {key(f.name): f for f in selected.fields}
+        fields = [metadata[c] if c in metadata else by_name[key(c)] for c in dict.fromkeys(columns)]
+    else:
+        fields = [*selected.fields, *(metadata[c] for c in dict.fromkeys(columns) if c in metadata)]
+    unique = list({f.field_id: f for f in reversed(fields)}.values())[::-1]  # first of each field id
+    return Schema(*unique, schema_id=schema.schema_id)

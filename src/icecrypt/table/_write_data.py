@@ -22,13 +22,15 @@ import itertools
 import os
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import (
+    MetricModeTypes,
+    MetricsMode,
     StatsAggregator,
     _primitive_to_physical,
     compute_statistics_plan,
@@ -67,6 +69,7 @@ from pyiceberg.types import (
 
 from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
 from icecrypt.table._manifest_write import DATA, to_internal
+from icecrypt.table._metadata_columns import LINEAGE
 from icecrypt.table._write_io import TableIO
 from icecrypt.table._write_schema import arrow_write_schema
 
@@ -329,6 +332,17 @@ class _ParquetFile:
         self._target.discard()
 
 
+def _statistics_plan(schema: Schema, properties: dict[str, str]) -> dict:
+    """The metrics to keep per field id.  None for the lineage columns: their nulls stand
+    for inherited values, so counts and bounds of the stored values would mislead any
+    reader that prunes on them; only their column sizes are recorded."""
+    plan = compute_statistics_plan(schema, properties)
+    for field in LINEAGE:
+        if field.field_id in plan:
+            plan[field.field_id] = replace(plan[field.field_id], mode=MetricsMode(MetricModeTypes.NONE))
+    return plan
+
+
 def _map_records(values: dict[int, Any]) -> list[dict[str, Any]] | None:
     return [{"key": k, "value": v} for k, v in sorted(values.items())] or None
 
@@ -456,7 +470,7 @@ class _PartitionWriter:
         if file is None:
             return
         length, key, metadata = file.close()
-        stats = _parquet_stats(metadata, self._nan_counts, self._job.schema, self._job.stats_plan)
+        stats = _parquet_stats(metadata, self._nan_counts, self._job.file_schema, self._job.stats_plan)
         self._job.add(self._file_location, "PARQUET", self._values, self._file_rows, length, key, stats)
         self._file_bytes = self._file_rows = 0
 
@@ -490,15 +504,18 @@ class _WriteJob:
 
     def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, location: str,
                  properties: dict[str, str], options: DataWriteOptions, sort_order_id: int,
-                 operation_id: str | None = None, task_id: int = 0) -> None:  # fmt: skip
+                 operation_id: str | None = None, task_id: int = 0, lineage: bool = False) -> None:  # fmt: skip
         self.io = io
         self.schema = schema
         self.plan = _PartitionPlan.create(spec, schema)
         self.location = location.rstrip("/")
         self.options = options
         self.sort_order_id = sort_order_id
-        self.arrow_schema = arrow_write_schema(schema)
-        self.stats_plan = compute_statistics_plan(schema, properties)
+        # rows moved from other files carry their row lineage as columns of the new file
+        # (reserved ids and names, after the table's columns, as Iceberg Java writes them)
+        self.file_schema = Schema(*schema.fields, *LINEAGE, schema_id=schema.schema_id) if lineage else schema
+        self.arrow_schema = arrow_write_schema(self.file_schema)
+        self.stats_plan = _statistics_plan(self.file_schema, properties)
         # a distributed job passes one operation id to all its tasks (and a task id unique
         # per attempt), so the driver can find what its killed attempts left behind
         self.write_id = operation_id or uuid.uuid4()
@@ -545,14 +562,18 @@ def write_data_files(
     sort_order_id: int = 0,
     operation_id: str | None = None,
     task_id: int = 0,
+    lineage: bool = False,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Write ``data`` as data files of the table at ``location``.
 
-    Returns the ``data_file`` records and the locations of every file started.  On an
-    exception, files in progress are aborted and the finished ones deleted before it
-    propagates, so a failed append leaves nothing behind.
+    With ``lineage``, ``data`` also has the columns ``_row_id`` and
+    ``_last_updated_sequence_number`` (rows moved from other files, with the lineage
+    they had) and the files store them.  Returns the ``data_file`` records and the
+    locations of every file started.  On an exception, files in progress are aborted
+    and the finished ones deleted before it propagates, so a failed append leaves
+    nothing behind.
     """
-    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id)
+    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id, lineage)
     writers: dict[tuple, _PartitionWriter] = {}
     try:
         for batch in iter_batches(data):
