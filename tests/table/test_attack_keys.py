@@ -23,8 +23,7 @@ from test_write_roundtrip import SCHEMA, make_rows
 from icecrypt.errors import AuthenticationError, ReplayedKeyError
 from icecrypt.keys import EncryptedKey, EncryptionManager, read_encryption_keys
 from icecrypt.kms import LocalKms
-from icecrypt.table import EncryptedTable
-from icecrypt.table import _commit
+from icecrypt.table import EncryptedTable, _commit
 
 
 def _now_ms() -> int:
@@ -148,14 +147,22 @@ def test_rekey_with_a_new_master_key_defeats_the_replay(tmp_path):
         table.append(make_rows(i * 100, i * 100 + 100))
     leaked = _current_kek(table)
     leaked_key = kms.unwrap_key(leaked.encrypted_key_metadata, "m1")
-    result = table.rekey(kek_ids=[leaked.key_id], new_master_key_id="m2", expire=True)
+    seen: dict[str, str] = {}  # every metadata version the attacker could copy while rekey runs
+
+    def copy_versions(*_):
+        for path in (tmp_path / "t" / "metadata").glob("*.metadata.json"):
+            seen.setdefault(path.name, path.read_text())
+
+    result = table.rekey(kek_ids=[leaked.key_id], new_master_key_id="m2", expire=True, progress=copy_versions)
+    copy_versions()
     assert result.check(table) == [] and table.metadata["properties"]["encryption.key-id"] == "m2"
     kms.remove_key("m1")
     # the leaked KEK was never wrapped under the new master key, in any version written
-    for path in (tmp_path / "t" / "metadata").glob("*.metadata.json"):
-        for entry in read_encryption_keys(json.loads(path.read_text())):
+    for name, text in seen.items():
+        for entry in read_encryption_keys(json.loads(text)):
             if entry.encrypted_by_id == "m2" and entry.properties:
-                assert kms.unwrap_key(entry.encrypted_key_metadata, "m2") != leaked_key, path
+                same = kms.unwrap_key(entry.encrypted_key_metadata, "m2") == leaked_key  # no key bytes in reports
+                assert not same, f"{name}: KEK {entry.key_id} is the leaked KEK under the new master key"
     # claiming the new master key: it does not unwrap, so it is refused
     attacked = _publish(table, _replay(leaked, by="m2"))
     fresh = EncryptedTable.load(attacked, kms=LocalKms(tmp_path / "keystore.json"))
