@@ -136,6 +136,28 @@ def test_a_kek_retired_by_rekey_is_refused_under_its_own_id(tmp_path, kms):
     assert _newest(table) == attacked
 
 
+def test_retired_kek_ids_carried_to_a_fresh_writer_are_refused(tmp_path, kms):
+    """What a catalog pin can carry across processes: the ids a rotation retired."""
+    table = small_table(tmp_path, kms, appends=1)
+    old = _current_kek(table)
+    table.rotate_keys(new_kek=True)
+    assert old.key_id in table.encryption_manager.retired_kek_ids
+
+    def put_back_first(metadata: dict) -> None:
+        entries = metadata["encryption-keys"]
+        entry = next(e for e in entries if e["key-id"] == old.key_id)
+        entries.remove(entry)
+        entry["properties"] = {"KEY_TIMESTAMP": str(_now_ms())}
+        entries.insert(0, entry)
+
+    attacked = _publish(table, put_back_first)
+    fresh = EncryptedTable.load(attacked, kms=kms)
+    fresh.encryption_manager.retire_keks(table.encryption_manager.retired_kek_ids | {"no-such-id"})
+    with pytest.raises(ReplayedKeyError, match="retired"):
+        fresh.append(make_rows(2000, 2010))
+    assert _newest(fresh) == attacked
+
+
 def test_rekey_with_a_new_master_key_defeats_the_replay(tmp_path):
     """The documented response to a leaked KEK: rekey under a new master key, expire, and
     disable the old master key.  The attacker's copy of the old KEK's wrapped bytes then
