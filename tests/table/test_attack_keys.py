@@ -80,6 +80,19 @@ def _replay(kek: EncryptedKey, *, by: str | None = None, key_id: str = "cmVwbGF5
     return change
 
 
+def _put_back_first(kek: EncryptedKey):
+    """Move ``kek``'s own entry first, with a fresh KEY_TIMESTAMP."""
+
+    def change(metadata: dict) -> None:
+        entries = metadata["encryption-keys"]
+        entry = next(e for e in entries if e["key-id"] == kek.key_id)
+        entries.remove(entry)
+        entry["properties"] = {"KEY_TIMESTAMP": str(_now_ms())}
+        entries.insert(0, entry)
+
+    return change
+
+
 # --- item 5: a rotated-out KEK put back first under a fresh id --------------------------------------
 
 
@@ -123,14 +136,7 @@ def test_a_kek_retired_by_rekey_is_refused_under_its_own_id(tmp_path, kms):
     leaked = _current_kek(table)
     table.rekey(kek_ids=[leaked.key_id])  # old snapshots kept: the leaked KEK stays listed
 
-    def put_back_first(metadata: dict) -> None:
-        entries = metadata["encryption-keys"]
-        entry = next(e for e in entries if e["key-id"] == leaked.key_id)
-        entries.remove(entry)
-        entry["properties"] = {"KEY_TIMESTAMP": str(_now_ms())}
-        entries.insert(0, entry)
-
-    attacked = _publish(table, put_back_first)
+    attacked = _publish(table, _put_back_first(leaked))
     with pytest.raises(ReplayedKeyError, match="retired"):
         table.append(make_rows(1000, 1010))
     assert _newest(table) == attacked
@@ -143,14 +149,7 @@ def test_retired_kek_ids_carried_to_a_fresh_writer_are_refused(tmp_path, kms):
     table.rotate_keys(new_kek=True)
     assert old.key_id in table.encryption_manager.retired_kek_ids
 
-    def put_back_first(metadata: dict) -> None:
-        entries = metadata["encryption-keys"]
-        entry = next(e for e in entries if e["key-id"] == old.key_id)
-        entries.remove(entry)
-        entry["properties"] = {"KEY_TIMESTAMP": str(_now_ms())}
-        entries.insert(0, entry)
-
-    attacked = _publish(table, put_back_first)
+    attacked = _publish(table, _put_back_first(old))
     fresh = EncryptedTable.load(attacked, kms=kms)
     fresh.encryption_manager.retire_keks(table.encryption_manager.retired_kek_ids | {"no-such-id"})
     with pytest.raises(ReplayedKeyError, match="retired"):
