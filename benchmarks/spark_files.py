@@ -190,7 +190,8 @@ def main() -> None:
     try:
         keystore = root / "keystore.json"
         kms = LocalKms.create_keystore(keystore, [MASTER])
-        kms_options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
+        kms_options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore),
+                       "encryption.key-id": MASTER}  # the key manifests' master key
         manager = EncryptionManager(kms, MASTER)
         formats = [f.strip() for f in args.formats.split(",") if f.strip()]
         data = {}

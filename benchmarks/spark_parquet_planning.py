@@ -157,7 +157,7 @@ def main() -> None:
         print(f"generated {args.files} encrypted Parquet files ({rows} rows, {size / 1e6:.1f} MB) "
               f"and their key manifest in {time.perf_counter() - start:.1f} s")
         options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore),
-                   "keys.manifest": str(manifest)}
+                   "encryption.key-id": MASTER, "keys.manifest": str(manifest)}
         directory = str(root / "data")
 
         for label, cls in (("new (by size)", ParquetDataSource), ("old (footers)", FootersDataSource)):

@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         write_key_manifest(manifest, written, EncryptionManager(kms, MASTER_KEY_IDS[0]))
         t0 = time.perf_counter()
         avro_df = (spark.read.format("icecrypt.avro").options(**kms_options)
+                   .option("encryption.key-id", MASTER_KEY_IDS[0])  # the manifest must be under it
                    .option("keys.manifest", manifest).option("split-size", "1m").load(avro_dir))
         avro_count = avro_df.count()
         partitions = avro_df.rdd.getNumPartitions()

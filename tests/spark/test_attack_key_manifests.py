@@ -9,6 +9,7 @@ drive the sources' key resolution and the writer's commit directly.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -17,8 +18,7 @@ from sparkhelpers import MASTER
 from icecrypt import AuthenticationError, avro
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manifest import read_key_manifest, write_key_manifest
-from icecrypt.spark import wrap_keys
-from icecrypt.spark import _keys
+from icecrypt.spark import _keys, wrap_keys
 from icecrypt.spark._parquet import ParquetWriter
 
 
@@ -68,8 +68,6 @@ def test_the_write_merge_never_rewraps_a_forged_manifest(kms, kms_options, forge
 def test_the_write_merge_never_rewraps_an_entry_it_cannot_authenticate(kms, kms_options, tmp_path):
     """Under the right master key but with an entry grafted in from another manifest:
     the whole read fails, so the commit re-wraps nothing."""
-    import json
-
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     manager = EncryptionManager(kms, MASTER)
     write_key_manifest(first, {"/d/a.avro": StandardKeyMetadata(os.urandom(16), os.urandom(16))}, manager)

@@ -23,8 +23,7 @@ from test_write_roundtrip import SCHEMA, make_rows
 from icecrypt.errors import AuthenticationError, ReplayedKeyError
 from icecrypt.keys import EncryptedKey, EncryptionManager, read_encryption_keys
 from icecrypt.kms import LocalKms
-from icecrypt.table import EncryptedTable
-from icecrypt.table import _commit
+from icecrypt.table import EncryptedTable, _commit
 
 
 def _now_ms() -> int:
@@ -81,6 +80,19 @@ def _replay(kek: EncryptedKey, *, by: str | None = None, key_id: str = "cmVwbGF5
     return change
 
 
+def _put_back_first(kek: EncryptedKey):
+    """Move ``kek``'s own entry first, with a fresh KEY_TIMESTAMP."""
+
+    def change(metadata: dict) -> None:
+        entries = metadata["encryption-keys"]
+        entry = next(e for e in entries if e["key-id"] == kek.key_id)
+        entries.remove(entry)
+        entry["properties"] = {"KEY_TIMESTAMP": str(_now_ms())}
+        entries.insert(0, entry)
+
+    return change
+
+
 # --- item 5: a rotated-out KEK put back first under a fresh id --------------------------------------
 
 
@@ -124,17 +136,25 @@ def test_a_kek_retired_by_rekey_is_refused_under_its_own_id(tmp_path, kms):
     leaked = _current_kek(table)
     table.rekey(kek_ids=[leaked.key_id])  # old snapshots kept: the leaked KEK stays listed
 
-    def put_back_first(metadata: dict) -> None:
-        entries = metadata["encryption-keys"]
-        entry = next(e for e in entries if e["key-id"] == leaked.key_id)
-        entries.remove(entry)
-        entry["properties"] = {"KEY_TIMESTAMP": str(_now_ms())}
-        entries.insert(0, entry)
-
-    attacked = _publish(table, put_back_first)
+    attacked = _publish(table, _put_back_first(leaked))
     with pytest.raises(ReplayedKeyError, match="retired"):
         table.append(make_rows(1000, 1010))
     assert _newest(table) == attacked
+
+
+def test_retired_kek_ids_carried_to_a_fresh_writer_are_refused(tmp_path, kms):
+    """What a catalog pin can carry across processes: the ids a rotation retired."""
+    table = small_table(tmp_path, kms, appends=1)
+    old = _current_kek(table)
+    table.rotate_keys(new_kek=True)
+    assert old.key_id in table.encryption_manager.retired_kek_ids
+
+    attacked = _publish(table, _put_back_first(old))
+    fresh = EncryptedTable.load(attacked, kms=kms)
+    fresh.encryption_manager.retire_keks(table.encryption_manager.retired_kek_ids | {"no-such-id"})
+    with pytest.raises(ReplayedKeyError, match="retired"):
+        fresh.append(make_rows(2000, 2010))
+    assert _newest(fresh) == attacked
 
 
 def test_rekey_with_a_new_master_key_defeats_the_replay(tmp_path):
@@ -148,14 +168,22 @@ def test_rekey_with_a_new_master_key_defeats_the_replay(tmp_path):
         table.append(make_rows(i * 100, i * 100 + 100))
     leaked = _current_kek(table)
     leaked_key = kms.unwrap_key(leaked.encrypted_key_metadata, "m1")
-    result = table.rekey(kek_ids=[leaked.key_id], new_master_key_id="m2", expire=True)
+    seen: dict[str, str] = {}  # every metadata version the attacker could copy while rekey runs
+
+    def copy_versions(*_):
+        for path in (tmp_path / "t" / "metadata").glob("*.metadata.json"):
+            seen.setdefault(path.name, path.read_text())
+
+    result = table.rekey(kek_ids=[leaked.key_id], new_master_key_id="m2", expire=True, progress=copy_versions)
+    copy_versions()
     assert result.check(table) == [] and table.metadata["properties"]["encryption.key-id"] == "m2"
     kms.remove_key("m1")
     # the leaked KEK was never wrapped under the new master key, in any version written
-    for path in (tmp_path / "t" / "metadata").glob("*.metadata.json"):
-        for entry in read_encryption_keys(json.loads(path.read_text())):
+    for name, text in seen.items():
+        for entry in read_encryption_keys(json.loads(text)):
             if entry.encrypted_by_id == "m2" and entry.properties:
-                assert kms.unwrap_key(entry.encrypted_key_metadata, "m2") != leaked_key, path
+                same = kms.unwrap_key(entry.encrypted_key_metadata, "m2") == leaked_key  # no key bytes in reports
+                assert not same, f"{name}: KEK {entry.key_id} is the leaked KEK under the new master key"
     # claiming the new master key: it does not unwrap, so it is refused
     attacked = _publish(table, _replay(leaked, by="m2"))
     fresh = EncryptedTable.load(attacked, kms=LocalKms(tmp_path / "keystore.json"))

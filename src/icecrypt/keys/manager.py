@@ -377,9 +377,13 @@ class _KekLedger:
             if len(self.used_fingerprints) < self._MAX:
                 self.used_fingerprints.setdefault(fingerprint, entry.key_id)
 
-    def retire(self, entry: EncryptedKey, fingerprint: bytes | None) -> None:
+    def retire(self, entry: EncryptedKey | str, fingerprint: bytes | None) -> None:
+        """Retire a KEK entry (id, wrapped bytes and, when known, fingerprint), or an id alone."""
         with self._lock:
             if len(self.retired_ids) < self._MAX:
+                if isinstance(entry, str):
+                    self.retired_ids.add(entry)
+                    return
                 self.retired_ids.add(entry.key_id)
                 self.retired_wrapped.add(entry.encrypted_key_metadata)
                 if fingerprint is not None:
@@ -658,6 +662,13 @@ class EncryptionManager:
         self._ledger.record_use(entry, fingerprint)
         return entry, kek
 
+    @property
+    def retired_kek_ids(self) -> frozenset[str]:
+        """Ids of the KEKs this writer retired (its rotations, :meth:`retire_keks`): what a
+        catalog may keep to refuse them in later processes too."""
+        with self._ledger._lock:
+            return frozenset(self._ledger.retired_ids)
+
     def _unwrap_adoptable(self, entry: EncryptedKey) -> tuple[GcmKey, bytes]:
         """The current KEK ``entry`` unwrapped, after the ledger's checks of its key."""
         try:
@@ -688,10 +699,15 @@ class EncryptionManager:
         entry that carries their wrapped bytes or their key, in this manager and every
         manager sharing its ledger.  Their keys are recognized when this writer has them
         unwrapped in its cache, or with ``unwrap`` (a KMS call per KEK; one the KMS
-        refuses is retired by id and wrapped bytes only).  Reads of what they wrapped are
+        refuses is retired by id and wrapped bytes only); an id not in the list is retired
+        by id (e.g. ids a catalog keeps as retired).  Reads of what they wrapped are
         unaffected."""
         with self._lock:
-            entries = [self._keys[key_id] for key_id in key_ids if key_id in self._keys]
+            ids = list(key_ids)
+            entries = [self._keys[key_id] for key_id in ids if key_id in self._keys]
+            for key_id in ids:
+                if key_id not in self._keys:
+                    self._ledger.retire(key_id, None)
         for entry in entries:
             cached = self._cache.peek(_kek_slot(entry, self._table_key_id))
             if cached is None and unwrap and self.is_kek(entry):
