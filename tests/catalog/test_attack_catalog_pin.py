@@ -200,3 +200,24 @@ def test_plaintext_tables_have_no_record(sql_catalog):
     sql_catalog.create_table("db.p", SCHEMA, table_key_id=None).append(rows(0, 2))
     assert sql_catalog._pin_get(("db",), "p") is None
     assert not sql_catalog.load_table("db.p").pin.encrypted
+
+
+def test_refresh_never_goes_back_to_an_ancestor(sql_catalog):
+    """The catalog's pointer moved back to an older version (a restored database, a
+    rollback by hand): an object holding a newer version refuses to go back; a fresh load
+    takes the catalog's word."""
+    from icecrypt import TableVersionError
+
+    sql_catalog.create_namespace("db")
+    table = sql_catalog.create_table("db.t", SCHEMA, table_key_id="keyA")
+    table.append(rows(0, 2))
+    older = table.metadata_location
+    table.append(rows(2, 2))
+    store = table.metadata_store
+    sql_catalog._table_swap(("db",), "t", store.to_recorded(table.metadata_location), store.to_recorded(older))
+    with pytest.raises(TableVersionError) as caught:
+        table.refresh()
+    assert set(caught.value.metadata_locations) == {table.metadata_location, older}
+    with pytest.raises(TableVersionError):
+        table.append(rows(4, 2))
+    assert sql_catalog.load_table("db.t").scan().to_arrow().num_rows == 2

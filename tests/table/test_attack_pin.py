@@ -322,3 +322,30 @@ def test_forked_versions_are_an_error_naming_both(table_dir, kms):
     with pytest.raises(TableVersionError, match=java.name):
         other.remove_orphan_files(FAR_FUTURE_MS)
     assert _snapshot(table_dir) == before
+
+
+@pytest.mark.parametrize("operation", ["append", "remove_orphan_files", "expire_snapshots", "rewrite_data_files"])
+def test_plaintext_table_pins_its_location_too(tmp_path, kms, operation):
+    """A plaintext table has no keys to protect, but its location decides where files are
+    written and which tree orphan removal walks: a version moving it is refused."""
+    import os
+
+    root = tmp_path / "plain"
+    table = EncryptedTable.create(str(root), SCHEMA, kms=None, table_key_id=None, partition_spec=CATEGORY)
+    table.append(make_rows(0, 50))
+    table.append(make_rows(50, 100))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "payroll.parquet"
+    victim.write_bytes(b"not the table's")
+    os.utime(victim, (0, 0))  # old enough for any orphan cut-off
+
+    def move(doc):
+        doc["location"] = str(elsewhere)
+
+    forged = _attack(root, move)
+    before = _snapshot(tmp_path)
+    with pytest.raises(TableIdentityError, match="location changed") as caught:
+        OPERATIONS[operation](table)
+    assert caught.value.metadata_location == str(forged)
+    assert _snapshot(tmp_path) == before and victim.exists()

@@ -411,14 +411,13 @@ class Catalog:
         ``encryption.key-id`` and UUID from here on; ``table_key_id``: the master key id
         the caller expects the file to name (refused otherwise)."""
         from icecrypt.table._metadata import read_metadata_file
+        from icecrypt.table._pin import catalog_record, trusted_pin
 
         namespace, name = self._identifier(identifier)
         if not self._ns_exists(namespace):
             raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
         locations = self._locations(metadata_location)
         metadata = read_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))  # exists, parses
-        from icecrypt.table._pin import catalog_record, trusted_pin
-
         if table_key_id is not None:
             trusted_pin(metadata, table_key_id=table_key_id).check(metadata, metadata_location)
         if metadata.get("location"):

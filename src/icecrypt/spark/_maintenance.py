@@ -9,11 +9,15 @@ from typing import Any
 __all__ = ["rewrite_data_files"]
 
 
-def _open(table_path: str, kms_properties: Mapping[str, str], location_map: Mapping[str, str] | None) -> Any:
+def _open(
+    table_path: str, kms_properties: Mapping[str, str], location_map: Mapping[str, str] | None,
+    table_key_id: str | None = None, table_uuid: str | None = None,
+) -> Any:
     from icecrypt.spark import _keys
     from icecrypt.table import EncryptedTable
 
-    return EncryptedTable.load(table_path, kms=_keys.kms_client(dict(kms_properties)), location_map=location_map)
+    return EncryptedTable.load(table_path, kms=_keys.kms_client(dict(kms_properties)), location_map=location_map,
+                               table_key_id=table_key_id, table_uuid=table_uuid)
 
 
 def rewrite_data_files(
@@ -25,26 +29,30 @@ def rewrite_data_files(
     row_filter: Any = None,
     options: Mapping[str, Any] | None = None,
     location_map: Mapping[str, str] | None = None,
+    table_key_id: str | None = None,
 ) -> Any:
     """Plan the rewrite on the driver, rewrite each file group in an executor (rows read
     with their deletes applied, written under fresh DEKs; the executor opens the table
     with the KMS ``kms_properties`` describe), and commit once on the driver
     (``icecrypt.table._maintenance.commit_rewrite``).  Returns the
     ``RewriteDataFilesResult``.  Files of a failed job are deleted when Spark reports
-    them; those of killed executors are orphans for ``remove_orphan_files``."""
+    them; those of killed executors are orphans for ``remove_orphan_files``.
+    ``table_key_id``: the table's master key id (as ``EncryptedTable.load``); the
+    executors build only on versions that keep the driver's key id and table UUID."""
     from icecrypt.table import _maintenance
     from icecrypt.table import _write as w
 
     properties = dict(kms_properties)
     mapping = dict(location_map) if location_map else None
-    table = _open(table_path, properties, mapping)
+    table = _open(table_path, properties, mapping, table_key_id)
+    key_id, table_uuid = table.pin.table_key_id, table.pin.table_uuid
     plan = _maintenance.plan_rewrite(table, target_file_size, row_filter, dict(options or {}))
     if not plan.groups:
         return _maintenance.RewriteDataFilesResult(table.current_snapshot_id)
     location = table.metadata_location
 
     def run(group: Any) -> list[dict[str, Any]]:
-        return _maintenance.rewrite_group(_open(location, properties, mapping), plan, group)
+        return _maintenance.rewrite_group(_open(location, properties, mapping, key_id, table_uuid), plan, group)
 
     groups = plan.groups
     rdd = spark.sparkContext.parallelize(groups, len(groups))

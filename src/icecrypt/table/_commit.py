@@ -60,6 +60,7 @@ __all__ = [
     "commit_metadata_to_store",
     "create_table_metadata",
     "is_atomic",
+    "check_not_ancestor",
     "check_unambiguous",
     "latest_metadata_location",
     "next_version",
@@ -347,6 +348,18 @@ def latest_metadata_location(
     if not candidates:
         return metadata_location
     return _newest_in_lineage(candidates, metadata_location)
+
+
+def check_not_ancestor(held_location: str, held: Mapping[str, Any], current: str) -> str:
+    """``current`` (what a catalog says is current), unless it is an ancestor of the version
+    held (listed in its metadata-log): TableVersionError naming both then, never going back."""
+    if current != held_location and posixpath.basename(current) in _logged_names(held):
+        raise _version_error(
+            f"{held_location}: the catalog's current version {current} is an ancestor of it (listed in its "
+            "metadata-log); refusing to go back (load the table again to accept the catalog's version)",
+            held_location, current,
+        )  # fmt: skip
+    return current
 
 
 def check_unambiguous(filesystem: pafs.FileSystem, metadata_location: str, metadata: Mapping[str, Any]) -> None:

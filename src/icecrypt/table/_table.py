@@ -230,15 +230,10 @@ class EncryptedTable:
         back to an ancestor of the version held (TableVersionError when the layouts
         disagree, see ``_commit.latest_metadata_location``); a version that differs from
         the pin is refused (TableIdentityError)."""
-        from icecrypt.table._commit import _logged_names, _version_error, latest_metadata_location
+        from icecrypt.table._commit import check_not_ancestor, latest_metadata_location
 
         if self.metadata_store is not None:
-            path = self.metadata_store.current()
-            if path != self.metadata_location and os.path.basename(path) in _logged_names(self.metadata):
-                raise _version_error(
-                    f"{self.metadata_location}: the catalog's current version {path} is an ancestor of it "
-                    "(listed in its metadata-log); refusing to go back", self.metadata_location, path,
-                )  # fmt: skip
+            path = check_not_ancestor(self.metadata_location, self.metadata, self.metadata_store.current())
         else:
             try:
                 path = latest_metadata_location(self.filesystem, self.metadata_location, self.metadata)

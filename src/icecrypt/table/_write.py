@@ -129,11 +129,12 @@ class _Target:
         """The table's newest committed metadata file: what its catalog says, or for a
         path table the newest version in lineage (hint, then probing forward; never an
         ancestor of the version the table object holds)."""
-        if self.store is not None:
-            return self.store.current()
         held = None
         if self.table is not None and self.metadata_location == self.table.metadata_location:
             held = self.table.metadata
+        if self.store is not None:
+            current = self.store.current()
+            return current if held is None else _commit.check_not_ancestor(self.metadata_location, held, current)
         return _commit.latest_metadata_location(self.filesystem, self.metadata_location, held)
 
     def check_pin(self, location: str, metadata: dict[str, Any], pin: Any = None) -> None:
