@@ -483,10 +483,12 @@ def first_block(plain: Plaintext, header: Header, start: int, end: int) -> int:
     return plain.size if hit < 0 else hit + SYNC_SIZE
 
 
-def iter_blocks(plain: Plaintext, header: Header, pos: int, end: int | None = None) -> Iterator[bytes]:
+def iter_blocks(plain: Plaintext, header: Header, pos: int, end: int | None = None,
+                max_size: int | None = None) -> Iterator[bytes]:
     """The raw bytes (count, size, data, sync) of each block from ``pos`` whose
     preceding sync marker starts before ``end`` (Avro Java's ``pastSync``), each checked
-    before it is yielded."""
+    before it is yielded; a block whose stored size is above ``max_size`` is refused
+    before it is read."""
     name = plain.name
     while pos < plain.size and (end is None or pos - SYNC_SIZE < end):
         head = plain.peek(pos, 20)
@@ -500,6 +502,8 @@ def iter_blocks(plain: Plaintext, header: Header, pos: int, end: int | None = No
         count, size = count_parsed[0], size_parsed[0]  # type: ignore[index]
         if count < 0 or size < 0:
             raise FormatError(f"{name}: corrupt Avro block at offset {pos}: count {count}, size {size}")
+        if max_size is not None and size > max_size:
+            raise FormatError(f"{name}: Avro block at offset {pos} refused: {size} bytes stored, more than {max_size}")
         block_end = pos + size_parsed[1] + size + SYNC_SIZE
         if block_end > plain.size:
             raise plain.truncated(pos, block_end - pos, "an Avro block")

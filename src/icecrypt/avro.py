@@ -190,7 +190,8 @@ class _AvroFile:
         header_bytes = self.header.for_decoder(schema, self.guard.header_codec)
 
         def decode() -> Iterator[dict]:
-            blocks = self.guard.blocks_of(iter_blocks(self.plain, self.header, start, end))
+            raws = iter_blocks(self.plain, self.header, start, end, self.guard.max_stored)
+            blocks = self.guard.blocks_of(raws)
             if self.plain.size <= _SMALL_FILE:
                 # a small file (a manifest): its checked blocks in one buffer, as fastavro
                 # reads a plaintext file, instead of a stream of chunks

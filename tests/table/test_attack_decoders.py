@@ -274,6 +274,19 @@ def test_array_item_counts_are_checked_without_a_child(tmp_path):
             list(f.records())
 
 
+def test_block_stored_above_the_cap_is_refused_before_it_is_read(tmp_path):
+    """A block's declared stored size is compared with the cap before its bytes are
+    read (an uncompressed 70 MiB block of a data file)."""
+    schema = {"type": "record", "name": "r", "fields": [{"name": "s", "type": "string"}]}
+    path = tmp_path / "big.avro"
+    path.write_bytes(container(schema, [(1, _long(70 << 20) + b"x" * (70 << 20))]))
+    from icecrypt.avro import _AvroFile
+
+    with pytest.raises(FormatError, match=r"big.avro: Avro block at offset \d+ refused: \d+ bytes stored"), \
+            _AvroFile.unencrypted(str(path)) as f:
+        list(f.records())
+
+
 def test_unexpected_types_in_a_manifest_list(tmp_path):
     """A manifest list's schema may only hold what Iceberg writes there."""
     table = plaintext_table(tmp_path)
