@@ -478,3 +478,18 @@ def test_avro_reads_through_the_guard_still_match_fastavro(tmp_path):
     path.write_bytes(container(schema, blocks, codec="zstandard"))
     with _AvroFile.unencrypted(str(path)) as af:
         assert list(af.records()) == rows
+
+
+def test_encrypted_files_in_a_plaintext_table_are_named(tmp_path):
+    """An AGS1 manifest list or Avro data file in a plaintext table: the error says what
+    it is (the checked reader finds no Avro header, the magic says why)."""
+    from icecrypt import ags1
+
+    table = plaintext_table(tmp_path)
+    sealed = ags1.encrypt(container(RECURSIVE, []), os.urandom(16), os.urandom(16))
+    path = with_avro_data_file(table, sealed)
+    with pytest.raises(FormatError, match=f"{path.name} is encrypted \\(AGS1\\), but the table has no encryption.key-id"):
+        EncryptedTable.load(table.location).scan().to_arrow()
+    manifest_list_path(table).write_bytes(sealed)
+    with pytest.raises(FormatError, match=r"manifest list .* is encrypted \(AGS1\), but the table has no encryption.key-id"):
+        EncryptedTable.load(table.location).scan().to_arrow()
