@@ -362,18 +362,13 @@ class Header:
     end: int  # offset of the first block
     raw: bytes | None = dataclasses.field(default=None, repr=False, compare=False)  # the header as stored
 
-    def encode(self, schema: Any = None, codec: str | None = None) -> bytes:
-        """The header bytes, with ``schema`` (JSON-able) in place of the writer schema
-        and ``codec`` in place of the codec."""
-        if codec == self.codec:
-            codec = None
-        if schema is None and codec is None and self.raw is not None:
+    def encode(self, schema: Any = None) -> bytes:
+        """The header bytes, with ``schema`` (JSON-able) in place of the writer schema."""
+        if schema is None and self.raw is not None:
             return self.raw
         meta = dict(self.metadata)
         if schema is not None:
             meta["avro.schema"] = json.dumps(schema, separators=(",", ":")).encode("utf-8")
-        if codec is not None:
-            meta["avro.codec"] = codec.encode("utf-8")
         out = bytearray(MAGIC)
         if meta:
             out += _zigzag(len(meta))
@@ -384,6 +379,46 @@ class Header:
         return bytes(out)
 
 
+    def for_decoder(self, schema: Any, codec: str) -> bytes:
+        """A header for fastavro's reader of checked blocks: the writer ``schema``
+        (JSON-able; the stored one if None), ``codec``, the sync marker and no other
+        metadata (read from :attr:`metadata`, not from fastavro)."""
+        text = self.metadata["avro.schema"] if schema is None else json.dumps(schema, separators=(",", ":")).encode("utf-8")
+        name = codec.encode("ascii")
+        return b"".join((MAGIC, b"\x04\x16avro.schema", _zigzag(len(text)), text, b"\x14avro.codec", _zigzag(len(name)), name,
+                         b"\x00", self.sync))
+
+
+def _metadata_from(prefix: bytes, pos: int) -> tuple[dict[str, bytes], int] | None:
+    """The header's metadata map parsed from ``prefix`` alone, and where it ends; None
+    when it does not end inside ``prefix`` or is malformed (then the checked reader
+    parses it and reports)."""
+    metadata: dict[str, bytes] = {}
+    try:
+        while True:
+            parsed = parse_long(prefix, pos)
+            if parsed is None:
+                return None
+            count, pos = parsed
+            if count == 0:
+                return metadata, pos
+            if count < 0:
+                return None
+            key = ""
+            for i in range(2 * count):  # key, value, key, value, ...
+                parsed = parse_long(prefix, pos)
+                if parsed is None or parsed[0] < 0 or parsed[1] + parsed[0] > len(prefix):
+                    return None
+                n, pos = parsed
+                if i % 2:
+                    metadata[key] = prefix[pos : pos + n]
+                else:
+                    key = prefix[pos : pos + n].decode("utf-8")
+                pos += n
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
 def read_header(plain: Plaintext) -> Header:
     """Parse and check the header at the start of the file."""
     name = plain.name
@@ -392,6 +427,17 @@ def read_header(plain: Plaintext) -> Header:
         raise FormatError(f"{name}: not an Avro container file (starts with {got!r}, expected {MAGIC!r})")
     # the header usually fits in its first 64 KiB: parse it from one read, not one per field
     cursor = _Cursor(plain, len(MAGIC), plain.peek(0, min(plain.size, 1 << 16)))
+    fast = _metadata_from(cursor.prefix, len(MAGIC))
+    if fast is not None:
+        metadata, cursor.pos = fast
+    else:
+        metadata = _read_metadata(cursor, name)
+    sync = plain.read(cursor.pos, SYNC_SIZE, "the header's sync marker")
+    return _finish_header(plain, cursor, metadata, sync)
+
+
+def _read_metadata(cursor: _Cursor, name: str) -> dict[str, bytes]:
+    """The header's metadata map, read field by field with every check."""
     metadata: dict[str, bytes] = {}
     while True:
         count = cursor.long("metadata block count")
@@ -406,7 +452,11 @@ def read_header(plain: Plaintext) -> Header:
             except UnicodeDecodeError:
                 raise FormatError(f"{name}: not an Avro file: a metadata key is not UTF-8") from None
             metadata[key] = cursor.bytes("metadata value")
-    sync = plain.read(cursor.pos, SYNC_SIZE, "the header's sync marker")
+    return metadata
+
+
+def _finish_header(plain: Plaintext, cursor: _Cursor, metadata: dict[str, bytes], sync: bytes) -> Header:
+    name = plain.name
     if "avro.schema" not in metadata:
         raise FormatError(f"{name}: Avro header has no avro.schema")
     try:
@@ -436,10 +486,12 @@ def first_block(plain: Plaintext, header: Header, start: int, end: int) -> int:
     return plain.size if hit < 0 else hit + SYNC_SIZE
 
 
-def iter_blocks(plain: Plaintext, header: Header, pos: int, end: int | None = None) -> Iterator[bytes]:
+def iter_blocks(plain: Plaintext, header: Header, pos: int, end: int | None = None,
+                max_size: int | None = None) -> Iterator[bytes]:
     """The raw bytes (count, size, data, sync) of each block from ``pos`` whose
     preceding sync marker starts before ``end`` (Avro Java's ``pastSync``), each checked
-    before it is yielded."""
+    before it is yielded; a block whose stored size is above ``max_size`` is refused
+    before it is read."""
     name = plain.name
     while pos < plain.size and (end is None or pos - SYNC_SIZE < end):
         head = plain.peek(pos, 20)
@@ -453,6 +505,8 @@ def iter_blocks(plain: Plaintext, header: Header, pos: int, end: int | None = No
         count, size = count_parsed[0], size_parsed[0]  # type: ignore[index]
         if count < 0 or size < 0:
             raise FormatError(f"{name}: corrupt Avro block at offset {pos}: count {count}, size {size}")
+        if max_size is not None and size > max_size:
+            raise FormatError(f"{name}: Avro block at offset {pos} refused: {size} bytes stored, more than {max_size}")
         block_end = pos + size_parsed[1] + size + SYNC_SIZE
         if block_end > plain.size:
             raise plain.truncated(pos, block_end - pos, "an Avro block")

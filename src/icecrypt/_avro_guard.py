@@ -345,6 +345,8 @@ class BlockGuard:
         self.plan, self.codec, self.name = plan, codec, name
         self.passthrough = codec in ("snappy", "lz4")
         self.block_bytes = METADATA_BLOCK_BYTES if plan.metadata else BLOCK_BYTES
+        #: the most bytes a block may be stored in (compression can add a little)
+        self.max_stored = self.block_bytes + (self.block_bytes >> 6) + 4096
         self.inflation_left = METADATA_INFLATION_FLOOR + METADATA_INFLATION * stored_size if plan.metadata else None
         self.blocks = 0
 

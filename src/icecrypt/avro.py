@@ -187,10 +187,11 @@ class _AvroFile:
         sync marker starts before ``end``; ``schema``: the writer schema to give
         fastavro (the header's if None).  Each block is checked by the guard first."""
         start = self.header.end if pos is None else pos
-        header_bytes = self.header.encode(schema, codec=self.guard.header_codec)
+        header_bytes = self.header.for_decoder(schema, self.guard.header_codec)
 
         def decode() -> Iterator[dict]:
-            blocks = self.guard.blocks_of(iter_blocks(self.plain, self.header, start, end))
+            raws = iter_blocks(self.plain, self.header, start, end, self.guard.max_stored)
+            blocks = self.guard.blocks_of(raws)
             if self.plain.size <= _SMALL_FILE:
                 # a small file (a manifest): its checked blocks in one buffer, as fastavro
                 # reads a plaintext file, instead of a stream of chunks

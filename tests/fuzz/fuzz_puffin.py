@@ -9,7 +9,9 @@ them), then decoded with the manifest's cardinality; mode 1: the payload is a
 ``deletion-vector-v1`` blob for ``decode_deletion_vector``; mode 2: the same for the
 writer's ``decode_dv``.  Seeds: the decrypted Puffin file of the Java table
 ``enc_deletes_dek16`` (``../shared/tables``) and its blob, and vectors encoded here
-(array, bitmap and run containers, several 32-bit keys).
+(array, bitmap and run containers, several 32-bit keys), and crafted run containers
+(overlapping, unsorted, adjacent, past the container, inconsistent cardinalities, a
+container count of 2^32 - 1).
 
 Oracle: only ``icecrypt.DecryptionError`` (``FormatError``) may be raised; never
 another exception, no hang; ``read_dv_blob`` returns exactly the plaintext bytes of
@@ -21,6 +23,7 @@ read back to the same positions.
 from __future__ import annotations
 
 import struct
+import zlib
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -29,7 +32,7 @@ from fuzzlib import Finding, Input, fixed_bytes, table_plaintexts, write_file
 
 from icecrypt import DecryptionError, ags1
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.table._deletes import decode_deletion_vector, read_dv_blob
+from icecrypt.table._deletes import DV_MAGIC, decode_deletion_vector, read_dv_blob
 from icecrypt.table._write_dv import DeletionVector, decode_dv, encode_dv, puffin_file
 
 ALLOWED = (DecryptionError,)
@@ -59,10 +62,41 @@ def seeds() -> list[bytes]:
         blob = encode_dv(positions)
         out.append(_head(1, 0, 0, len(positions) + 1) + blob)
         out.append(_head(2, 0, 0, 0) + blob)
+    for bitmap in _crafted_bitmaps():
+        out.append(_head(1, 0, 0, 0) + _blob(bitmap))
+        out.append(_head(2, 0, 0, 0) + _blob(bitmap))
     data, placements = puffin_file([DeletionVector("s3://b/t/data/f.parquet", vectors[0])])
     p = placements[0]
     out.append(_head(0, p.offset, p.length, 4) + data)
     return out
+
+
+def _blob(bitmap: bytes, key: int = 0) -> bytes:
+    """A ``deletion-vector-v1`` blob (valid length and CRC) of one 32-bit bitmap."""
+    body = DV_MAGIC + struct.pack("<Q", 1) + struct.pack("<I", key) + bitmap
+    return struct.pack(">I", len(body)) + body + struct.pack(">I", zlib.crc32(body))
+
+
+def _run_bitmap(runs: list[tuple[int, int]], cardinality: int) -> bytes:
+    """A portable bitmap of one run container with the given (start, length - 1) runs
+    and declared cardinality (which need not match them)."""
+    return (struct.pack("<I", 12347) + b"\x01" + struct.pack("<HH", 0, cardinality - 1)
+            + struct.pack("<H", len(runs)) + b"".join(struct.pack("<HH", *r) for r in runs))
+
+
+def _crafted_bitmaps() -> list[bytes]:
+    """Run containers as an attacker writes them: overlapping whole-container runs (a
+    291-byte vector asked for 81 MiB), unsorted and adjacent runs, a run past the
+    container, a cardinality that does not add up, a huge container count."""
+    return [
+        _run_bitmap([(0, 0xFFFF)] * 64, 65536),
+        _run_bitmap([(100, 9), (10, 9)], 20),
+        _run_bitmap([(10, 9), (20, 9)], 20),
+        _run_bitmap([(65530, 9)], 10),
+        _run_bitmap([(10, 9)], 5),
+        _run_bitmap([(0, 0xFFFF)], 65536),
+        struct.pack("<II", 12346, 0xFFFFFFFF),
+    ]
 
 
 def _check_vector(positions: np.ndarray, cardinality: int | None, what: str) -> None:

@@ -50,6 +50,7 @@ HARNESSES = (
     "manifests",
     "puffin",
     "key_manifest",
+    "plain_avro",
 )
 
 #: saved crashing inputs: regressions/<harness>/<name>, replayed by test_regressions.py

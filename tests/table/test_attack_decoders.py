@@ -81,6 +81,22 @@ def manifest_list_path(table: EncryptedTable) -> Path:
     return Path(table.fs_path(table.current_snapshot().manifest_list))
 
 
+def with_avro_data_file(table: EncryptedTable, data: bytes) -> Path:
+    """Point the plaintext table's one data file entry at a new Avro file of ``data``
+    (the manifest rewritten in place, as an attacker would)."""
+    manifest = table.manifests(table.current_snapshot())[0]
+    mpath = Path(table.fs_path(manifest.path))
+    with open(mpath, "rb") as f:
+        reader = fastavro.reader(f)
+        schema, meta, entries = reader.writer_schema, reader.metadata, list(reader)
+    path = Path(table.fs_path(table.location)) / "data" / "crafted.avro"
+    path.write_bytes(data)
+    entries[0]["data_file"].update(file_path=str(path), file_format="AVRO", file_size_in_bytes=len(data), split_offsets=None)
+    with open(mpath, "wb") as f:
+        fastavro.writer(f, fastavro.parse_schema(schema), entries, metadata={k: v for k, v in meta.items() if not k.startswith("avro.")})
+    return path
+
+
 def overlapping_dv(runs: int = 64) -> bytes:
     """A 291-byte ``deletion-vector-v1`` blob: one run container whose ``runs`` runs all
     cover the whole container (each asks for 65,536 values)."""
@@ -225,16 +241,17 @@ def test_array_of_nulls_as_manifest_list(tmp_path):
 
 
 def test_array_of_nulls_as_avro_data_file(tmp_path):
-    """The same file as an Avro data file (any non-recursive schema may be data): the
-    items are counted against the block's budget before one is decoded."""
-    path = tmp_path / "nulls.avro"
-    path.write_bytes(container(ARRAY_OF_NULLS, [(1, _long(200_000_000) + _long(0))]))
-    body = """
-        from icecrypt.avro import _AvroFile
-        with _AvroFile.unencrypted(sys.argv[1]) as f:
-            list(f.records())
-    """
-    assert_refused(run_child(body, str(path)), "nulls.avro", "values")
+    """The same file as a plaintext table's Avro data file (any non-recursive schema may
+    be data): the items are counted against the block's budget before one is decoded."""
+    table = plaintext_table(tmp_path)
+    schema = {"type": "record", "name": "r", "fields": [
+        {"name": "id", "type": "long", "field-id": 1},
+        {"name": "s", "type": ["null", "string"], "field-id": 2},
+        {"name": "a", "type": {"type": "array", "items": "null", "element-id": 4}, "field-id": 3},
+    ]}
+    path = with_avro_data_file(table, container(schema, [(1, b"\x00\x00" + _long(200_000_000) + _long(0))]))
+    outcome = run_child("icecrypt.table.EncryptedTable.load(sys.argv[1]).scan().to_arrow()", table.location)
+    assert_refused(outcome, path.name, "decodes to more than")
 
 
 def test_array_item_counts_are_checked_without_a_child(tmp_path):
@@ -257,6 +274,19 @@ def test_array_item_counts_are_checked_without_a_child(tmp_path):
             list(f.records())
 
 
+def test_block_stored_above_the_cap_is_refused_before_it_is_read(tmp_path):
+    """A block's declared stored size is compared with the cap before its bytes are
+    read (an uncompressed 70 MiB block of a data file)."""
+    schema = {"type": "record", "name": "r", "fields": [{"name": "s", "type": "string"}]}
+    path = tmp_path / "big.avro"
+    path.write_bytes(container(schema, [(1, _long(70 << 20) + b"x" * (70 << 20))]))
+    from icecrypt.avro import _AvroFile
+
+    with pytest.raises(FormatError, match=r"big.avro: Avro block at offset \d+ refused: \d+ bytes stored"), \
+            _AvroFile.unencrypted(str(path)) as f:
+        list(f.records())
+
+
 def test_unexpected_types_in_a_manifest_list(tmp_path):
     """A manifest list's schema may only hold what Iceberg writes there."""
     table = plaintext_table(tmp_path)
@@ -275,18 +305,9 @@ def test_plaintext_avro_data_file_recursive(tmp_path):
     """A plaintext table's Avro data file with a recursive schema is refused by the scan
     (it went straight to fastavro)."""
     table = plaintext_table(tmp_path)
-    manifest = table.manifests(table.current_snapshot())[0]
-    mpath = Path(table.fs_path(manifest.path))
-    with open(mpath, "rb") as f:
-        reader = fastavro.reader(f)
-        schema, meta, entries = reader.writer_schema, reader.metadata, list(reader)
-    data = tmp_path / "t" / "data" / "bad.avro"
-    data.write_bytes(container(RECURSIVE, [(1, b"\x02" * 100_000)]))
-    entries[0]["data_file"].update(file_path=str(data), file_format="AVRO", file_size_in_bytes=data.stat().st_size, split_offsets=None)
-    with open(mpath, "wb") as f:
-        fastavro.writer(f, fastavro.parse_schema(schema), entries, metadata={k: v for k, v in meta.items() if not k.startswith("avro.")})
+    path = with_avro_data_file(table, container(RECURSIVE, [(1, b"\x02" * 100_000)]))
     outcome = run_child("icecrypt.table.EncryptedTable.load(sys.argv[1]).scan().to_arrow()", table.location)
-    assert_refused(outcome, "bad.avro", "recursive Avro type 'R'")
+    assert_refused(outcome, path.name, "recursive Avro type 'R'")
 
 
 def test_legitimate_large_blocks_still_read(tmp_path):
@@ -457,3 +478,18 @@ def test_avro_reads_through_the_guard_still_match_fastavro(tmp_path):
     path.write_bytes(container(schema, blocks, codec="zstandard"))
     with _AvroFile.unencrypted(str(path)) as af:
         assert list(af.records()) == rows
+
+
+def test_encrypted_files_in_a_plaintext_table_are_named(tmp_path):
+    """An AGS1 manifest list or Avro data file in a plaintext table: the error says what
+    it is (the checked reader finds no Avro header, the magic says why)."""
+    from icecrypt import ags1
+
+    table = plaintext_table(tmp_path)
+    sealed = ags1.encrypt(container(RECURSIVE, []), os.urandom(16), os.urandom(16))
+    path = with_avro_data_file(table, sealed)
+    with pytest.raises(FormatError, match=f"{path.name} is encrypted \\(AGS1\\), but the table has no encryption.key-id"):
+        EncryptedTable.load(table.location).scan().to_arrow()
+    manifest_list_path(table).write_bytes(sealed)
+    with pytest.raises(FormatError, match=r"manifest list .* is encrypted \(AGS1\), but the table has no encryption.key-id"):
+        EncryptedTable.load(table.location).scan().to_arrow()

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from icecrypt import avro
-from icecrypt._avro_container import Plaintext, first_block, read_header
+from icecrypt._avro_container import Plaintext, first_block
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.spark._common import (
     AGS1_BLOCK,
@@ -77,14 +77,7 @@ class _PlainBytes(Plaintext):
 
 class _PlainAvroFile(avro._AvroFile):
     def __init__(self, path: str, filesystem: Any) -> None:
-        self.plain = _PlainBytes(path, filesystem)
-        try:
-            self.header = read_header(self.plain)
-            self.name = self.plain.name
-            self._tree = None
-        except BaseException:
-            self.plain.close()
-            raise
+        self._open(_PlainBytes(path, filesystem))  # the header and the schema's and blocks' checks
 
 
 def _plain_schema(file: DataFile) -> pa.Schema:

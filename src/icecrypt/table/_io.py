@@ -401,10 +401,12 @@ def open_plain_avro(what: str, location: str, filesystem: pafs.FileSystem, path:
     file is refused (the table has no key for it)."""
     from icecrypt.avro import _unencrypted_records
 
-    with filesystem.open_input_file(path) as stream:
-        if stream.read(4) == _AGS1_MAGIC:
-            raise FormatError(f"{what} {location} is encrypted (AGS1), but the table has no encryption.key-id")
-    return _unencrypted_records(path, filesystem, kind=kind)
+    try:
+        return _unencrypted_records(path, filesystem, kind=kind)
+    except FormatError as exc:
+        if _magic(filesystem, path) == _AGS1_MAGIC:  # not an Avro header: say why
+            raise FormatError(f"{what} {location} is encrypted (AGS1), but the table has no encryption.key-id") from exc
+        raise
 
 
 @contextlib.contextmanager

@@ -399,10 +399,13 @@ def _plain_avro(file: TaskFile, fs: pafs.FileSystem, target: Schema, task: FileS
     and checks of an encrypted one (schema, per-block budgets)."""
     from icecrypt.avro import _AvroFile
 
-    with fs.open_input_file(file.fs_path) as stream:
-        if stream.read(4) == b"AGS1":
-            raise FormatError(f"{file.path} is encrypted (AGS1), but the table has no encryption.key-id")
-    avro_file = _AvroFile.unencrypted(file.fs_path, fs)
+    try:
+        avro_file = _AvroFile.unencrypted(file.fs_path, fs)
+    except FormatError as exc:
+        with fs.open_input_file(file.fs_path) as stream:
+            if stream.read(4) == b"AGS1":  # not an Avro header: say why
+                raise FormatError(f"{file.path} is encrypted (AGS1), but the table has no encryption.key-id") from exc
+        raise
     try:
         project = _Projector(avro_file.arrow_schema(), target, task.constants, task.read.name_mapping, file.path)
     except BaseException:
