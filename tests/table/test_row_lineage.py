@@ -131,6 +131,11 @@ def test_no_operation_changes_a_surviving_rows_lineage(ops):
                 assert seq == _current_sequence_number(table), (op, i)
             known = dict(now)
             ever |= {r for r, _ in now.values()}
+            # every snapshot still there shows the rows it has with the lineage they have now
+            oldest = table.snapshots()[0].snapshot_id
+            rows = table.scan(columns=["id", *LINEAGE], snapshot_id=oldest).to_arrow().to_pylist()
+            then = {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows}
+            assert {i: then[i] for i in set(then) & set(now)} == {i: now[i] for i in set(then) & set(now)}
             # the table hands out no id a row has: next-row-id is beyond all of them
             assert table.metadata["next-row-id"] > max(ever)
 
