@@ -131,6 +131,11 @@ def test_no_operation_changes_a_surviving_rows_lineage(ops):
                 assert seq == _current_sequence_number(table), (op, i)
             known = dict(now)
             ever |= {r for r, _ in now.values()}
+            # every snapshot still there shows the rows it has with the lineage they have now
+            oldest = table.snapshots()[0].snapshot_id
+            rows = table.scan(columns=["id", *LINEAGE], snapshot_id=oldest).to_arrow().to_pylist()
+            then = {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows}
+            assert {i: then[i] for i in set(then) & set(now)} == {i: now[i] for i in set(then) & set(now)}
             # the table hands out no id a row has: next-row-id is beyond all of them
             assert table.metadata["next-row-id"] > max(ever)
 
@@ -654,3 +659,31 @@ def test_rewritten_avro_files_store_the_lineage_columns(tmp_path, kms):
     assert [int(stored.field(n).metadata[b"PARQUET:field_id"]) for n in LINEAGE] == [ROW_ID_FIELD, SEQ_FIELD]
     rows = avro.read(task.file.fs_path, task.file.key(), columns=["id", *LINEAGE]).to_pylist()
     assert {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows} == before
+
+
+@pytest.mark.parametrize("operation", ["append", "rewrite"])
+def test_a_lowered_next_row_id_is_refused_not_reused(small, kms, operation):
+    """next-row-id lives in plain metadata.json: an attacker who lowers it must not make
+    new rows take the ids of existing ones.  The authenticated manifest list says which
+    ids are taken; the commit is refused and leaves nothing behind."""
+    import json
+
+    from icecrypt.errors import FormatError
+
+    before = _lineage(small)
+    path = Path(small.metadata_location)
+    metadata = json.loads(path.read_text(encoding="utf-8"))
+    assert metadata["next-row-id"] == 12
+    metadata["next-row-id"] = 3
+    path.write_text(json.dumps(metadata), encoding="utf-8")
+    table = EncryptedTable.load(str(path), kms=kms)
+    files = sorted(p for p in Path(table.fs_path(table.location)).rglob("*") if p.is_file())
+    snapshot = table.current_snapshot_id
+    with pytest.raises(FormatError, match=r"next-row-id 3 is below the row ids manifest .*-m\d\.avro holds \(up to 1[01]\)"):
+        if operation == "append":
+            table.append(_rows([100]))
+        else:
+            table.rewrite_data_files(options={"rewrite-all": "true"})
+    assert table.refresh().current_snapshot_id == snapshot
+    assert sorted(p for p in Path(table.fs_path(table.location)).rglob("*") if p.is_file()) == files
+    assert _lineage(table) == before

@@ -46,6 +46,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from icecrypt.errors import FormatError
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.table._write_io import TableIO
 from icecrypt.table._write_schema import (
@@ -265,6 +266,8 @@ class WrittenManifest:
 
     record: dict[str, Any]
     min_sequence_number: int | None
+    #: where the row ids its data files hold explicitly (any status) end, if any do
+    row_ids_end: int | None = None
 
 
 def write_manifest(
@@ -312,7 +315,12 @@ def write_manifest(
         "key_metadata": key.encode() if key is not None else None,
         "first_row_id": None,
     }
-    return WrittenManifest(record, summary.min_sequence_number)
+    ends = [
+        e["data_file"]["first_row_id"] + e["data_file"]["record_count"]
+        for e in entries
+        if e["data_file"].get("content", DATA) == DATA and e["data_file"].get("first_row_id") is not None
+    ]
+    return WrittenManifest(record, summary.min_sequence_number, max(ends, default=None))
 
 
 def write_manifest_list(
@@ -357,6 +365,7 @@ def write_manifest_list(
         for content in (DATA, POSITION_DELETES):
             records.extend(assigned(m) for m in new if m.record["content"] == content)
             records.extend(m for m in kept if m["content"] == content)
+    _check_next_row_id(records, new, first_row_id)
     for record in records:
         if record["content"] == DATA and record.get("first_row_id") is None:
             # new data manifests, and kept ones from before row lineage (Java does the same)
@@ -373,6 +382,27 @@ def write_manifest_list(
     }
     _, key = io.write_avro(location, struct_to_avro(entry_struct, "manifest_file"), records, metadata)
     return key, next_row_id
+
+
+def _check_next_row_id(records: Sequence[dict[str, Any]], new: Sequence[WrittenManifest], first_row_id: int) -> None:
+    """Refuse to hand out row ids the table's manifests already hold.  ``first_row_id`` is
+    the table metadata's ``next-row-id``, plain JSON anyone with write access to the
+    storage can lower; the ranges come from the kept manifests' list entries and the
+    entries this commit carries over (both authenticated in an encrypted table).  A
+    lowered value would give new rows the ids of existing ones."""
+    held = [
+        (r["manifest_path"], r["first_row_id"] + (r.get("added_rows_count") or 0) + (r.get("existing_rows_count") or 0))
+        for r in records
+        if r["content"] == DATA and r.get("first_row_id") is not None
+    ]
+    held += [(m.record["manifest_path"], m.row_ids_end) for m in new if m.row_ids_end is not None]
+    for path, end in held:
+        if first_row_id < end:
+            raise FormatError(
+                f"the table metadata's next-row-id {first_row_id} is below the row ids manifest {path} holds "
+                f"(up to {end - 1}): new rows would reuse them; the metadata is inconsistent (altered?), "
+                "nothing was committed"
+            )
 
 
 def resolve_entries(manifest: Mapping[str, Any], entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

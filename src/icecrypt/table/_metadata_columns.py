@@ -23,8 +23,9 @@ Row lineage is inherited where a data file does not store it (the column is miss
 null): ``_row_id`` = the file's ``first_row_id`` + the row's position,
 ``_last_updated_sequence_number`` = the file's data sequence number.  A writer that moves
 rows into a new file (compaction, re-keying) stores both columns, under the reserved ids
-and names, so that the rows keep them.  A table column of the same name hides the
-metadata column (as in Iceberg Java and Spark).
+and names, so that the rows keep them.  A table column of the same name (compared ignoring
+case) hides the metadata column, in projections and row filters alike.  Row filters may name
+all but ``_partition``; pruning ignores such predicates (:func:`without_metadata`).
 """
 
 from __future__ import annotations
