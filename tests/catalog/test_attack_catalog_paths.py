@@ -122,3 +122,28 @@ def test_purge_never_deletes_outside_the_dropped_table(sqlite_catalog, tmp_path,
         sqlite_catalog.drop_table("db.t", purge=True)
     assert_untouched(elsewhere, before)
     assert not current.exists()  # the table's own files went
+
+
+def test_a_catalog_tables_location_is_anchored_by_the_catalog(sqlite_catalog):
+    """The tenant rewrites its own current metadata file in place (its storage), pointing
+    ``location`` at the victim's directory: loading it is refused before anything is read,
+    so its maintenance never walks the victim."""
+    from icecrypt import PathOutsideTableError
+
+    sqlite_catalog.create_namespace("other")
+    victim = sqlite_catalog.create_table("other.t", SCHEMA, table_key_id=None)
+    victim.append(rows(0, 5))
+    victim_dir = Path(victim.location)
+    before = snapshot_of(victim_dir)
+    sqlite_catalog.create_namespace("db")
+    mine = sqlite_catalog.create_table("db.mine", SCHEMA, table_key_id=None)
+    mine.append(rows(100, 2))
+    current = Path(mine.metadata_location)
+    metadata = json.loads(current.read_text())
+    metadata["location"] = str(victim_dir)
+    current.write_text(json.dumps(metadata))
+    with pytest.raises(PathOutsideTableError, match="anchors a catalog table") as caught:
+        sqlite_catalog.load_table("db.mine").remove_orphan_files(older_than=2**62)
+    assert str(current.name) in str(caught.value)
+    assert_untouched(victim_dir, before)
+    assert sqlite_catalog.load_table("other.t").verify().ok

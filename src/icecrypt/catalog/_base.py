@@ -27,6 +27,7 @@ from icecrypt._paths import check_location_text, parse_location
 from icecrypt.errors import (
     CatalogError,
     InvalidIdentifierError,
+    PathOutsideTableError,
     NoSuchNamespaceError,
     NoSuchTableError,
     TableAlreadyExistsError,
@@ -395,6 +396,7 @@ class Catalog:
         store = self._store(namespace, name, recorded.rsplit("/", 2)[0])
         path = store._remember(recorded)
         metadata = read_metadata_file(store.locations.filesystem, path)
+        _check_anchored(store.locations, metadata, recorded, self._describe(namespace, name))
         encrypted = (metadata.get("properties") or {}).get("encryption.key-id") or table_key_id or pinned
         kms = self.kms if encrypted else self._kms
         pin = catalog_pin(pinned, metadata, table_key_id=table_key_id)
@@ -491,6 +493,23 @@ class Catalog:
 
     def _table_list(self, namespace: tuple[str, ...]) -> list[str]:
         raise NotImplementedError
+
+
+def _check_anchored(locations: Locations, metadata: Mapping[str, Any], recorded: str, what: str) -> None:
+    """Refuse a catalog table whose metadata names a location (or write.metadata.path) that
+    does not hold the metadata file the catalog records: storage can rewrite the file, the
+    catalog database is the anchor.  Without this, a writer of the table's own storage
+    could point its ``location`` at another table, whose files the table's maintenance
+    would then list and delete."""
+    from icecrypt.table._pin import TablePin
+
+    roots = TablePin.from_metadata(dict(metadata)).roots()
+    if roots and not locations.confined(roots).is_inside(recorded):
+        raise PathOutsideTableError(
+            f"{what}: its metadata file {recorded} (as the catalog records it) lies outside the table location "
+            f"{roots[0]} that file names (refused: the catalog's metadata location anchors a catalog table)",
+            location=recorded, table_location=roots[0],
+        )
 
 
 def _purge(table: Any) -> None:
