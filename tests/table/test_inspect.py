@@ -1,0 +1,306 @@
+"""Metadata tables (``table.inspect``): the columns and values PyIceberg gives on a
+plaintext table, the right rows through appends, deletes with deletion vectors,
+overwrite and expiry of an encrypted table and on the Java-written tables, manifests
+authenticated as they are read, and no key material in any cell."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+
+import pyarrow as pa
+import pytest
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.table import StaticTable
+from pyiceberg.transforms import IdentityTransform
+from tablelib import TABLE_NAMES, expected
+
+from icecrypt.errors import DecryptionError, FormatError
+from icecrypt.keys import StandardKeyMetadata
+from icecrypt.table import METADATA_TABLES, EncryptedTable
+from icecrypt.table._manifest import read_manifest
+
+SCHEMA = pa.schema([
+    pa.field("id", pa.int64(), nullable=False),
+    pa.field("category", pa.string(), nullable=False),
+    pa.field("amount", pa.float64()),
+    pa.field("day", pa.date32()),
+])  # fmt: skip
+CATEGORY = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="category"))
+#: columns icecrypt's file tables add to PyIceberg's (format v3's, as Java's)
+V3_FILE_COLUMNS = {"first_row_id", "referenced_data_file", "content_offset", "content_size_in_bytes"}
+
+
+def rows(lo: int, hi: int) -> pa.Table:
+    ids = list(range(lo, hi))
+    return pa.table(
+        {
+            "id": ids,
+            "category": [("alpha", "beta", "gamma")[i % 3] for i in ids],
+            "amount": [float("nan") if i % 17 == 0 else i * 1.5 for i in ids],
+            "day": pa.array([19000 + i % 40 for i in ids], pa.date32()),
+        },
+        schema=SCHEMA,
+    )
+
+
+def history_table(location: str, kms, key_id: str | None) -> EncryptedTable:
+    """append, append (Avro when encrypted), delete (deletion vectors), append: four
+    snapshots."""
+    table = EncryptedTable.create(location, SCHEMA, kms=kms, table_key_id=key_id, partition_spec=CATEGORY)
+    table.append(rows(0, 300))
+    table.append(rows(300, 450), file_format="avro" if key_id else "parquet")
+    table.delete("id < 40 or id = 301")
+    table.append(rows(450, 500))
+    return table
+
+
+def comparable(column: pa.ChunkedArray) -> list[str]:
+    """A column's values in a form that compares across readers (order-free)."""
+    return sorted(json.dumps(v, sort_keys=True, default=repr) for v in column.to_pylist())
+
+
+# --- against PyIceberg ---------------------------------------------------------------------------
+
+
+def test_plaintext_table_matches_pyiceberg(tmp_path):
+    """Every metadata table PyIceberg 0.12 reads from a plaintext v3 table has the same
+    columns, the same Arrow types and the same values here; the only differences are the
+    key_metadata type (a fingerprint string) and format v3's extra file columns."""
+    table = history_table(str(tmp_path / "t"), None, None)
+    first = table.snapshots()[0].snapshot_id
+    theirs_table = StaticTable.from_metadata(table.metadata_location)
+    compared = 0
+    for name in METADATA_TABLES:
+        ours = table.inspect.table(name)
+        if name == "entries":  # PyIceberg 0.12 fails on a deletion vector's entry (no column_sizes)
+            ours, theirs = table.inspect.entries(snapshot_id=first), theirs_table.inspect.entries(snapshot_id=first)
+            ours = ours.set_column(
+                4, "data_file", pa.array([
+                    {k: v for k, v in d.items() if k not in V3_FILE_COLUMNS | {"spec_id"}}
+                    for d in ours.column("data_file").to_pylist()
+                ], theirs.schema.field("data_file").type)
+            )  # fmt: skip
+        else:
+            theirs = getattr(theirs_table.inspect, name)()
+        assert ours.num_rows == theirs.num_rows > 0, name
+        names = theirs.column_names
+        if name in ("files", "data_files", "delete_files"):  # v3's columns before readable_metrics, as Java's
+            names = [*names[:-1], "first_row_id", "referenced_data_file", "content_offset", "content_size_in_bytes",
+                     names[-1]]  # fmt: skip
+        assert ours.column_names == names, name
+        for column in theirs.column_names:
+            if column == "key_metadata":
+                assert ours.schema.field(column).type == pa.string()
+                assert ours.column(column).null_count == ours.num_rows  # plaintext files have no key
+                continue
+            assert ours.schema.field(column).type == theirs.schema.field(column).type, (name, column)
+            assert comparable(ours.column(column)) == comparable(theirs.column(column)), (name, column)
+            compared += 1
+    assert compared > 80
+
+
+# --- an encrypted table through its history ------------------------------------------------------
+
+
+def test_encrypted_history(tmp_path, kms):
+    table = history_table(str(tmp_path / "t"), kms, "keyA")
+    ids = [s.snapshot_id for s in table.snapshots()]
+    inspect = table.inspect
+
+    snapshots = inspect.snapshots()
+    assert snapshots.column("snapshot_id").to_pylist() == ids
+    assert snapshots.column("operation").to_pylist() == ["append", "append", "delete", "append"]
+    assert snapshots.column("parent_id").to_pylist() == [None, *ids[:-1]]
+    summary = dict(snapshots.column("summary").to_pylist()[2])
+    assert "operation" not in summary and summary["added-position-deletes"] == "41"
+    assert inspect.history().column("is_current_ancestor").to_pylist() == [True] * 4
+    assert inspect.refs().to_pylist() == [{
+        "name": "main", "type": "BRANCH", "snapshot_id": ids[-1], "max_reference_age_in_ms": None,
+        "min_snapshots_to_keep": None, "max_snapshot_age_in_ms": None,
+    }]  # fmt: skip
+    log = inspect.metadata_log_entries()
+    assert log.column("file").to_pylist()[-1] == table.metadata_location
+    assert log.column("latest_snapshot_id").to_pylist()[-1] == ids[-1]
+
+    files = inspect.files()
+    data, deletes = inspect.data_files(), inspect.delete_files()
+    assert files.num_rows == data.num_rows + deletes.num_rows
+    assert sorted(data.column("file_format").to_pylist()) == ["AVRO"] * 3 + ["PARQUET"] * 6
+    # the deletion vectors: one Puffin blob per data file it deletes from
+    assert set(deletes.column("file_format").to_pylist()) == {"PUFFIN"}
+    assert set(deletes.column("referenced_data_file").to_pylist()) <= set(data.column("file_path").to_pylist())
+    assert sum(deletes.column("record_count").to_pylist()) == 41
+    assert all(v is not None for v in deletes.column("content_offset").to_pylist())
+    # every file has a key, shown as the fingerprint key_usage() reports
+    usage = table.key_usage().files
+    for row in files.select(["file_path", "key_metadata"]).to_pylist():
+        assert row["key_metadata"] == usage[row["file_path"]] and len(row["key_metadata"]) == 16
+
+    # partitions: live rows = data records - deleted positions, per partition
+    live = collections.Counter(table.scan(columns=["category"]).to_arrow().column("category").to_pylist())
+    parts = {r["partition"]["category"]: r for r in inspect.partitions().to_pylist()}
+    assert {c: r["record_count"] - r["position_delete_record_count"] for c, r in parts.items()} == live
+    assert sum(r["file_count"] for r in parts.values()) == data.num_rows
+    assert parts["beta"]["last_updated_snapshot_id"] == ids[-1]  # the last append wrote to every partition
+    gamma = inspect.partitions(row_filter="category = 'gamma'").to_pylist()
+    assert [r["partition"] for r in gamma] == [{"category": "gamma"}]
+
+    # readable metrics decode the bounds
+    metrics = [r["readable_metrics"] for r in data.to_pylist() if r["file_format"] == "PARQUET"]
+    assert min(m["id"]["lower_bound"] for m in metrics) == 0
+    assert max(m["id"]["upper_bound"] for m in metrics) == 499
+    assert {type(m["day"]["lower_bound"]).__name__ for m in metrics} == {"date"}
+
+    # time travel: the first snapshot's files
+    first = inspect.files(snapshot_id=ids[0])
+    assert sum(first.column("record_count").to_pylist()) == 300 and first.num_rows == 3
+    assert inspect.manifests(snapshot_id=ids[0]).num_rows == 1
+
+    # manifests: counts by content, summaries readable
+    manifests = inspect.manifests()
+    by_content = collections.defaultdict(int)
+    for row in manifests.to_pylist():
+        by_content[row["content"]] += row["added_data_files_count"] + row["existing_data_files_count"]
+        by_content[row["content"]] += row["added_delete_files_count"] + row["existing_delete_files_count"]
+        assert [s["lower_bound"] is not None for s in row["partition_summaries"]] == [True]
+    assert dict(by_content) == {0: data.num_rows, 1: deletes.num_rows}
+    all_manifests = inspect.all_manifests()
+    assert set(all_manifests.column("reference_snapshot_id").to_pylist()) == set(ids)
+    assert all(len(fp) == 16 for fp in all_manifests.column("key_metadata").to_pylist())
+
+
+def test_overwrite_and_expire(tmp_path, kms):
+    """An overwrite shows the replaced files as DELETED entries; after expiry the old
+    snapshots are gone from every table."""
+    table = history_table(str(tmp_path / "t"), kms, "keyA")
+    before = table.inspect.data_files().column("file_path").to_pylist()
+    table.overwrite(rows(1000, 1010))
+    entries = table.inspect.entries()
+    deleted = [e["data_file"]["file_path"] for e in entries.to_pylist() if e["status"] == 2 and e["data_file"]["content"] == 0]
+    assert sorted(deleted) == sorted(before)
+    assert table.inspect.data_files().num_rows == 3  # one file per partition
+    assert table.inspect.snapshots().column("operation").to_pylist()[-1] == "overwrite"
+
+    expired = table.expire_snapshots(2**62)
+    assert expired
+    current = table.current_snapshot_id
+    assert table.inspect.snapshots().column("snapshot_id").to_pylist() == [current]
+    assert set(table.inspect.all_manifests().column("reference_snapshot_id").to_pylist()) == {current}
+    history = table.inspect.history().to_pylist()
+    assert history[-1]["snapshot_id"] == current and history[-1]["is_current_ancestor"]
+    assert sum(table.inspect.partitions().column("record_count").to_pylist()) == 10
+    with pytest.raises(ValueError, match=f"no snapshot {expired[0]}"):
+        table.inspect.files(snapshot_id=expired[0])
+
+
+def test_empty_table_and_bad_names(tmp_path, kms):
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=kms, table_key_id="keyA", partition_spec=CATEGORY)
+    for name in METADATA_TABLES:
+        assert table.inspect.table(name).num_rows == (1 if name == "metadata_log_entries" else 0), name
+    with pytest.raises(ValueError, match="unknown metadata table 'snapshot'; the metadata tables are: snapshots"):
+        table.inspect.table("snapshot")
+    with pytest.raises(ValueError, match="'history' shows the whole table and takes no snapshot id"):
+        table.inspect.table("history", snapshot_id=1)
+
+
+# --- the Java-written tables -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TABLE_NAMES)
+def test_java_tables(golden, name):
+    table = golden(name)
+    facts = expected(name)
+    inspect = table.inspect
+    assert inspect.snapshots().column("snapshot_id").to_pylist() == [s["snapshot_id"] for s in facts["snapshots"]]
+    # every file of the current version, against a plain scan plan
+    tasks = table.scan().plan_files()
+    data = inspect.data_files()
+    assert sorted(data.column("file_path").to_pylist()) == sorted({t.file.path for t in tasks})
+    delete_paths = {d.path for t in tasks for d in t.deletes}
+    assert sorted(inspect.delete_files().column("file_path").to_pylist()) == sorted(delete_paths)
+    live = table.scan(columns=[]).count()
+    parts = inspect.partitions().to_pylist()
+    assert sum(p["record_count"] for p in parts) == sum(data.column("record_count").to_pylist())
+    if name == "enc_deletes_dek16":
+        dv = inspect.delete_files().filter(pa.compute.equal(inspect.delete_files()["file_format"], "PUFFIN"))
+        assert dv.num_rows == 1 and dv.column("referenced_data_file")[0].as_py().endswith(".parquet")
+        assert {p["partition"]["category"]: p["position_delete_record_count"] for p in parts}["alpha"] == 400
+        assert sum(p["equality_delete_file_count"] for p in parts) == 1
+    else:
+        assert live == sum(p["record_count"] for p in parts)
+    for name_ in METADATA_TABLES:
+        assert_no_key_material(table, inspect.table(name_))
+
+
+# --- no key material, authenticated reads ------------------------------------------------------
+
+
+def table_keys(table: EncryptedTable) -> list[bytes]:
+    """Every key the table's reachable files use: the DEKs in the scan tasks' key metadata
+    (data and delete files), the manifests' and the manifest lists' keys."""
+    keys = set()
+    for snapshot in table.snapshots():
+        keys.add(table.manifest_list_key_metadata(snapshot).encryption_key)
+        for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+            for file in (task.file, *task.deletes):
+                keys.add(StandardKeyMetadata.decode(file.key_metadata).encryption_key)
+        for manifest in table.manifests(snapshot):
+            keys.add(manifest.key_metadata.encryption_key)
+            for entry in read_manifest(manifest, table.locations, table.specs, table.schema, encrypted=True,
+                                       include_deleted=True):  # fmt: skip
+                keys.add(entry.file.key_metadata.encryption_key)
+    assert keys and all(len(k) >= 16 for k in keys)
+    return sorted(keys)
+
+
+def _cells(value) -> list:
+    if isinstance(value, dict):
+        return [c for v in value.values() for c in _cells(v)]
+    if isinstance(value, (list, tuple)):
+        return [c for v in value for c in _cells(v)]
+    return [value]
+
+
+def assert_no_key_material(table: EncryptedTable, result: pa.Table) -> None:
+    keys = table_keys(table)
+    forms = [f for k in keys for f in (k, k.hex(), k.hex().upper(), base64.b64encode(k).decode(),
+                                       base64.urlsafe_b64encode(k).decode())]  # fmt: skip
+    for cell in _cells(result.to_pylist()):
+        if isinstance(cell, (bytes, str)):
+            blob = cell if isinstance(cell, bytes) else cell.encode()
+            for form in forms:
+                assert (form if isinstance(form, bytes) else form.encode()) not in blob
+
+
+def test_no_key_material_in_any_table(tmp_path, kms):
+    table = history_table(str(tmp_path / "t"), kms, "keyA")
+    table.overwrite(rows(0, 20))
+    ids = [s.snapshot_id for s in table.snapshots()]
+    for name in METADATA_TABLES:
+        assert_no_key_material(table, table.inspect.table(name))
+    for snapshot_id in ids:
+        for name in ("entries", "files", "manifests", "partitions"):
+            assert_no_key_material(table, table.inspect.table(name, snapshot_id=snapshot_id))
+    # the check itself sees a key where one is (a cell holding the raw key metadata)
+    leaked = pa.table({"key_metadata": [table.scan().plan_files()[0].file.key_metadata]})
+    with pytest.raises(AssertionError):
+        assert_no_key_material(table, leaked)
+
+
+def test_tampered_manifest_is_refused(golden_copy):
+    """A manifest changed in storage is refused, not shown: metadata tables read through
+    the authenticated manifest reader."""
+    table, root = golden_copy("enc_parquet_dek16")
+    manifest = table.manifests(table.current_snapshot())[0]
+    path = table.fs_path(manifest.path)
+    with open(path, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 1]))
+    for name in ("files", "entries", "partitions", "data_files"):
+        with pytest.raises((DecryptionError, FormatError)):
+            table.inspect.table(name)
+    assert table.inspect.snapshots().num_rows == 2  # what does not read the manifest still works
