@@ -10,6 +10,7 @@ import collections
 import json
 
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.table import StaticTable
@@ -304,3 +305,61 @@ def test_tampered_manifest_is_refused(golden_copy):
         with pytest.raises((DecryptionError, FormatError)):
             table.inspect.table(name)
     assert table.inspect.snapshots().num_rows == 2  # what does not read the manifest still works
+
+
+# --- the CLI -------------------------------------------------------------------------------------
+
+MEMORY_KMS = ["--kms-type", "memory", "--kms-property", "encryption.kms.memory.iceberg-test-keys=true"]
+
+
+def cli(capfd, *argv) -> tuple[int, str, str]:
+    from icecrypt.cli import main
+
+    status = main([str(a) for a in argv])
+    out, err = capfd.readouterr()
+    return status, out, err
+
+
+def test_cli_inspect_java_table(golden, capfd, tmp_path):
+    from tablelib import location_map, metadata_path
+
+    name = "enc_deletes_dek16"
+    table = golden(name)
+    (prefix, root), = location_map(name).items()
+    args = [metadata_path(name), "--location-map", f"{prefix}={root}", *MEMORY_KMS]
+    status, out, _ = cli(capfd, "table", "inspect", args[0], "files", *args[1:])
+    assert status == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert sorted(r["file_path"] for r in rows) == sorted(table.inspect.files().column("file_path").to_pylist())
+    assert {r["key_metadata"] for r in rows} == {table.key_usage().files[r["file_path"]] for r in rows}
+    for key in table_keys(table):
+        assert key.hex() not in out and base64.b64encode(key).decode() not in out
+
+    first, rows_then = (expected(name)["snapshots"][0][k] for k in ("snapshot_id", "expected_row_count"))
+    status, out, _ = cli(capfd, "table", "inspect", args[0], "partitions", "--snapshot", first,
+                         "--columns", "partition,record_count", *args[1:])  # fmt: skip
+    assert status == 0 and sum(json.loads(line)["record_count"] for line in out.splitlines()) == rows_then
+    assert set(json.loads(out.splitlines()[0])) == {"partition", "record_count"}
+
+    status, _, _ = cli(capfd, "table", "inspect", args[0], "snapshots", "-o", tmp_path / "s.parquet", *args[1:])
+    assert status == 0 and pa.parquet.read_table(tmp_path / "s.parquet").num_rows == 4
+
+    status, _, err = cli(capfd, "table", "inspect", args[0], "history", "--snapshot", first, *args[1:])
+    assert status == 1 and "takes no snapshot id" in err
+    status, _, err = cli(capfd, "table", "inspect", args[0], "files", "--columns", "path", *args[1:])
+    assert status == 1 and "has no column(s) path; its columns are: content, file_path" in err
+    with pytest.raises(SystemExit):
+        cli(capfd, "table", "inspect", args[0], "snapshot", *args[1:])
+
+
+def test_cli_inspect_escapes_what_the_table_holds(tmp_path, kms, capfd):
+    """Values come from storage: control characters are printed escaped, never raw."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("category", pa.string(), nullable=False)])
+    location = tmp_path / "t"
+    table = EncryptedTable.create(str(location), schema, kms=None, table_key_id=None, partition_spec=CATEGORY)
+    evil = "\x1b]0;owned\x07\x1b[2J\r\u202etxt"
+    table.append(pa.table({"id": [1, 2], "category": [evil, "plain"]}, schema=schema))
+    status, out, _ = cli(capfd, "table", "inspect", location, "partitions")
+    assert status == 0
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\u202e" not in out
+    assert {json.loads(line)["partition"]["category"] for line in out.splitlines()} == {evil, "plain"}
