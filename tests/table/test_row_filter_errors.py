@@ -49,3 +49,19 @@ def test_good_filters_still_work(table):
     assert table.scan().count() == 198
     with pytest.raises(TypeError, match="not None"):
         table.delete(None)
+
+
+@pytest.mark.parametrize("row_filter", BAD)
+def test_spark_filter_option(table, row_filter):
+    """The Spark source's ``filter`` option (checked at load(), on the driver: no JVM needed
+    to see the error)."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    from icecrypt.spark._iceberg import IcebergDataSource
+
+    options = CaseInsensitiveDict({"path": table.metadata_location, "encryption.kms-type": "memory",
+                                   "encryption.kms.memory.iceberg-test-keys": "true", "filter": row_filter})  # fmt: skip
+    with pytest.raises(ValueError, match="supported: <column> <op> <literal>") as caught:
+        IcebergDataSource(options).schema()
+    assert f"cannot parse row filter {row_filter!r}" in str(caught.value) and len(str(caught.value)) < 700
