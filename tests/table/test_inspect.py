@@ -221,6 +221,9 @@ def test_java_tables(golden, name):
     assert sorted(data.column("file_path").to_pylist()) == sorted({t.file.path for t in tasks})
     delete_paths = {d.path for t in tasks for d in t.deletes}
     assert sorted(inspect.delete_files().column("file_path").to_pylist()) == sorted(delete_paths)
+    log = inspect.metadata_log_entries().column("file").to_pylist()
+    assert all(f.startswith("s3://icecrypt-golden/") for f in log)  # the current one too, as recorded
+    assert log[-1].endswith(facts["metadata_location"].rsplit("/", 1)[-1])
     live = table.scan(columns=[]).count()
     parts = inspect.partitions().to_pylist()
     assert sum(p["record_count"] for p in parts) == sum(data.column("record_count").to_pylist())
@@ -379,3 +382,47 @@ def test_cli_inspect_catalog_table(tmp_path, kms, capfd):
                          "--catalog", f"warehouse={warehouse}", "--catalog-name", "inspect")  # fmt: skip
     assert status == 0 and [json.loads(line)["operation"] for line in out.splitlines()] == ["append", "delete"]
     assert catalog.load_table("db.t").inspect.delete_files().column("record_count").to_pylist() == [5]  # one DV
+
+
+# --- damaged statistics in a plaintext table (storage is input) -----------------------------------
+
+
+def _rewrite_avro(path, change) -> None:
+    """Rewrite the Avro file at ``path`` with ``change(record)`` applied to each record
+    (same schema, header metadata and codec)."""
+    import fastavro
+
+    with open(path, "rb") as f:
+        reader = fastavro.reader(f)
+        schema, codec = reader.writer_schema, reader.codec
+        metadata = {k: v for k, v in reader.metadata.items() if not k.startswith("avro.")}
+        records = [change(r) or r for r in reader]
+    with open(path, "wb") as f:
+        fastavro.writer(f, fastavro.parse_schema(schema), records, codec=codec, metadata=metadata)
+
+
+def test_bounds_that_do_not_decode_name_the_file(tmp_path):
+    """A plaintext table's manifests are not authenticated: a bound that does not decode
+    as its column's type is a FormatError naming the manifest or the data file, not a
+    struct.error or UnicodeDecodeError from the decoder."""
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=None, table_key_id=None, partition_spec=CATEGORY)
+    table.append(rows(0, 10))
+    manifest = table.manifests(table.current_snapshot())[0]
+
+    def bad_summary(record):
+        record["partitions"][0]["lower_bound"] = b"\xff\xfe"
+
+    _rewrite_avro(table.fs_path(table.current_snapshot().manifest_list), bad_summary)
+    with pytest.raises(FormatError, match=f"manifest list entry of {manifest.path}: partition bound of 'category'"):
+        table.inspect.manifests()
+
+    def bad_bound(record):
+        record["data_file"]["lower_bounds"] = [
+            {"key": item["key"], "value": b"\x01\x02\x03" if item["key"] == 1 else item["value"]}
+            for item in record["data_file"]["lower_bounds"]
+        ]
+
+    _rewrite_avro(table.fs_path(manifest.path), bad_bound)
+    with pytest.raises(FormatError, match=r"manifest entry of .*\.parquet: bound of column 'id' does not decode"):
+        table.inspect.files()
+    assert table.inspect.snapshots().num_rows == 1

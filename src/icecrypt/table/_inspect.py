@@ -229,7 +229,7 @@ class InspectTable:
         ])  # fmt: skip
         metadata = self._table.metadata
         entries = [(int(e["timestamp-ms"]), e["metadata-file"]) for e in metadata.get("metadata-log") or ()]
-        entries.append((int(metadata.get("last-updated-ms") or 0), self._table.metadata_location))
+        entries.append((int(metadata.get("last-updated-ms") or 0), self._recorded(self._table.metadata_location)))
         log = sorted(((int(e["timestamp-ms"]), int(e["snapshot-id"])) for e in self._snapshot_log()), key=lambda e: e[0])
         rows = []
         for timestamp, file in entries:
@@ -449,6 +449,14 @@ class InspectTable:
             return self._table.snapshot(snapshot_id)
         except KeyError as exc:
             raise ValueError(exc.args[0]) from None
+
+    def _recorded(self, path: str) -> str:
+        """A path on the filesystem as the table records locations (a ``location_map``
+        applied backwards), so the current metadata file reads like the ones before it."""
+        for prefix, replacement in self._table.location_map.items():
+            if replacement and path.startswith(replacement):
+                return prefix + path[len(replacement):]
+        return path
 
     def _snapshot_log(self) -> list[dict[str, Any]]:
         return list(self._table.metadata.get("snapshot-log") or ())
