@@ -34,7 +34,7 @@ metadata file the job started from and need no catalog access.
 
 Metadata tables: option ``metadata-table`` (``snapshots``, ``history``, ``refs``,
 ``metadata_log_entries``, ``manifests``, ``all_manifests``, ``entries``, ``files``,
-``data_files``, ``delete_files``, ``partitions``) reads that table of ``table.inspect``
+``data_files``, ``delete_files``, ``partitions``, ``all_files``, ...) reads that table of ``table.inspect``
 instead of the rows, computed on the driver (``snapshot-id`` selects the snapshot;
 ``columns`` projects; ``filter`` limits ``partitions``).
 

@@ -26,7 +26,6 @@ import pyarrow as pa
 from icecrypt.errors import FormatError
 from icecrypt.table._manifest import (
     DATA,
-    DELETED,
     EQUALITY_DELETES,
     MANIFEST_DELETES,
     POSITION_DELETES,
@@ -59,6 +58,9 @@ METADATA_TABLES = (
     "data_files",
     "delete_files",
     "partitions",
+    "all_files",
+    "all_data_files",
+    "all_delete_files",
 )
 #: The ones that show one snapshot (the current one unless ``snapshot_id`` is given).
 _SNAPSHOT_TABLES = frozenset({"manifests", "entries", "files", "data_files", "delete_files", "partitions"})
@@ -375,6 +377,19 @@ class InspectTable:
         """The live delete files (deletion vectors, position and equality deletes)."""
         return self._files(snapshot_id, (POSITION_DELETES, EQUALITY_DELETES))
 
+    def all_files(self) -> pa.Table:
+        """The live data and delete files of every manifest of every snapshot (each
+        manifest read once; a file kept by several manifests shows once per manifest)."""
+        return self._all_files((DATA, POSITION_DELETES, EQUALITY_DELETES))
+
+    def all_data_files(self) -> pa.Table:
+        """``all_files`` for data files."""
+        return self._all_files((DATA,))
+
+    def all_delete_files(self) -> pa.Table:
+        """``all_files`` for delete files."""
+        return self._all_files((POSITION_DELETES, EQUALITY_DELETES))
+
     def partitions(
         self,
         snapshot_id: int | None = None,
@@ -482,15 +497,34 @@ class InspectTable:
         if snapshot is None:
             return
         for manifest in self._table.manifests(snapshot):
-            for entry in self._read(manifest, include_deleted=include_deleted):
-                if manifest.is_deletes != (entry.file.content != DATA):
-                    raise FormatError(
-                        f"manifest {manifest.path}: {entry.file.file_path} does not match the manifest's content type"
-                    )
-                yield entry
+            yield from self._checked(manifest, self._read(manifest, include_deleted=include_deleted))
+
+    @staticmethod
+    def _checked(manifest: ManifestFile, entries: Iterator[ManifestEntry]) -> Iterator[ManifestEntry]:
+        """Entries whose content matches their manifest's (as planning checks them)."""
+        from icecrypt.table._scan import TableScan
+
+        return TableScan._checked(manifest, entries)
 
     def _files(self, snapshot_id: int | None, contents: tuple[int, ...]) -> pa.Table:
-        rows = [self._file_row(e) for e in self._entries(snapshot_id) if e.file.content in contents and e.status != DELETED]
+        snapshot = self._snapshot(snapshot_id)
+        return self._file_table([snapshot] if snapshot is not None else [], contents)
+
+    def _all_files(self, contents: tuple[int, ...]) -> pa.Table:
+        return self._file_table(self._table.snapshots(), contents)
+
+    def _file_table(self, snapshots: list[Snapshot], contents: tuple[int, ...]) -> pa.Table:
+        """The live files of the given snapshots' manifests (each manifest read once)."""
+        seen: set[str] = set()
+        rows = []
+        for snapshot in snapshots:
+            for manifest in self._table.manifests(snapshot):
+                if manifest.path in seen:
+                    continue
+                seen.add(manifest.path)
+                for entry in self._checked(manifest, self._read(manifest)):
+                    if entry.file.content in contents:
+                        rows.append(self._file_row(entry))
         return pa.Table.from_pylist(rows, schema=pa.schema(self._file_fields()))
 
     def _metric_columns(self) -> list[tuple[str, int, Any]]:
