@@ -436,3 +436,20 @@ def test_bounds_that_do_not_decode_name_the_file(tmp_path):
     with pytest.raises(FormatError, match=r"manifest entry of .*\.parquet: bound of column 'id' does not decode"):
         table.inspect.files()
     assert table.inspect.snapshots().num_rows == 1
+
+
+@pytest.mark.parametrize(("log", "entry"), [
+    ("snapshot-log", {"timestamp-ms": "soon", "snapshot-id": 1}),
+    ("snapshot-log", {"timestamp-ms": 1}),
+    ("metadata-log", {"timestamp-ms": 1, "metadata-file": 7}),
+    ("metadata-log", "v1.metadata.json"),
+])  # fmt: skip
+def test_malformed_logs_name_the_metadata_file(tmp_path, log, entry):
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=None, table_key_id=None)
+    table.append(rows(0, 3))
+    # load() validates the logs through PyIceberg's model already; this is inspect's own
+    # guard, for a document that reached the table object some other way
+    table.metadata[log] = [entry]
+    name = "history" if log == "snapshot-log" else "metadata_log_entries"
+    with pytest.raises(FormatError, match=f"{table.metadata_location}: malformed {log}"):
+        table.inspect.table(name)

@@ -230,7 +230,7 @@ class InspectTable:
             pa.field("latest_sequence_number", pa.int64(), nullable=True),
         ])  # fmt: skip
         metadata = self._table.metadata
-        entries = [(int(e["timestamp-ms"]), e["metadata-file"]) for e in metadata.get("metadata-log") or ()]
+        entries = [(e["timestamp-ms"], e["metadata-file"]) for e in self._log("metadata-log", "metadata-file", str)]
         entries.append((int(metadata.get("last-updated-ms") or 0), self._recorded(self._table.metadata_location)))
         log = sorted(((int(e["timestamp-ms"]), int(e["snapshot-id"])) for e in self._snapshot_log()), key=lambda e: e[0])
         rows = []
@@ -474,7 +474,20 @@ class InspectTable:
         return path
 
     def _snapshot_log(self) -> list[dict[str, Any]]:
-        return list(self._table.metadata.get("snapshot-log") or ())
+        return self._log("snapshot-log", "snapshot-id", int)
+
+    def _log(self, name: str, field: str, kind: type) -> list[dict[str, Any]]:
+        """The entries of ``snapshot-log`` or ``metadata-log``, each checked to hold an
+        integer ``timestamp-ms`` and ``field`` of type ``kind`` (FormatError otherwise)."""
+        entries = self._table.metadata.get(name) or []
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and type(e.get("timestamp-ms")) is int and isinstance(e.get(field), kind)
+            and not isinstance(e.get(field), bool)
+            for e in entries
+        ):  # fmt: skip
+            raise FormatError(f"{self._table.metadata_location}: malformed {name} (each entry needs an integer "
+                              f"timestamp-ms and a {kind.__name__} {field})")
+        return entries
 
     def _ancestors(self, snapshot_id: int | None) -> set[int]:
         seen: set[int] = set()
