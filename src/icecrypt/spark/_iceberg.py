@@ -32,6 +32,12 @@ Planning and the commit run on the driver and go through the catalog (the commit
 catalog's metadata location, so concurrent writers are safe); write tasks read the
 metadata file the job started from and need no catalog access.
 
+Metadata tables: option ``metadata-table`` (``snapshots``, ``history``, ``refs``,
+``metadata_log_entries``, ``manifests``, ``all_manifests``, ``entries``, ``files``,
+``data_files``, ``delete_files``, ``partitions``, ``all_files``, ...) reads that table of ``table.inspect``
+instead of the rows, computed on the driver (``snapshot-id`` selects the snapshot;
+``columns`` projects; ``filter`` limits ``partitions``).
+
 Keys travel as in Iceberg Java: inside the tasks (the pickled partitions), never in the
 options (KMS properties only), plans, ``repr``\\ s or messages.
 
@@ -109,7 +115,8 @@ from icecrypt.table._io import PathOutsideTableWarning
 from icecrypt.table._pin import trusted_pin
 from icecrypt.table._scan import parse_row_filter
 
-__all__ = ["IcebergDataSource", "IcebergReader", "IcebergWriter", "TaskDataFiles", "TaskPartition"]
+__all__ = ["IcebergDataSource", "IcebergReader", "IcebergWriter", "MetadataTableReader", "TaskDataFiles",
+           "TaskPartition"]
 
 NAME = "icecrypt.iceberg"
 
@@ -134,9 +141,14 @@ OPT_TARGET_FILE_SIZE = "target-file-size-bytes"
 OPT_CATALOG = "catalog"
 _CATALOG_PREFIX = "catalog."
 
+#: reads: one of the table's metadata tables instead of its rows (``snapshots``, ``files``,
+#: ``manifests``, ``partitions``, ...: icecrypt.table.METADATA_TABLES), with ``snapshot-id``
+#: for the per-snapshot ones and ``filter`` for ``partitions``
+OPT_METADATA_TABLE = "metadata-table"
+
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_LOCATION_MAP, OPT_FILTER, OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT,
-                          OPT_TARGET_FILE_SIZE, OPT_CATALOG})
+                          OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE})
 _KMS_PREFIX = "encryption.kms"
 
 
@@ -315,6 +327,69 @@ class IcebergReader(DataSourceReader):
                 yield apply(batch)
         except Exception as exc:
             raise file_error(exc, f"{NAME}: task {partition.value} of table {self.location}") from exc
+
+
+# --- metadata tables ----------------------------------------------------------------------------
+
+
+def _metadata_table(options: Mapping[str, str], location: str) -> pa.Table:
+    """The metadata table option ``metadata-table`` names (``table.inspect``: key
+    metadata as fingerprints only), computed on the driver."""
+    name = str(options[OPT_METADATA_TABLE]).strip()
+    table = _open_table(options, location)
+    row_filter = options.get(OPT_FILTER) or None
+    try:
+        if row_filter is not None and name != "partitions":
+            raise ValueError(f"option {OPT_FILTER} applies to the rows of a table and to metadata table partitions, "
+                             f"not to {name!r}")
+        if name == "partitions":
+            result = table.inspect.partitions(_snapshot_id(options), row_filter)
+        else:
+            result = table.inspect.table(name, snapshot_id=_snapshot_id(options))
+        columns = columns_option(options)
+        if columns is not None:
+            unknown = [c for c in columns if c not in result.column_names]
+            if unknown:
+                raise ValueError(f"metadata table {name} has no column(s) {', '.join(unknown)}")
+            result = result.select(columns)
+    except ValueError as exc:
+        raise ValueError(f"{NAME}: table {location}: {exc}") from None
+    except Exception as exc:
+        raise file_error(exc, f"{NAME}: reading metadata table {name} of table {location}") from exc
+    return result
+
+
+class MetadataTablePartition(InputPartition):
+    """A metadata table, computed on the driver, as Arrow IPC (nothing secret in it)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(0)
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"MetadataTablePartition({len(self.data)} bytes)"
+
+
+class MetadataTableReader(DataSourceReader):
+    """Reads the metadata table of option ``metadata-table`` (one partition)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        location = _location(options, "load")
+        result = _metadata_table(options, location)
+        self.projection = Projection(result.schema, schema, f"{NAME}: table {location}")
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, result.schema) as stream:
+            stream.write_table(result)
+        self.data = sink.getvalue().to_pybytes()
+
+    def partitions(self) -> list[InputPartition]:
+        return [MetadataTablePartition(self.data)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, MetadataTablePartition):
+            return
+        for batch in pa.ipc.open_stream(partition.data):
+            yield self.projection.apply(batch)
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -576,6 +651,8 @@ class IcebergDataSource(DataSource):
     def schema(self) -> StructType:
         options = dict(self.options)
         location = _location(options, "load")
+        if options.get(OPT_METADATA_TABLE):
+            return spark_schema(_metadata_table(options, location).schema)
         table = _open_table(options, location)
         try:  # the filter is checked here too, so that load() reports a bad one
             scan = _new_scan(table, options, columns_option(options), options.get(OPT_FILTER) or None)
@@ -583,8 +660,12 @@ class IcebergDataSource(DataSource):
             raise ValueError(f"{NAME}: table {location}: {exc}") from None
         return spark_schema(scan.arrow_schema)
 
-    def reader(self, schema: StructType) -> IcebergReader:
+    def reader(self, schema: StructType) -> IcebergReader | MetadataTableReader:
+        if self.options.get(OPT_METADATA_TABLE):
+            return MetadataTableReader(self.options, schema)
         return IcebergReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> IcebergWriter:
+        if self.options.get(OPT_METADATA_TABLE):
+            raise ValueError(f"{NAME}: metadata tables are read only (option {OPT_METADATA_TABLE})")
         return IcebergWriter(self.options, schema, overwrite)

@@ -15,6 +15,7 @@ Distributed readers plan on the driver and read anywhere::
     batches = icecrypt.table.read_task(tasks[0], filesystem)
 """
 
+from icecrypt.table._inspect import METADATA_TABLES, InspectTable
 from icecrypt.table._io import Locations, PlaintextFileError
 from icecrypt.table._metadata import Snapshot
 from icecrypt.table._read import FileScanTask, TaskFile, read_task
@@ -25,7 +26,9 @@ from icecrypt.table._verify import VerifyProblem, VerifyReport
 __all__ = [
     "EncryptedTable",
     "FileScanTask",
+    "InspectTable",
     "Locations",
+    "METADATA_TABLES",
     "PlaintextFileError",
     "PlanMetrics",
     "Snapshot",

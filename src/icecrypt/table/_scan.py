@@ -81,7 +81,7 @@ from icecrypt.table._read import (
 if TYPE_CHECKING:
     from icecrypt.table._table import EncryptedTable
 
-__all__ = ["PlanMetrics", "TableScan", "parse_row_filter"]
+__all__ = ["ROW_FILTER_FORMS", "PlanMetrics", "TableScan", "parse_row_filter"]
 
 #: Iceberg's read.split.target-size default
 DEFAULT_SPLIT_SIZE = 128 * 1024 * 1024
@@ -115,9 +115,23 @@ def _forget_pool_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
+#: What a row filter string may say (PyIceberg's grammar), for the error a filter the
+#: parser cannot read gets.
+ROW_FILTER_FORMS = (
+    "supported: <column> <op> <literal> with = == != <> < <= > >=, <column> BETWEEN <literal> AND <literal>, "
+    "<column> [NOT] IN (<literal>, ...), <column> IS [NOT] NULL, <column> IS [NOT] NAN, "
+    "<column> [NOT] LIKE 'prefix%', true, false, combined with AND, OR, NOT and parentheses "
+    "(literals: numbers, 'strings', true/false; no arithmetic or functions)"
+)
+
+
 def parse_row_filter(row_filter: BooleanExpression | str | None) -> BooleanExpression:
     """A PyIceberg expression from an expression, a string such as
-    ``"id > 5 and category = 'alpha'"`` (PyIceberg's parser), or None (all rows)."""
+    ``"id > 5 and category = 'alpha'"`` (PyIceberg's parser), or None (all rows).
+
+    A string the parser cannot read is a ``ValueError`` naming the filter, where it
+    stopped, and the forms a filter may take (not pyparsing's own exception, whose
+    message spells out the whole grammar)."""
     if row_filter is None:
         return AlwaysTrue()
     if isinstance(row_filter, BooleanExpression):
@@ -129,9 +143,11 @@ def parse_row_filter(row_filter: BooleanExpression | str | None) -> BooleanExpre
         try:
             return parse(row_filter)
         except ParseBaseException as exc:  # its message lists the whole grammar: keep it short
-            raise ValueError(f"cannot parse row filter {row_filter!r} (at character {exc.loc + 1})") from None
-        except ValueError as exc:
-            raise ValueError(f"cannot parse row filter {row_filter!r}: {exc}") from None
+            raise ValueError(
+                f"cannot parse row filter {row_filter!r} (at character {exc.loc + 1}); {ROW_FILTER_FORMS}"
+            ) from None
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"cannot parse row filter {row_filter!r}: {exc}; {ROW_FILTER_FORMS}") from None
     raise TypeError(f"row_filter must be a pyiceberg expression or a str, not {type(row_filter).__name__}")
 
 

@@ -375,6 +375,15 @@ class EncryptedTable:
         ``split_size`` (bytes per task), ``batch_size`` (rows), ``threads``."""
         return TableScan(self, columns, row_filter, snapshot_id, **options)
 
+    @property
+    def inspect(self) -> Any:
+        """The metadata tables (snapshots, history, refs, manifests, files, entries,
+        partitions, ...) as Arrow tables: ``table.inspect.snapshots()``; key metadata
+        shows as a fingerprint, never the key (:class:`~icecrypt.table.InspectTable`)."""
+        from icecrypt.table._inspect import InspectTable
+
+        return InspectTable(self)
+
     def verify(self, snapshot_id: int | None = None, *, progress: Any = None) -> Any:
         """Read and authenticate every file reachable from every snapshot (or one);
         returns a :class:`~icecrypt.table.VerifyReport`, never raises for damage."""

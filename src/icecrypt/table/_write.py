@@ -1029,14 +1029,14 @@ def _commit_overwrite(
 def _bind_filter(row_filter: Any, schema: Schema) -> tuple[Any, Any]:
     """(PyIceberg expression, pyarrow compute expression) of a row filter given as a
     PyIceberg expression or a string such as ``"id > 10 and category = 'a'"``."""
-    from pyiceberg.expressions import BooleanExpression
-    from pyiceberg.expressions.parser import parse
     from pyiceberg.expressions.visitors import bind
     from pyiceberg.io.pyarrow import expression_to_pyarrow
 
-    expression = parse(row_filter) if isinstance(row_filter, str) else row_filter
-    if not isinstance(expression, BooleanExpression):
-        raise TypeError(f"row_filter must be a string or a pyiceberg expression, not {type(row_filter).__name__}")
+    from icecrypt.table._scan import parse_row_filter
+
+    if row_filter is None:
+        raise TypeError("row_filter must be a string or a pyiceberg expression, not None")
+    expression = parse_row_filter(row_filter)
     return expression, expression_to_pyarrow(bind(schema, expression, case_sensitive=True), schema)
 
 
