@@ -236,3 +236,6 @@ class InsecureTransportWarning(UserWarning):
     """A KMS client talks to its server without TLS, or without verifying the server's
     certificate, because its configuration explicitly allows it (for local test servers):
     whoever is on the network path sees every key it wraps and can answer in its place."""
+
+
+__all__ += ["ReplayedKeyError", "InsecureTransportWarning"]

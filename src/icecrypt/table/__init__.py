@@ -18,6 +18,7 @@ Distributed readers plan on the driver and read anywhere::
 from icecrypt.table._inspect import METADATA_TABLES, InspectTable
 from icecrypt.table._io import Locations, PlaintextFileError
 from icecrypt.table._metadata import Snapshot
+from icecrypt.table._pin import TablePin
 from icecrypt.table._read import FileScanTask, TaskFile, read_task
 from icecrypt.table._scan import PlanMetrics, TableScan
 from icecrypt.table._table import EncryptedTable
@@ -32,6 +33,7 @@ __all__ = [
     "PlaintextFileError",
     "PlanMetrics",
     "Snapshot",
+    "TablePin",
     "TableScan",
     "TaskFile",
     "VerifyProblem",

@@ -1354,7 +1354,7 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
 
 
 class ExpiredSnapshots(list):
-    """The snapshot ids :func:`expire_snapshots` removed (a list, as before), with the
+    """The snapshot ids :meth:`EncryptedTable.expire_snapshots <icecrypt.table.EncryptedTable.expire_snapshots>` removed (a list, as before), with the
     files it deleted (``deleted_files``, filesystem paths) and those it did not delete
     because they are not the table's (``skipped_files``, as recorded: outside the
     table's pinned location or behind a symbolic link; a PathOutsideTableWarning
