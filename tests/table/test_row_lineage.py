@@ -661,29 +661,57 @@ def test_rewritten_avro_files_store_the_lineage_columns(tmp_path, kms):
     assert {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows} == before
 
 
+def _lowered(table: EncryptedTable, kms, name: str, was: int, value: int) -> EncryptedTable:
+    """The table with its current metadata.json's ``name`` changed from ``was`` to
+    ``value`` in place (what write access to the storage allows), loaded afresh."""
+    import json
+
+    path = Path(table.metadata_location)
+    metadata = json.loads(path.read_text(encoding="utf-8"))
+    assert metadata[name] == was
+    metadata[name] = value
+    path.write_text(json.dumps(metadata), encoding="utf-8")
+    return EncryptedTable.load(str(path), kms=kms)
+
+
+def _files(table: EncryptedTable) -> list[Path]:
+    return sorted(p for p in Path(table.fs_path(table.location)).rglob("*") if p.is_file())
+
+
+_COMMITS = {
+    "append": lambda table: table.append(_rows([100])),
+    "rewrite": lambda table: table.rewrite_data_files(options={"rewrite-all": "true"}),
+    "rewrite_manifests": lambda table: table.rewrite_manifests(force=True),
+}
+
+
+def _refused(table: EncryptedTable, operation: str, match: str) -> None:
+    """``operation`` fails with FormatError matching ``match``, commits nothing and leaves
+    no file behind."""
+    from icecrypt.errors import FormatError
+
+    files, snapshot = _files(table), table.current_snapshot_id
+    with pytest.raises(FormatError, match=match):
+        _COMMITS[operation](table)
+    assert table.refresh().current_snapshot_id == snapshot
+    assert _files(table) == files
+
+
 @pytest.mark.parametrize("operation", ["append", "rewrite"])
 def test_a_lowered_next_row_id_is_refused_not_reused(small, kms, operation):
     """next-row-id lives in plain metadata.json: an attacker who lowers it must not make
     new rows take the ids of existing ones.  The authenticated manifest list says which
     ids are taken; the commit is refused and leaves nothing behind."""
-    import json
-
-    from icecrypt.errors import FormatError
-
     before = _lineage(small)
-    path = Path(small.metadata_location)
-    metadata = json.loads(path.read_text(encoding="utf-8"))
-    assert metadata["next-row-id"] == 12
-    metadata["next-row-id"] = 3
-    path.write_text(json.dumps(metadata), encoding="utf-8")
-    table = EncryptedTable.load(str(path), kms=kms)
-    files = sorted(p for p in Path(table.fs_path(table.location)).rglob("*") if p.is_file())
-    snapshot = table.current_snapshot_id
-    with pytest.raises(FormatError, match=r"next-row-id 3 is below the row ids manifest .*-m\d\.avro holds \(up to 1[01]\)"):
-        if operation == "append":
-            table.append(_rows([100]))
-        else:
-            table.rewrite_data_files(options={"rewrite-all": "true"})
-    assert table.refresh().current_snapshot_id == snapshot
-    assert sorted(p for p in Path(table.fs_path(table.location)).rglob("*") if p.is_file()) == files
+    table = _lowered(small, kms, "next-row-id", 12, 3)
+    _refused(table, operation, r"next-row-id 3 is below the row ids manifest .*-m\d\.avro holds \(up to 1[01]\)")
     assert _lineage(table) == before
+
+
+@pytest.mark.parametrize("operation", ["append", "rewrite_manifests"])
+def test_a_lowered_last_sequence_number_is_refused(small, kms, operation):
+    """last-sequence-number is plain metadata.json too: lowered, new rows would get an old
+    _last_updated_sequence_number and deletes would order wrongly.  The manifest list's
+    (authenticated) sequence numbers say which are taken."""
+    table = _lowered(small, kms, "last-sequence-number", 3, 1)
+    _refused(table, operation, r"sequence number 2 .* is not above sequence number [23] that manifest ")

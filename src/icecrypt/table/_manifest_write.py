@@ -268,6 +268,8 @@ class WrittenManifest:
     min_sequence_number: int | None
     #: where the row ids its data files hold explicitly (any status) end, if any do
     row_ids_end: int | None = None
+    #: the highest sequence number its entries hold explicitly, if any do
+    max_sequence_number: int | None = None
 
 
 def write_manifest(
@@ -320,7 +322,8 @@ def write_manifest(
         for e in entries
         if e["data_file"].get("content", DATA) == DATA and e["data_file"].get("first_row_id") is not None
     ]
-    return WrittenManifest(record, summary.min_sequence_number, max(ends, default=None))
+    sequence_numbers = [e["sequence_number"] for e in entries if e.get("sequence_number") is not None]
+    return WrittenManifest(record, summary.min_sequence_number, max(ends, default=None), max(sequence_numbers, default=None))
 
 
 def write_manifest_list(
@@ -366,6 +369,11 @@ def write_manifest_list(
             records.extend(assigned(m) for m in new if m.record["content"] == content)
             records.extend(m for m in kept if m["content"] == content)
     _check_next_row_id(records, new, first_row_id)
+    if ordered is not None:
+        _check_sequence_number([m for m in ordered if not isinstance(m, WrittenManifest)],
+                               [m for m in ordered if isinstance(m, WrittenManifest)], sequence_number)  # fmt: skip
+    else:
+        _check_sequence_number(kept, new, sequence_number)
     for record in records:
         if record["content"] == DATA and record.get("first_row_id") is None:
             # new data manifests, and kept ones from before row lineage (Java does the same)
@@ -402,6 +410,22 @@ def _check_next_row_id(records: Sequence[dict[str, Any]], new: Sequence[WrittenM
                 f"the table metadata's next-row-id {first_row_id} is below the row ids manifest {path} holds "
                 f"(up to {end - 1}): new rows would reuse them; the metadata is inconsistent (altered?), "
                 "nothing was committed"
+            )
+
+
+def _check_sequence_number(records: Sequence[dict[str, Any]], new: Sequence[WrittenManifest], sequence_number: int) -> None:
+    """Refuse a snapshot sequence number that is not above every one the table's manifests
+    hold.  It comes from metadata.json's ``last-sequence-number`` (plain JSON); lowered, new
+    files would order before (or with) older ones: deletes would miss or hit the wrong
+    rows, and new rows would carry an old ``_last_updated_sequence_number``."""
+    held = [(r["manifest_path"], r.get("sequence_number")) for r in records if r.get("sequence_number") is not None]
+    held += [(m.record["manifest_path"], m.max_sequence_number) for m in new if m.max_sequence_number is not None]
+    for path, held_number in held:
+        if sequence_number <= held_number:
+            raise FormatError(
+                f"the new snapshot's sequence number {sequence_number} (the table metadata's last-sequence-number + 1) "
+                f"is not above sequence number {held_number} that manifest {path} holds; the metadata is "
+                "inconsistent (altered?), nothing was committed"
             )
 
 
