@@ -393,7 +393,7 @@ def test_plain_dv_range_beyond_the_file(tmp_path):
 
 
 def test_gzip_metadata_bomb(tmp_path):
-    """A 260 KB gzip ``metadata.json`` inflating to 513 MiB (+513 MiB before): refused
+    """A ~520 KB gzip ``metadata.json`` inflating to 513 MiB (+513 MiB before): refused
     at the cap while inflating, the memory bounded by the cap."""
     table = plaintext_table(tmp_path)
     doc = json.loads(Path(table.metadata_location).read_text())
