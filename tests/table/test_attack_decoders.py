@@ -502,7 +502,9 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("operation", ["append", "delete", "rewrite_manifests", "rewrite_data_files", "expire_snapshots"])
+@pytest.mark.parametrize(
+    "operation", ["append", "delete", "rewrite_manifests", "rewrite_data_files", "expire_snapshots", "remove_orphan_files"]
+)
 @pytest.mark.parametrize("target", ["manifest list", "manifest"])
 def test_write_paths_refuse_a_recursive_file(tmp_path, operation, target):
     """The write and maintenance paths read the current manifests through the same
@@ -524,6 +526,9 @@ def test_write_paths_refuse_a_recursive_file(tmp_path, operation, target):
         "rewrite_manifests": "t.rewrite_manifests()",
         "rewrite_data_files": "t.rewrite_data_files()",
         "expire_snapshots": "t.expire_snapshots(2 ** 62)",
+        # every file is old enough: a manifest that cannot be read must not make the
+        # files it lists look like orphans
+        "remove_orphan_files": "t.remove_orphan_files(older_than=2 ** 62)",
     }[operation]
     outcome = run_child(f"t = icecrypt.table.EncryptedTable.load(sys.argv[1])\n{body}", table.location)
     if operation == "append" and target == "manifest":
