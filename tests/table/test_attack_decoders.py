@@ -393,7 +393,7 @@ def test_plain_dv_range_beyond_the_file(tmp_path):
 
 
 def test_gzip_metadata_bomb(tmp_path):
-    """A 260 KB gzip ``metadata.json`` inflating to 513 MiB (+513 MiB before): refused
+    """A ~520 KB gzip ``metadata.json`` inflating to 513 MiB (+513 MiB before): refused
     at the cap while inflating, the memory bounded by the cap."""
     table = plaintext_table(tmp_path)
     doc = json.loads(Path(table.metadata_location).read_text())
@@ -493,3 +493,50 @@ def test_encrypted_files_in_a_plaintext_table_are_named(tmp_path):
     manifest_list_path(table).write_bytes(sealed)
     with pytest.raises(FormatError, match=r"manifest list .* is encrypted \(AGS1\), but the table has no encryption.key-id"):
         EncryptedTable.load(table.location).scan().to_arrow()
+
+
+# --- write and maintenance paths over crafted files -------------------------------------------------------
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "operation", ["append", "delete", "rewrite_manifests", "rewrite_data_files", "expire_snapshots", "remove_orphan_files"]
+)
+@pytest.mark.parametrize("target", ["manifest list", "manifest"])
+def test_write_paths_refuse_a_recursive_file(tmp_path, operation, target):
+    """The write and maintenance paths read the current manifests through the same
+    checks (TableIO.read_avro): a recursive manifest list or manifest is refused in a
+    child process (no crash), naming the file, and nothing in the table changes."""
+    table = plaintext_table(tmp_path)
+    table.append(pa.table({"id": [4], "s": ["d"]}))
+    table = EncryptedTable.load(table.location)
+    if target == "manifest list":
+        path = manifest_list_path(table)
+    else:
+        path = Path(table.fs_path(table.manifests(table.current_snapshot())[0].path))
+    path.write_bytes(container(RECURSIVE, [(1, b"\x02" * 100_000)]))
+    root = Path(table.location)
+    before = _files(root)
+    body = {
+        "append": "t.append(pyarrow.table({'id': [9], 's': ['z']}))",
+        "delete": "t.delete('id = 1')",
+        "rewrite_manifests": "t.rewrite_manifests()",
+        "rewrite_data_files": "t.rewrite_data_files()",
+        "expire_snapshots": "t.expire_snapshots(2 ** 62)",
+        # every file is old enough: a manifest that cannot be read must not make the
+        # files it lists look like orphans
+        "remove_orphan_files": "t.remove_orphan_files(older_than=2 ** 62)",
+    }[operation]
+    outcome = run_child(f"t = icecrypt.table.EncryptedTable.load(sys.argv[1])\n{body}", table.location)
+    if operation == "append" and target == "manifest":
+        # an append lists the current manifests without opening them (fast append): it
+        # commits; the crafted manifest stays refused for every read
+        assert outcome["error"] is None, outcome
+        with pytest.raises(FormatError, match=f"{path.name}: refused .*recursive Avro type 'R'"):
+            EncryptedTable.load(table.location).scan().to_arrow()
+        return
+    assert_refused(outcome, path.name, "recursive Avro type 'R'")
+    assert _files(root) == before
