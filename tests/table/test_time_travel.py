@@ -16,7 +16,7 @@ import pytest
 from tablelib import edit_metadata, expected, location_map, metadata_path, table_digest
 
 from icecrypt.cli import main
-from icecrypt.errors import FormatError
+from icecrypt.errors import FormatError, KeysLostError
 from icecrypt.kms.memory import MemoryKms
 from icecrypt.table import EncryptedTable
 
@@ -55,9 +55,9 @@ def history(tmp_path, kms) -> tuple[EncryptedTable, list[tuple[int, int]]]:
     return table, [(_commit_apart(table, write), rows) for write, rows in steps]
 
 
-def _reload(table: EncryptedTable) -> EncryptedTable:
+def _reload(table: EncryptedTable, *, check_keys: bool = True) -> EncryptedTable:
     return EncryptedTable.load(table.metadata_location, kms=table.kms, filesystem=table.filesystem,
-                               location_map=table.location_map)
+                               location_map=table.location_map, check_keys=check_keys)
 
 
 def _add_refs(table: EncryptedTable, **refs: tuple[int, str]) -> EncryptedTable:
@@ -312,3 +312,50 @@ def test_cli_scan_time_travel(history, capfd):
     assert status != 0 and "--as-of-timestamp: not a date/time" in err
     status, err = count("--snapshot-id", 12345)
     assert status != 0 and "has no snapshot 12345" in err and "Traceback" not in err
+
+
+def test_time_travel_does_not_bypass_encryption(history):
+    """A forged snapshot without ``key-id`` (its manifest list would be plaintext),
+    reachable by a tag or by the snapshot log, is refused like the current one would be."""
+    from icecrypt.table import PlaintextFileError
+
+    table, snapshots = history
+    forged_id = 987654321
+
+    def forge(metadata: dict) -> None:
+        original = next(s for s in metadata["snapshots"] if s["snapshot-id"] == snapshots[0][0])
+        forged = {k: v for k, v in original.items() if k != "key-id"}
+        forged["snapshot-id"] = forged_id
+        forged["timestamp-ms"] = original["timestamp-ms"] - 10
+        metadata["snapshots"].append(forged)
+        metadata["snapshot-log"].insert(0, {"snapshot-id": forged_id, "timestamp-ms": forged["timestamp-ms"]})
+        metadata["refs"]["old"] = {"snapshot-id": forged_id, "type": "tag"}
+
+    edit_metadata(Path(table.metadata_location), forge)
+    with pytest.raises(KeysLostError, match=f"snapshot {forged_id} has no key-id"):
+        _reload(table)  # refused at load already; opened for inspection, each read still refuses it
+    table = _reload(table, check_keys=False)
+    moment = table.model.snapshot_log[0].timestamp_ms
+    for kwargs in ({"tag": "old"}, {"as_of_timestamp": moment}, {"snapshot_id": forged_id}):
+        with pytest.raises(PlaintextFileError, match=f"snapshot {forged_id} of an encrypted table has no key-id"):
+            table.scan(**kwargs).to_arrow()
+    assert table.scan().count() == snapshots[-1][1]
+
+
+def test_pyiceberg_agrees(history):
+    """PyIceberg, reading the same metadata document, picks the same snapshot for every
+    moment and ref."""
+    from pyiceberg.table import StaticTable
+
+    table, snapshots = history
+    table = _add_refs(table, audit=(snapshots[1][0], "tag"), dev=(snapshots[3][0], "branch"))
+    theirs = StaticTable.from_metadata(table.metadata_location)
+    moments = [e.timestamp_ms + d for e in table.model.snapshot_log for d in (-1, 0, 1)]
+    for moment in moments:
+        for inclusive in (True, False):
+            mine = table.snapshot_as_of_timestamp(moment, inclusive=inclusive)
+            other = theirs.snapshot_as_of_timestamp(moment, inclusive=inclusive)
+            assert (mine and mine.snapshot_id) == (other and other.snapshot_id), (moment, inclusive)
+    for name in ("audit", "dev", "main", "nope"):
+        mine, other = table.snapshot_by_name(name), theirs.snapshot_by_name(name)
+        assert (mine and mine.snapshot_id) == (other and other.snapshot_id), name
