@@ -55,7 +55,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("table")
     p.add_argument("--columns", help="comma-separated columns (default: all)")
     p.add_argument("--filter", dest="row_filter", help="row filter, e.g. \"id > 5 and category = 'a'\"")
-    p.add_argument("--snapshot", type=int, help="snapshot id (time travel)")
+    p.add_argument("--snapshot", "--snapshot-id", dest="snapshot", type=int, help="snapshot id (time travel)")
+    p.add_argument("--as-of-timestamp", metavar="TIME",
+                   help="the snapshot current at TIME: ISO date/time (UTC unless it says) or ms since the epoch")
+    p.add_argument("--branch", help="read the head of this branch")
+    p.add_argument("--tag", help="read the snapshot of this tag")
     p.add_argument("--limit", type=int, help="stop after this many rows")
     p.add_argument("--output", "-o", help="write to a file instead: .parquet, .csv, .jsonl, .arrow (plaintext!)")
     p.add_argument("--count", action="store_true", help="print only the number of rows")
@@ -364,7 +368,13 @@ def _scan(args: argparse.Namespace) -> int:
 
     table = _load(args, _kms(args))
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
-    scan = table.scan(columns=[] if args.count else columns, row_filter=args.row_filter, snapshot_id=args.snapshot)
+    as_of = None if args.as_of_timestamp is None else parse_time(args.as_of_timestamp, option="--as-of-timestamp",
+                                                                 ages=False)
+    try:
+        scan = table.scan(columns=[] if args.count else columns, row_filter=args.row_filter, snapshot_id=args.snapshot,
+                          as_of_timestamp=as_of, branch=args.branch, tag=args.tag)
+    except KeyError as exc:  # an unknown snapshot, branch or tag: one line, not a traceback
+        raise ValueError(exc.args[0] if exc.args else str(exc)) from None
     if args.count:
         print(sum(b.num_rows for b in scan.to_batches()))
         return 0
@@ -559,13 +569,14 @@ def _verify(args: argparse.Namespace) -> int:
     return next(status for kind, status in VERIFY_EXIT.items() if kind in kinds)
 
 
-def parse_time(text: str, *, now_ms: int | None = None) -> int:
+def parse_time(text: str, *, now_ms: int | None = None, option: str = "--older-than", ages: bool = True) -> int:
     """Milliseconds since the epoch from an ISO date/time (UTC unless it says), a
-    number of milliseconds, or an age (``7d``, ``12h``, ``30m``, ``45s``) before now."""
+    number of milliseconds, or (``ages``) an age (``7d``, ``12h``, ``30m``, ``45s``)
+    before now.  ``option`` names the option in the error."""
     text = text.strip()
     if re.fullmatch(r"\d{10,}", text):
         return int(text)
-    age = re.fullmatch(r"(\d+)\s*([dhms])", text)
+    age = re.fullmatch(r"(\d+)\s*([dhms])", text) if ages else None
     now = now_ms if now_ms is not None else int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)
     if age:
         seconds = int(age.group(1)) * {"d": 86400, "h": 3600, "m": 60, "s": 1}[age.group(2)]
@@ -573,7 +584,8 @@ def parse_time(text: str, *, now_ms: int | None = None) -> int:
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"--older-than: not a date/time, milliseconds or age: {text!r}") from None
+        what = "a date/time, milliseconds or age" if ages else "a date/time or milliseconds"
+        raise ValueError(f"{option}: not {what}: {text!r}") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
     return int(moment.timestamp() * 1000)

@@ -4,7 +4,8 @@
 
     kms = {"encryption.kms-type": "local", "encryption.kms.local.keystore": "/secure/keystore.json"}
     df = (spark.read.format("icecrypt.iceberg").options(**kms)
-          .option("snapshot-id", "4487484300036148224")        # time travel (optional)
+          .option("snapshot-id", "4487484300036148224")        # time travel (optional; or as-of-timestamp,
+                                                                #   branch, tag)
           .option("columns", "id,amount")                       # projection (optional)
           .option("filter", "amount > 100 and category = 'a'")  # Iceberg row filter (optional)
           .load("/warehouse/db/events"))                       # table directory or metadata.json
@@ -15,7 +16,9 @@ Reading — where each step runs (PySpark 4.x Python Data Source API):
 * ``DataSource.schema()`` (a Python worker on the driver, at ``load()``): the table's
   ``metadata.json`` only.  The schema of the snapshot read (time travel reads with the
   snapshot's schema, as Iceberg does) becomes the Spark schema, field ids kept as
-  ``parquet.field.id`` metadata.
+  ``parquet.field.id`` metadata.  Time travel, as Iceberg's Spark reads: at most one of
+  ``snapshot-id``, ``as-of-timestamp`` (ms since the epoch: the snapshot current then),
+  ``tag`` (all three with the snapshot's schema) and ``branch`` (with the current schema).
 * ``reader()`` and ``partitions()`` (the planning worker on the driver): the reader is
   pickled for the tasks *before* ``partitions()`` is called, so planning happens there:
   KMS → KEK → manifest list → manifests → one
@@ -123,6 +126,12 @@ NAME = "icecrypt.iceberg"
 # --- options (Spark lower-cases their names) ---------------------------------------------
 #: reads: the snapshot to read (time travel); default the current one
 OPT_SNAPSHOT_ID = "snapshot-id"
+#: reads: the snapshot current at this moment (ms since the epoch), by the snapshot log
+OPT_AS_OF_TIMESTAMP = "as-of-timestamp"
+#: reads: the head of this branch (read with the current schema)
+OPT_BRANCH = "branch"
+#: reads: the snapshot of this tag
+OPT_TAG = "tag"
 #: reads and writes: JSON object of recorded location prefix -> where the files are now
 OPT_LOCATION_MAP = "location-map"
 #: reads: an Iceberg row filter, e.g. ``id > 5 and category = 'a'``
@@ -147,8 +156,8 @@ _CATALOG_PREFIX = "catalog."
 OPT_METADATA_TABLE = "metadata-table"
 
 #: options of this source that are not KMS properties (``_common`` strips its own)
-_OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_LOCATION_MAP, OPT_FILTER, OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT,
-                          OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE})
+_OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
+                          OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE})
 _KMS_PREFIX = "encryption.kms"
 
 
@@ -180,14 +189,26 @@ def _location_map(options: Mapping[str, str]) -> dict[str, str] | None:
     return mapping
 
 
-def _snapshot_id(options: Mapping[str, str]) -> int | None:
-    raw = options.get(OPT_SNAPSHOT_ID)
+def _integer_option(options: Mapping[str, str], name: str, what: str) -> int | None:
+    raw = options.get(name)
     if raw is None or not str(raw).strip():
         return None
     try:
         return int(str(raw).strip())
     except ValueError:
-        raise ValueError(f"{NAME}: option {OPT_SNAPSHOT_ID}={raw!r} is not a snapshot id (an integer)") from None
+        raise ValueError(f"{NAME}: option {name}={raw!r} is not {what}") from None
+
+
+def _time_travel(options: Mapping[str, str]) -> dict[str, Any]:
+    """The scan arguments of the options ``snapshot-id``, ``as-of-timestamp``, ``branch``
+    and ``tag`` (at most one; the scan says so)."""
+    refs = {key: str(options[name]).strip() or None for key, name in (("branch", OPT_BRANCH), ("tag", OPT_TAG))
+            if options.get(name) is not None}
+    return {
+        "snapshot_id": _integer_option(options, OPT_SNAPSHOT_ID, "a snapshot id (an integer)"),
+        "as_of_timestamp": _integer_option(options, OPT_AS_OF_TIMESTAMP, "a timestamp (milliseconds since the epoch)"),
+        **refs,
+    }
 
 
 def _kms_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -265,9 +286,9 @@ def _new_scan(table: EncryptedTable, options: Mapping[str, str], columns: Sequen
     split = split_size(options, default=0, minimum=1)
     batch_size = positive_int(options, OPT_BATCH_SIZE, 1) if options.get(OPT_BATCH_SIZE) else None
     try:
-        return table.scan(columns=columns, row_filter=row_filter, snapshot_id=_snapshot_id(options),
+        return table.scan(columns=columns, row_filter=row_filter, **_time_travel(options),
                           split_size=split or None, batch_size=batch_size)
-    except KeyError as exc:  # an unknown snapshot id
+    except KeyError as exc:  # an unknown snapshot id, branch or tag
         raise LookupError(f"{NAME}: {exc.args[0] if exc.args else exc}") from None
 
 
@@ -461,6 +482,11 @@ class IcebergWriter(DataSourceArrowWriter):
             raise ValueError(f"{NAME}: option {OPT_WRITE_FORMAT}={self.file_format!r} must be parquet or avro")
         self.target_file_size = positive_int(self.options, OPT_TARGET_FILE_SIZE, 1) \
             if self.options.get(OPT_TARGET_FILE_SIZE) else None
+        branch = (self.options.get(OPT_BRANCH) or "").strip()
+        if branch and branch != "main":
+            # never silently onto main: the commit model that advances other refs is to come
+            raise ValueError(f"{NAME}: option {OPT_BRANCH}={branch!r}: writes to a branch other than main are not "
+                             "supported yet; remove the option to write to main")
         table, self.created = self._open_or_create(schema)
         # one id for every data file of this job (file names carry it), so the driver
         # finds what attempts that died before reporting left behind

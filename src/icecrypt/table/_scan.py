@@ -77,6 +77,7 @@ from icecrypt.table._read import (
     load_deletes,
     read_task,
 )
+from icecrypt.table._travel import resolve_read
 
 if TYPE_CHECKING:
     from icecrypt.table._table import EncryptedTable
@@ -291,20 +292,23 @@ class TableScan:
         row_filter: BooleanExpression | str | None = None,
         snapshot_id: int | None = None,
         *,
+        as_of_timestamp: Any = None,
+        branch: str | None = None,
+        tag: str | None = None,
         case_sensitive: bool = True,
         split_size: int | None = None,
         batch_size: int | None = None,
         threads: int | None = None,
+        _at: tuple[Snapshot | None, Schema] | None = None,
     ):
         self.table = table
         # as Java and PyIceberg: time travel reads with the snapshot's schema, the
-        # current snapshot with the current schema (so evolution shows at once)
-        if snapshot_id is None:
-            self.snapshot: Snapshot | None = table.current_snapshot()
-            self.schema: Schema = table.schema
-        else:
-            self.snapshot = table.snapshot(snapshot_id)
-            self.schema = table.schema_for(self.snapshot)
+        # current snapshot (and a branch) with the current schema (so evolution shows at once)
+        # (``_at``: the snapshot and schema another scan of this table resolved)
+        self.snapshot: Snapshot | None
+        self.schema: Schema
+        self.snapshot, self.schema = _at or resolve_read(
+            table, snapshot_id=snapshot_id, as_of_timestamp=as_of_timestamp, branch=branch, tag=tag)
         self.row_filter = parse_row_filter(row_filter)
         self.case_sensitive = case_sensitive
         if self.row_filter != AlwaysTrue():
@@ -544,9 +548,8 @@ class TableScan:
 
     def count(self) -> int:
         """The number of live rows matching the filter (reads no column it does not need)."""
-        return sum(b.num_rows for b in self.table.scan(
-            columns=[], row_filter=self.row_filter, snapshot_id=self.snapshot.snapshot_id if self.snapshot else None,
-            case_sensitive=self.case_sensitive,
+        return sum(b.num_rows for b in TableScan(
+            self.table, [], self.row_filter, case_sensitive=self.case_sensitive, _at=(self.snapshot, self.schema),
         ).to_batches())
 
     def __repr__(self) -> str:

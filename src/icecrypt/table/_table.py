@@ -318,6 +318,21 @@ class EncryptedTable:
         except KeyError:
             raise KeyError(f"table {self.location} has no snapshot {snapshot_id}") from None
 
+    def snapshot_as_of_timestamp(self, timestamp: Any, *, inclusive: bool = True) -> Snapshot | None:
+        """The snapshot that was current at ``timestamp`` (ms since the epoch or an aware
+        datetime) by the table's snapshot log -- the last entry at or before it (strictly
+        before with ``inclusive=False``) -- or None when there was none yet."""
+        from icecrypt.table._travel import snapshot_as_of_timestamp
+
+        return snapshot_as_of_timestamp(self, timestamp, inclusive=inclusive)
+
+    def snapshot_by_name(self, name: str) -> Snapshot | None:
+        """The snapshot the branch or tag ``name`` points at (``main``: the current
+        one), or None when the table has no such ref."""
+        from icecrypt.table._travel import snapshot_by_name
+
+        return snapshot_by_name(self, name)
+
     def manifest_list_key_metadata(self, snapshot: Snapshot) -> StandardKeyMetadata | None:
         """The key metadata of a snapshot's manifest list, unwrapped through the KEK
         (None in a plaintext table).  A snapshot of an encrypted table without
@@ -367,13 +382,24 @@ class EncryptedTable:
         columns: Sequence[str] | None = None,
         row_filter: BooleanExpression | str | None = None,
         snapshot_id: int | None = None,
+        *,
+        as_of_timestamp: Any = None,
+        branch: str | None = None,
+        tag: str | None = None,
         **options: Any,
     ) -> TableScan:
-        """A scan of the current snapshot (or ``snapshot_id``): ``columns`` to return
-        (None = all), ``row_filter`` a PyIceberg expression or a string such as
+        """A scan of the current snapshot: ``columns`` to return (None = all),
+        ``row_filter`` a PyIceberg expression or a string such as
         ``"id > 5 and category = 'alpha'"``.  ``options``: ``case_sensitive``,
-        ``split_size`` (bytes per task), ``batch_size`` (rows), ``threads``."""
-        return TableScan(self, columns, row_filter, snapshot_id, **options)
+        ``split_size`` (bytes per task), ``batch_size`` (rows), ``threads``.
+
+        Time travel (at most one): ``snapshot_id``; ``as_of_timestamp`` (ms since the
+        epoch or an aware datetime: the snapshot current then, per the snapshot log);
+        ``tag``; these read with the snapshot's schema.  ``branch`` reads the branch's
+        head with the current schema.  Unknown snapshot or ref: KeyError; a tag given
+        as ``branch`` (or the reverse), a moment before the first snapshot: ValueError."""
+        return TableScan(self, columns, row_filter, snapshot_id, as_of_timestamp=as_of_timestamp, branch=branch,
+                         tag=tag, **options)
 
     @property
     def inspect(self) -> Any:
