@@ -108,3 +108,23 @@ def test_allowed_locations_let_a_link_lead_there(tmp_path):
         EncryptedTable.load(str(tmp_path / "t")).scan().to_arrow()
     allowed = EncryptedTable.load(str(tmp_path / "t"), allowed_locations=[str(shared)])
     assert sorted(allowed.scan().to_arrow()["id"].to_pylist()) == list(range(5))
+
+
+def test_a_symlinked_manifest_list_and_manifest_pointing_outside_are_refused(tmp_path):
+    """The same for the Avro files a scan reads first: a manifest list or manifest that is
+    a link out of the table is never opened (a crafted one could name anything)."""
+    table = _plain_table(tmp_path)
+    elsewhere = _outside(tmp_path)
+    manifest_list = Path(table.fs_path(table.current_snapshot().manifest_list))
+    shutil.move(manifest_list, elsewhere / manifest_list.name)
+    os.symlink(elsewhere / manifest_list.name, manifest_list)
+    with pytest.raises(PathOutsideTableError, match=manifest_list.name):
+        EncryptedTable.load(str(tmp_path / "t")).scan().to_arrow()
+    os.unlink(manifest_list)
+    shutil.move(elsewhere / manifest_list.name, manifest_list)
+    manifests = [p for p in (tmp_path / "t" / "metadata").glob("*.avro") if p.name != manifest_list.name]
+    for manifest in manifests:
+        shutil.move(manifest, elsewhere / manifest.name)
+        os.symlink(elsewhere / manifest.name, manifest)
+    with pytest.raises(PathOutsideTableError, match=manifests[0].name):
+        EncryptedTable.load(str(tmp_path / "t")).scan().to_arrow()
