@@ -122,13 +122,15 @@ def test_a_table_without_a_record_gets_one_at_its_first_commit(sql_catalog):
         sql_catalog.load_table("db.j")
 
 
-def test_pins_table_of_an_earlier_version_is_migrated(warehouse, kms):
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.servers)])
+def test_pins_table_of_an_earlier_version_is_migrated(request, warehouse, kms, database):
     """A catalog whose icecrypt_table_pins has only (key id, UUID) columns -- made by the
     previous version -- gains the new nullable columns; its records keep working and a
     table gets its roots at its next commit."""
     from sqlalchemy import inspect, text
 
-    catalog = load_catalog("test", warehouse=warehouse, kms=kms)
+    uri = {"uri": request.getfixturevalue("postgres_uri")} if database == "postgres" else {}
+    catalog = load_catalog("test", warehouse=warehouse, kms=kms, **uri)
     catalog.create_namespace("db")
     table = catalog.create_table("db.t", SCHEMA, table_key_id="keyA")
     table.append(rows(0, 2))
@@ -141,7 +143,7 @@ def test_pins_table_of_an_earlier_version_is_migrated(warehouse, kms):
             "PRIMARY KEY (catalog_name, table_namespace, table_name))"))
         conn.execute(text("INSERT INTO icecrypt_table_pins VALUES ('test', 'db', 't', 'keyA', :u)"),
                      {"u": table.metadata["table-uuid"]})
-    old = load_catalog("test", warehouse=warehouse, kms=kms, init_catalog_tables="false")
+    old = load_catalog("test", warehouse=warehouse, kms=kms, init_catalog_tables="false", **uri)
     assert old._pin_get(("db",), "t") == {"icecrypt.table-key-id": "keyA", CATALOG_UUID: table.metadata["table-uuid"]}
     columns = {c["name"] for c in inspect(engine).get_columns("icecrypt_table_pins")}
     assert {"location", "write_data_path", "write_metadata_path", "retired_keks"} <= columns
