@@ -205,3 +205,23 @@ def test_rotate_keys_records_retired_keks_and_the_list_is_bounded(sql_catalog, m
         seen.append(table.encryption_manager.current_kek().key_id)
     recorded = [key_id for key_id, _ in retired_keks(sql_catalog._pin_get(("db",), "t"))]
     assert recorded == seen[1:4]  # the newest three retired; the current KEK is never listed
+
+
+def test_register_and_a_load_naming_the_key_record_the_roots(sql_catalog, tmp_path, kms):
+    from icecrypt.table import EncryptedTable
+
+    sql_catalog.create_namespace("db")
+    path_table = EncryptedTable.create(str(tmp_path / "p"), SCHEMA, kms=kms, table_key_id=None)
+    path_table.append(rows(0, 2))
+    registered = sql_catalog.register_table("db.r", path_table.metadata_location)
+    assert sql_catalog._pin_get(("db",), "r")[CATALOG_LOCATION] == path_table.metadata["location"]
+    _rewrite(registered, registered.metadata_location, lambda doc: doc.update(location=str(tmp_path)))
+    with pytest.raises(TableIdentityError, match="location changed"):
+        sql_catalog.load_table("db.r")
+    # a table created elsewhere, loaded with the caller's key id: recorded from that load
+    table = sql_catalog.create_table("db.k", SCHEMA, table_key_id="keyA")
+    table.append(rows(0, 2))
+    sql_catalog._pin_set(("db",), "k", None)
+    sql_catalog.load_table("db.k", table_key_id="keyA")
+    record = sql_catalog._pin_get(("db",), "k")
+    assert record[CATALOG_LOCATION] == table.metadata["location"] and record["icecrypt.table-key-id"] == "keyA"
