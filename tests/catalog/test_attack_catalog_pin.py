@@ -15,7 +15,7 @@ from test_sql import SCHEMA, rows
 from icecrypt import TableIdentityError
 from icecrypt.catalog import load_catalog
 from icecrypt.table import _commit
-from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
+from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_LOCATION, CATALOG_UUID
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.servers)])
 def sql_catalog(request, warehouse, kms):
@@ -73,7 +73,8 @@ def test_catalog_records_the_pin_and_hands_it_to_loads(setup):
     catalog, ns, key_a, _ = setup
     table = catalog.create_table(f"{ns}.t", SCHEMA, table_key_id=key_a)
     recorded = catalog._pin_get((ns,), "t")
-    assert recorded == {CATALOG_KEY_ID: key_a, CATALOG_UUID: table.metadata["table-uuid"]}
+    assert recorded == {CATALOG_KEY_ID: key_a, CATALOG_UUID: table.metadata["table-uuid"],
+                        CATALOG_LOCATION: table.metadata["location"]}
     table.append(rows(0, 3))
     loaded = catalog.load_table(f"{ns}.t")
     assert loaded.pin.source == "catalog" and loaded.pin.table_key_id == key_a
@@ -195,11 +196,14 @@ def test_register_and_drop(sql_catalog, tmp_path, kms):
     assert sql_catalog._pin_get(("db",), "r")[CATALOG_KEY_ID] == "keyB"
 
 
-def test_plaintext_tables_have_no_record(sql_catalog):
+def test_plaintext_tables_record_location_and_uuid_only(sql_catalog):
     sql_catalog.create_namespace("db")
-    sql_catalog.create_table("db.p", SCHEMA, table_key_id=None).append(rows(0, 2))
-    assert sql_catalog._pin_get(("db",), "p") is None
-    assert not sql_catalog.load_table("db.p").pin.encrypted
+    table = sql_catalog.create_table("db.p", SCHEMA, table_key_id=None)
+    table.append(rows(0, 2))
+    assert sql_catalog._pin_get(("db",), "p") == {
+        CATALOG_LOCATION: table.metadata["location"], CATALOG_UUID: table.metadata["table-uuid"]}
+    loaded = sql_catalog.load_table("db.p")
+    assert not loaded.pin.encrypted and loaded.pin.source == "catalog"
 
 
 def test_refresh_never_goes_back_to_an_ancestor(sql_catalog):

@@ -140,16 +140,20 @@ class _CatalogTableStore:
             raise NoSuchTableError(f"catalog {self.catalog.name!r}: table {_show(self.identifier)} does not exist (dropped?)")
         return self._remember(recorded)
 
-    def swap(self, expected: str, new: str, *, metadata: Any = None, rotate_to: str | None = None) -> None:
+    def swap(
+        self, expected: str, new: str, *, metadata: Any = None, rotate_to: str | None = None, retired: Any = None
+    ) -> None:
         from icecrypt.table._pin import catalog_commit
 
         record = None
         if metadata is not None:
-            # the catalog's pin, not the storage, decides whether encryption.key-id may change
+            # the catalog's pin, not the storage, decides whether encryption.key-id, the
+            # UUID or the table's roots may change; it keeps the KEKs rotations retired
             recorded = self.catalog._pin_get(self.namespace, self.name)
             record = catalog_commit(
-                recorded, metadata, new, self.catalog._describe(self.namespace, self.name), rotate_to=rotate_to
-            )
+                recorded, metadata, new, self.catalog._describe(self.namespace, self.name), rotate_to=rotate_to,
+                retired=retired,
+            )  # fmt: skip
         self.catalog._table_swap(self.namespace, self.name, self._to_recorded(expected), self._to_recorded(new), pin=record)
         self._remember(self._to_recorded(new))
 
@@ -375,18 +379,23 @@ class Catalog:
         inspect or repair it; ``require_encryption=True``: refuse a plaintext table (both
         as ``EncryptedTable.load``).
 
-        The catalog records each encrypted table's master key id and UUID in its database
-        (at creation, registration and every commit through icecrypt) and pins the
+        The catalog records each table's UUID and roots (``location``, ``write.data.path``,
+        ``write.metadata.path``) and each encrypted table's master key id in its database
+        (at creation, registration and the first commit through icecrypt) and pins the
         loaded table to them: a metadata file that disagrees -- encryption removed, key id
-        or UUID changed by whoever can write the storage -- is refused
-        (:class:`~icecrypt.TableIdentityError`), and so is a commit that changes
-        ``encryption.key-id`` other than this table's ``rotate_keys`` / ``rekey`` with
-        ``new_master_key_id``.  ``table_key_id``: the key id the caller expects; it
-        overrides the catalog's record (e.g. after another engine rotated the master
-        key), which is then updated to it."""
+        or UUID changed, the table moved onto another directory by whoever can write the
+        storage -- is refused (:class:`~icecrypt.TableIdentityError`), and so is a commit
+        that changes them other than this table's ``rotate_keys`` / ``rekey`` with
+        ``new_master_key_id`` (which changes the key id).  A table with no record yet (one
+        created by Java or PyIceberg) is pinned to the version loaded until its first
+        icecrypt commit, ``register_table`` or a load with ``table_key_id``.  The KEKs this
+        catalog's tables retired (``rotate_keys(new_kek=True)``, ``rekey``) are recorded too
+        and refused for new wraps by every table object loaded here, in any process.
+        ``table_key_id``: the key id the caller expects; it overrides the catalog's record
+        (e.g. after another engine rotated the master key), which is then updated to it."""
         from icecrypt.table import EncryptedTable
         from icecrypt.table._metadata import read_metadata_file
-        from icecrypt.table._pin import CATALOG_KEY_ID, catalog_pin, catalog_record
+        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_LOCATION, adopt_record, catalog_pin, retired_keks
 
         namespace, name = self._identifier(identifier)
         recorded = self._table_location(namespace, name)
@@ -403,8 +412,13 @@ class Catalog:
         table = EncryptedTable(metadata, path, store.locations, kms, check_keys=check_keys,
                                require_encryption=require_encryption, pin=pin)  # fmt: skip
         table.metadata_store = store
-        if table_key_id is not None and (pinned or {}).get(CATALOG_KEY_ID) != table_key_id:
-            self._pin_set(namespace, name, catalog_record(metadata))  # the caller's word, checked above
+        retired = retired_keks(pinned)
+        if retired and table.encryption_manager is not None:
+            table.encryption_manager.retire_recorded_keks(retired)  # shared by the object's writers
+        if table_key_id is not None and (
+            (pinned or {}).get(CATALOG_KEY_ID) != table_key_id or not (pinned or {}).get(CATALOG_LOCATION)
+        ):
+            self._pin_set(namespace, name, adopt_record(pinned, metadata, key_id=True))  # the caller's word, checked above
         return table
 
     def register_table(self, identifier: Identifier, metadata_location: str, *, table_key_id: str | None = None) -> Any:

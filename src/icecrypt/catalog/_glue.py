@@ -457,27 +457,25 @@ class GlueCatalog(Catalog):
 
     @staticmethod
     def _with_pin(table_input: dict[str, Any], pin: dict[str, str] | None) -> dict[str, Any]:
-        """``table_input`` with the table's pinned key id and UUID (``icecrypt.table._pin``)
-        as Glue table parameters (kept by PyIceberg's and Java's updates, which copy the
+        """``table_input`` with the table's record (key id, UUID, roots, retired KEKs;
+        ``icecrypt.table._pin``) as Glue table parameters (kept by PyIceberg's and Java's updates, which copy the
         entry's parameters)."""
-        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
+        from icecrypt.table._pin import CATALOG_KEYS
 
         parameters = dict(table_input.get("Parameters") or {})
-        for key in (CATALOG_KEY_ID, CATALOG_UUID):
+        for key in CATALOG_KEYS:
             parameters.pop(key, None)
         parameters.update(pin or {})
         return {**table_input, "Parameters": parameters}
 
     def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
-        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
+        from icecrypt.table._pin import CATALOG_KEYS
 
         if len(namespace) != 1:
             return None
         table = self._get_table(self._database(namespace), name)
         parameters = (table or {}).get("Parameters") or {}
-        if not parameters.get(CATALOG_KEY_ID):
-            return None
-        return {k: str(parameters[k]) for k in (CATALOG_KEY_ID, CATALOG_UUID) if parameters.get(k)}
+        return {k: str(parameters[k]) for k in CATALOG_KEYS if parameters.get(k)} or None
 
     def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
         database = self._database(namespace)

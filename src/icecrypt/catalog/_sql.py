@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from icecrypt.catalog._base import Catalog, _show
+from icecrypt.table import _pin
 from icecrypt.errors import (
     CatalogError,
     CommitConflictError,
@@ -56,9 +57,11 @@ _ENGINES_LOCK = threading.Lock()
 
 def _schema_with_pins() -> tuple[Any, Any, Any, Any]:
     """The JDBC catalog's two tables, and icecrypt's own third one (``icecrypt_table_pins``:
-    each encrypted table's master key id and UUID, out of reach of whoever writes the
-    table's storage; Java and PyIceberg ignore it)."""
-    from sqlalchemy import Column, MetaData, String, Table
+    each table's master key id, UUID, roots and retired KEKs, out of reach of whoever
+    writes the table's storage; Java and PyIceberg ignore it).  Catalogs created before
+    the roots and retired KEKs were recorded lack their columns: they are added when the
+    catalog first opens the table (``_PIN_COLUMNS_ADDED``)."""
+    from sqlalchemy import Column, MetaData, String, Table, Text
 
     def table_key() -> list[Any]:
         return [Column(name, String(255), primary_key=True, nullable=False)
@@ -82,8 +85,23 @@ def _schema_with_pins() -> tuple[Any, Any, Any, Any]:
         "icecrypt_table_pins", meta, *table_key(),
         Column("table_key_id", String(1000), nullable=True),
         Column("table_uuid", String(255), nullable=True),
+        Column("location", String(1000), nullable=True),
+        Column("write_data_path", String(1000), nullable=True),
+        Column("write_metadata_path", String(1000), nullable=True),
+        Column("retired_keks", Text, nullable=True),
     )  # fmt: skip
     return meta, tables, namespaces, pins
+
+
+#: columns of icecrypt_table_pins added after its first version (nullable; ALTER TABLE ADD
+#: COLUMN on a catalog that lacks them) and the record keys (icecrypt.table._pin) they hold
+_PIN_COLUMNS_ADDED = {
+    "location": _pin.CATALOG_LOCATION,
+    "write_data_path": _pin.CATALOG_DATA_PATH,
+    "write_metadata_path": _pin.CATALOG_METADATA_PATH,
+    "retired_keks": _pin.CATALOG_RETIRED_KEKS,
+}
+_PIN_COLUMNS = {"table_key_id": _pin.CATALOG_KEY_ID, "table_uuid": _pin.CATALOG_UUID, **_PIN_COLUMNS_ADDED}
 
 
 def _local_warehouse_path(warehouse: str) -> str:
@@ -360,30 +378,67 @@ class SqlCatalog(Catalog):
     # --- pins (icecrypt.table._pin) ------------------------------------------------------------
 
     def _pins_exist(self) -> bool:
+        """Whether icecrypt_table_pins exists (then with every column, added if missing)."""
         from sqlalchemy import inspect
 
         if getattr(self, "_pins_known", False):
             return True
         try:
-            self._pins_known = bool(inspect(self._engine).has_table("icecrypt_table_pins"))
+            known = bool(inspect(self._engine).has_table("icecrypt_table_pins"))
         except Exception as exc:
             raise CatalogError(f"catalog {self.name!r} at {self._safe_uri()}: table pins not readable ({exc})") from exc
-        return self._pins_known
+        if known:
+            self._pin_columns = self._migrate_pins()
+        self._pins_known = known
+        return known
+
+    def _existing_pin_columns(self) -> set[str]:
+        from sqlalchemy import inspect
+
+        return {c["name"].lower() for c in inspect(self._engine).get_columns("icecrypt_table_pins")}
+
+    def _migrate_pins(self) -> set[str]:
+        """Add the columns a pins table made by an earlier version lacks (nullable, so
+        its rows read as records without roots: a table gets them at its next commit);
+        returns the columns there are.  A concurrent migration is fine; a database that
+        refuses ALTER TABLE leaves the table as it is (reads use what there is, writes of
+        a record then fail with a CatalogError)."""
+        from sqlalchemy import text
+        from sqlalchemy.exc import DBAPIError
+
+        columns = self._existing_pin_columns()
+        for name in _PIN_COLUMNS_ADDED:
+            if name in columns:
+                continue
+            kind = self._pins.c[name].type.compile(dialect=self._engine.dialect)
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(text(f"ALTER TABLE icecrypt_table_pins ADD COLUMN {name} {kind}"))
+            except DBAPIError:
+                pass  # added meanwhile by another process, or not allowed: see below
+        return self._existing_pin_columns()
 
     def _ensure_pins(self) -> None:
         from sqlalchemy.exc import DBAPIError
 
-        if self._pins_exist():
-            return
-        try:
-            self._pins.create(self._engine, checkfirst=True)
-        except DBAPIError as exc:
-            if not self._pins_exist():  # another process may have created it meanwhile
-                raise CatalogError(
-                    f"catalog {self.name!r} at {self._safe_uri()}: creating icecrypt_table_pins failed; "
-                    "the catalog cannot record the table's master key id"
-                ) from exc
-        self._pins_known = True
+        if not self._pins_exist():
+            try:
+                self._pins.create(self._engine, checkfirst=True)
+            except DBAPIError as exc:
+                if not self._pins_exist():  # another process may have created it meanwhile
+                    raise CatalogError(
+                        f"catalog {self.name!r} at {self._safe_uri()}: creating icecrypt_table_pins failed; "
+                        "the catalog cannot record the table's master key id and location"
+                    ) from exc
+            self._pins_known = False
+            self._pins_exist()
+        missing = set(_PIN_COLUMNS) - self._pin_columns
+        if missing:
+            raise CatalogError(
+                f"catalog {self.name!r} at {self._safe_uri()}: icecrypt_table_pins lacks column(s) "
+                f"{', '.join(sorted(missing))} and they could not be added (ALTER TABLE refused); "
+                "the catalog cannot record the table's location"
+            )
 
     def _pin_where(self, stmt: Any, namespace: tuple[str, ...], name: str) -> Any:
         p = self._pins.c
@@ -392,28 +447,25 @@ class SqlCatalog(Catalog):
     def _write_pin(self, conn: Any, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
         from sqlalchemy import delete, insert
 
-        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
-
         conn.execute(self._pin_where(delete(self._pins), namespace, name))
         if pin is not None:
+            values = {column: pin.get(key) for column, key in _PIN_COLUMNS.items()}
             conn.execute(insert(self._pins).values(
-                catalog_name=self.name, table_namespace=_show(namespace), table_name=name,
-                table_key_id=pin.get(CATALOG_KEY_ID), table_uuid=pin.get(CATALOG_UUID),
+                catalog_name=self.name, table_namespace=_show(namespace), table_name=name, **values,
             ))  # fmt: skip
 
     def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
         from sqlalchemy import select
 
-        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_UUID
-
         if not self._pins_exist():
             return None
-        p = self._pins.c
+        columns = [c for c in _PIN_COLUMNS if c in self._pin_columns]
         with self._db("table pin lookup") as conn:
-            row = conn.execute(self._pin_where(select(p.table_key_id, p.table_uuid), namespace, name)).first()
-        if row is None or not row[0]:
+            row = conn.execute(self._pin_where(select(*(self._pins.c[c] for c in columns)), namespace, name)).first()
+        if row is None:
             return None
-        return {CATALOG_KEY_ID: str(row[0]), **({CATALOG_UUID: str(row[1])} if row[1] else {})}
+        record = {_PIN_COLUMNS[c]: str(v) for c, v in zip(columns, row) if v}
+        return record or None
 
     def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
         self._ensure_pins()

@@ -369,6 +369,10 @@ class _KekLedger:
         self.retired_ids: set[str] = set()
         self.retired_wrapped: set[bytes] = set()
         self.retired_fingerprints: set[bytes] = set()
+        # SHA-256 of retired KEKs' wrapped bytes (not secret): what a catalog keeps, so
+        # that a later process refuses the same wrapped bytes under a fresh id
+        self.retired_digests: set[bytes] = set()
+        self.retired_pairs: dict[str, str | None] = {}  # KEK id -> digest hex, in order
 
     def record_use(self, entry: EncryptedKey, fingerprint: bytes) -> None:
         with self._lock:
@@ -383,17 +387,33 @@ class _KekLedger:
             if len(self.retired_ids) < self._MAX:
                 if isinstance(entry, str):
                     self.retired_ids.add(entry)
+                    self.retired_pairs.setdefault(entry, None)
                     return
                 self.retired_ids.add(entry.key_id)
                 self.retired_wrapped.add(entry.encrypted_key_metadata)
+                digest = hashlib.sha256(entry.encrypted_key_metadata).digest()
+                self.retired_digests.add(digest)
+                self.retired_pairs[entry.key_id] = digest.hex()
                 if fingerprint is not None:
                     self.retired_fingerprints.add(fingerprint)
+
+    def retire_digest(self, key_id: str, digest: bytes | None) -> None:
+        """Retire a KEK known by id and wrapped-bytes digest only (a catalog's record)."""
+        with self._lock:
+            if len(self.retired_ids) < self._MAX:
+                self.retired_ids.add(key_id)
+                if digest is not None:
+                    self.retired_digests.add(digest)
+                if self.retired_pairs.get(key_id) is None:
+                    self.retired_pairs[key_id] = None if digest is None else digest.hex()
 
     def refusal(self, entry: EncryptedKey, fingerprint: bytes | None) -> str | None:
         """Why ``entry`` must not wrap new keys, or None."""
         with self._lock:
             if entry.key_id in self.retired_ids or entry.encrypted_key_metadata in self.retired_wrapped:
                 return "a key rotation or rekey of this table object retired it"
+            if self.retired_digests and hashlib.sha256(entry.encrypted_key_metadata).digest() in self.retired_digests:
+                return "a key rotation or rekey of this table retired it (its wrapped bytes are a retired KEK's)"
             other = self.used_wrapped.get(entry.encrypted_key_metadata, entry.key_id)
             if other != entry.key_id:
                 return f"its wrapped key is that of KEK {other!r}, which this table object used before"
@@ -668,6 +688,25 @@ class EncryptionManager:
         catalog may keep to refuse them in later processes too."""
         with self._ledger._lock:
             return frozenset(self._ledger.retired_ids)
+
+    @property
+    def retired_kek_digests(self) -> list[tuple[str, str | None]]:
+        """(KEK id, SHA-256 hex of its wrapped bytes, or None when only the id is known) of
+        the KEKs this writer retired, in the order retired: what a catalog keeps so that a
+        later process refuses them too (:meth:`retire_recorded_keks`).  Not secret."""
+        with self._ledger._lock:
+            return list(self._ledger.retired_pairs.items())
+
+    def retire_recorded_keks(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        """Retire KEKs a catalog recorded as retired (``retired_kek_digests`` of an earlier
+        writer): never wrap new keys with an entry of such an id or whose wrapped bytes
+        have such a digest, whatever its id and timestamp."""
+        for key_id, digest in pairs:
+            try:
+                raw = bytes.fromhex(digest) if digest else None
+            except ValueError:
+                raw = None
+            self._ledger.retire_digest(str(key_id), raw)
 
     def _unwrap_adoptable(self, entry: EncryptedKey) -> tuple[GcmKey, bytes]:
         """The current KEK ``entry`` unwrapped, after the ledger's checks of its key."""

@@ -44,7 +44,7 @@ import re
 import secrets
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import pyarrow.fs as pafs
@@ -99,11 +99,15 @@ class MetadataStore(Protocol):
         """The current metadata file (NoSuchTableError if the table is gone)."""
         ...
 
-    def swap(self, expected: str, new: str, *, metadata: Mapping[str, Any], rotate_to: str | None = None) -> None:
+    def swap(
+        self, expected: str, new: str, *, metadata: Mapping[str, Any], rotate_to: str | None = None,
+        retired: Sequence[tuple[str, str | None]] | None = None,
+    ) -> None:
         """Make ``new`` (whose content is ``metadata``) current if ``expected`` still is;
         CommitConflictError otherwise.  ``rotate_to``: the commit is the explicit
         master-key rotation to that key id (a change of ``encryption.key-id`` that the
-        catalog refuses otherwise)."""
+        catalog refuses otherwise).  ``retired``: (KEK id, wrapped-bytes digest) of KEKs
+        this commit's key rotation retired, for the catalog to remember."""
         ...
 
     def create(self, new: str, *, metadata: Mapping[str, Any]) -> None:
@@ -486,6 +490,7 @@ def commit_metadata_to_store(
     metadata_dir: str | None = None,
     base: Mapping[str, Any] | None = None,
     rotate_to: str | None = None,
+    retired: Sequence[tuple[str, str | None]] | None = None,
 ) -> str:
     """Commit ``metadata`` of a catalog table as the version after ``base_location``
     (None: a new table, registered in ``store`` with ``store.create``); returns its path.
@@ -514,7 +519,10 @@ def commit_metadata_to_store(
         if base_location is None:
             store.create(path, metadata=metadata)
         else:
-            store.swap(base_location, path, metadata=metadata, rotate_to=rotate_to)
+            if retired:
+                store.swap(base_location, path, metadata=metadata, rotate_to=rotate_to, retired=retired)
+            else:
+                store.swap(base_location, path, metadata=metadata, rotate_to=rotate_to)
     except CommitConflictError as exc:
         _remove_quietly(filesystem, path)
         raise VersionExistsError(path) from exc

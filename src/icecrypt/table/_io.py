@@ -157,7 +157,13 @@ class Locations:
         """The path of ``location`` on ``filesystem``; in a confined ``Locations``, only
         for a location inside the table (else PathOutsideTableError naming ``what``),
         and then the normalized path: what was checked is what is opened."""
-        location = os.fspath(location)
+        path = self._confined_path(os.fspath(location), what=what)
+        if self._local and self._confinement is not None:
+            self._check_real_path(os.fspath(location), path, what=what)
+        return path
+
+    def _confined_path(self, location: str, *, what: str) -> str:
+        """:meth:`to_fs_path` without the symbolic-link check (deletes never follow links)."""
         confinement = self._confinement
         if confinement is None:
             return self._fs_path(self.map_location(location), location)
@@ -170,6 +176,41 @@ class Locations:
             ) from None
         confinement.check(location, parsed, what=what)
         return fs_path_of(parsed, local=self._local, original=location)
+
+    def _check_real_path(self, location: str, path: str, *, what: str) -> None:
+        """On the local filesystem, refuse (PathOutsideTableError) a path that a symbolic
+        link in one of its components takes out of the table: its real path must lie under
+        the real path of a root or an allowed location.  Lexical confinement alone would
+        let ``data/x.parquet -> /elsewhere/payroll.parquet`` be read (and copied into the
+        table by a rewrite).  Cheap for the usual path without links (one ``realpath``).
+        What remains is a race: a component swapped for a link between this check and the
+        open is followed (readers do not open with O_NOFOLLOW on every component)."""
+        real = os.path.realpath(path)
+        if real == path:
+            return
+        if any(_below(real, root) is not None for root in self._real_roots()):
+            return
+        table = self._confinement.table if self._confinement is not None else "?"
+        raise PathOutsideTableError(
+            f"{what} {location} lies outside table {table}: a symbolic link leads to {real} (refused: a table's "
+            "files are read only under its location, write.data.path or write.metadata.path, or allowed_locations)",
+            location=location, table_location=table,
+        )  # fmt: skip
+
+    def _real_roots(self) -> tuple[str, ...]:
+        """The real paths (symbolic links resolved) of the roots and allowed locations,
+        computed once per ``Locations`` (they come from the pin and the caller)."""
+        cached = self.__dict__.get("_real_roots_cache")
+        if cached is None:
+            confinement = self._confinement
+            paths = []
+            for root in (*confinement.roots, *confinement.allowed) if confinement is not None else ():
+                try:
+                    paths.append(os.path.realpath(fs_path_of(root, local=True, original=str(root))))
+                except ValueError:  # not a local location: nothing of it on this filesystem
+                    continue
+            cached = self.__dict__["_real_roots_cache"] = tuple(paths)
+        return cached
 
     def fs_roots(self) -> list[str]:
         """The filesystem paths of the pinned roots (not of the allowed locations):
@@ -190,7 +231,7 @@ class Locations:
         location = os.fspath(location)
         if self._confinement is None:
             return self.to_fs_path(location)
-        path = self.to_fs_path(location, what=what)
+        path = self._confined_path(location, what=what)  # the link itself, never its target
         self._confinement.check(location, self.canonical(location), what=what, roots_only=True)
         return path
 

@@ -132,17 +132,88 @@ def check_pin(table: Any, metadata: dict[str, Any], metadata_location: str) -> N
 #: names of the pinned values in a catalog's record (SQL columns, Glue table parameters)
 CATALOG_KEY_ID = "icecrypt.table-key-id"
 CATALOG_UUID = "icecrypt.table-uuid"
+#: the table's roots (``location``, ``write.data.path``, ``write.metadata.path``): recorded
+#: for every table, plaintext too; a record with CATALOG_LOCATION holds all three (a path
+#: absent from it is one the table does not set)
+CATALOG_LOCATION = "icecrypt.location"
+CATALOG_DATA_PATH = "icecrypt.write-data-path"
+CATALOG_METADATA_PATH = "icecrypt.write-metadata-path"
+#: KEKs retired by the table's own rotations and rekeys, JSON ``[[kek id, sha256 hex of the
+#: wrapped KEK bytes or null], ...]``, oldest first, the last MAX_RETIRED_KEKS kept
+CATALOG_RETIRED_KEKS = "icecrypt.retired-keks"
+CATALOG_ROOTS = (CATALOG_LOCATION, CATALOG_DATA_PATH, CATALOG_METADATA_PATH)
+CATALOG_KEYS = (CATALOG_KEY_ID, CATALOG_UUID, *CATALOG_ROOTS, CATALOG_RETIRED_KEKS)
+MAX_RETIRED_KEKS = 1000
+
+_ROOT_NAMES = {CATALOG_LOCATION: "location", CATALOG_DATA_PATH: WRITE_DATA_PATH, CATALOG_METADATA_PATH: WRITE_METADATA_PATH}
 
 
-def catalog_record(metadata: dict[str, Any]) -> dict[str, str] | None:
-    """What a catalog records for a table version: its key id and UUID when encrypted
-    (None for a plaintext table: nothing to pin)."""
+def _roots_record(pin: TablePin) -> dict[str, str]:
+    record = {CATALOG_LOCATION: pin.location}
+    if pin.data_location:
+        record[CATALOG_DATA_PATH] = pin.data_location
+    if pin.metadata_dir:
+        record[CATALOG_METADATA_PATH] = pin.metadata_dir
+    return record
+
+
+def catalog_record(metadata: dict[str, Any]) -> dict[str, str]:
+    """What a catalog records for a table version: its roots (every table) and UUID, and
+    its key id when encrypted."""
     pin = TablePin.from_metadata(metadata)
-    if not pin.encrypted:
-        return None
-    record = {CATALOG_KEY_ID: str(pin.table_key_id)}
+    record = _roots_record(pin)
+    if pin.encrypted:
+        record[CATALOG_KEY_ID] = str(pin.table_key_id)
     if pin.table_uuid:
         record[CATALOG_UUID] = str(pin.table_uuid)
+    return record
+
+
+def adopt_record(recorded: dict[str, str] | None, metadata: dict[str, Any], *, key_id: bool = False) -> dict[str, str]:
+    """``recorded`` completed from ``metadata`` (a version checked against it): roots and
+    UUID where the record has none, and with ``key_id`` the key id and UUID of
+    ``metadata`` (the caller's word, see ``Catalog.load_table``)."""
+    found = catalog_record(metadata)
+    record = dict(recorded or {})
+    if not record.get(CATALOG_LOCATION):
+        for key in CATALOG_ROOTS:
+            record.pop(key, None)
+        record.update({k: v for k, v in found.items() if k in CATALOG_ROOTS})
+    if key_id or not record.get(CATALOG_KEY_ID):
+        for key in (CATALOG_KEY_ID, CATALOG_UUID):
+            if found.get(key):
+                record[key] = found[key]
+    elif not record.get(CATALOG_UUID) and found.get(CATALOG_UUID):
+        record[CATALOG_UUID] = found[CATALOG_UUID]
+    return record
+
+
+def retired_keks(record: dict[str, str] | None) -> list[tuple[str, str | None]]:
+    """The (KEK id, SHA-256 hex of its wrapped bytes or None) pairs a record keeps."""
+    import json
+
+    raw = (record or {}).get(CATALOG_RETIRED_KEKS)
+    if not raw:
+        return []
+    try:
+        items = json.loads(raw)
+    except ValueError:
+        return []
+    return [(str(i[0]), str(i[1]) if i[1] else None) for i in items if isinstance(i, list) and len(i) == 2 and i[0]]
+
+
+def _with_retired(record: dict[str, str], retired: Any) -> dict[str, str]:
+    import json
+
+    known = retired_keks(record)
+    seen = set(known)
+    for item in retired or ():
+        item = (str(item[0]), item[1])
+        if item not in seen:
+            seen.add(item)
+            known.append(item)
+    if known:
+        record[CATALOG_RETIRED_KEKS] = json.dumps([list(i) for i in known[-MAX_RETIRED_KEKS:]], separators=(",", ":"))
     return record
 
 
@@ -153,48 +224,68 @@ def catalog_commit(
     what: str,
     *,
     rotate_to: str | None = None,
+    retired: Any = None,
 ) -> dict[str, str] | None:
     """Check a commit of ``metadata`` (file ``new_location``) against the pin a catalog
     recorded for the table ``what``; returns the record to store with the commit (None:
     unchanged).  A commit that removes or changes ``encryption.key-id`` of a pinned
-    table, or changes its UUID, is refused (TableIdentityError) -- except the explicit
-    master-key rotation to ``rotate_to``, which the catalog then records.  A table
-    without a record gets one at its first encrypted commit."""
+    table, changes its UUID or any of its recorded roots (``location``,
+    ``write.data.path``, ``write.metadata.path``) is refused (TableIdentityError) -- except
+    the explicit master-key rotation to ``rotate_to``, which the catalog then records.  A
+    table without a record gets one (roots, UUID; key id at its first encrypted commit).
+    ``retired``: (KEK id, wrapped-bytes digest) pairs this commit's rotation retired,
+    added to the record."""
     found = catalog_record(metadata)
-    if recorded is None or not recorded.get(CATALOG_KEY_ID):
-        return found
-    key_id, uuid = recorded[CATALOG_KEY_ID], recorded.get(CATALOG_UUID)
-    found_key = found.get(CATALOG_KEY_ID) if found else None
-    found_uuid = metadata.get("table-uuid")
+    record = dict(recorded or {})
+    key_id, uuid = record.get(CATALOG_KEY_ID), record.get(CATALOG_UUID)
+    found_key = found.get(CATALOG_KEY_ID)
     changes: list[tuple[str, Any, Any]] = []
-    if found_key != key_id and not (rotate_to is not None and found_key == rotate_to):
+    if key_id and found_key != key_id and not (rotate_to is not None and found_key == rotate_to):
         changes.append((ENCRYPTION_TABLE_KEY, key_id, found_key))
-    if uuid and found_uuid != uuid:
-        changes.append(("table-uuid", uuid, found_uuid))
+    if uuid and metadata.get("table-uuid") != uuid:
+        changes.append(("table-uuid", uuid, metadata.get("table-uuid")))
+    if record.get(CATALOG_LOCATION):
+        for key in CATALOG_ROOTS:
+            if record.get(key) != found.get(key):
+                changes.append((_ROOT_NAMES[key], record.get(key), found.get(key)))
     if changes:
-        pin = TablePin(True, key_id, uuid, "", source="catalog")
+        pin = TablePin(bool(key_id), key_id, uuid, "", source="catalog")
         raise TableIdentityError(
             f"{what}: commit of {new_location} refused: {'; '.join(_describe(pin, *change) for change in changes)} "
-            "(pinned in the catalog); only the table's master-key rotation changes encryption.key-id",
+            "(pinned in the catalog); only the table's master-key rotation changes encryption.key-id, "
+            "and a table's location and write paths do not change",
             metadata_location=new_location, changes=tuple(changes), source="catalog",
         )  # fmt: skip
-    if found_key != key_id:
-        return found
-    return None
+    if key_id and found_key != key_id:  # the rotation
+        record[CATALOG_KEY_ID] = str(found_key)
+    record = _with_retired(adopt_record(record, metadata), retired)
+    return None if record == (recorded or {}) else record
 
 
 def catalog_pin(
     recorded: dict[str, str] | None, metadata: dict[str, Any], *, table_key_id: str | None = None
 ) -> TablePin:
     """The pin of a table a catalog loads: the caller's ``table_key_id`` when given, else
-    the catalog's record (source "catalog"), else the version loaded."""
+    the catalog's record (source "catalog"), else the version loaded; the roots are the
+    catalog's record when it has them (the version's otherwise)."""
+    recorded = recorded or {}
     if table_key_id is not None:
-        return trusted_pin(metadata, table_key_id=table_key_id, table_uuid=(recorded or {}).get(CATALOG_UUID))
-    if recorded and recorded.get(CATALOG_KEY_ID):
-        return trusted_pin(
+        pin = trusted_pin(metadata, table_key_id=table_key_id, table_uuid=recorded.get(CATALOG_UUID))
+    elif recorded.get(CATALOG_KEY_ID):
+        pin = trusted_pin(
             metadata, table_key_id=recorded[CATALOG_KEY_ID], table_uuid=recorded.get(CATALOG_UUID), source="catalog"
         )
-    return TablePin.from_metadata(metadata)
+    elif recorded.get(CATALOG_UUID):
+        pin = trusted_pin(metadata, table_uuid=recorded[CATALOG_UUID], source="catalog")
+    else:
+        pin = TablePin.from_metadata(metadata)
+    if recorded.get(CATALOG_LOCATION):
+        pin = replace(
+            pin, location=recorded[CATALOG_LOCATION], data_location=recorded.get(CATALOG_DATA_PATH) or None,
+            metadata_dir=recorded.get(CATALOG_METADATA_PATH) or None,
+            source=pin.source if pin.source == "caller" else "catalog",
+        )  # fmt: skip
+    return pin
 
 
 def check_unambiguous(store: Any, filesystem: Any, metadata_location: str, metadata: dict[str, Any]) -> None:

@@ -146,7 +146,7 @@ class _Target:
 
     def commit_metadata(
         self, base_location: str | None, metadata: dict[str, Any], base: dict[str, Any] | None = None, *,
-        pin: Any = None,
+        pin: Any = None, retired: Any = None,
     ) -> str:
         """Commit ``metadata`` as the version after ``base_location`` (whose content is
         ``base``, if the caller has it); returns the new metadata file's path.
@@ -158,7 +158,8 @@ class _Target:
         ``<NNNNN>-<uuid>.metadata.json`` and has the catalog swap its metadata location
         (``_commit.commit_metadata_to_store``).  Raising ``_commit.VersionExistsError``
         (another writer committed first; retryable) or CommitConflictError means
-        nothing was committed."""
+        nothing was committed.  ``retired``: KEKs a key rotation retired (id, digest), kept
+        by a catalog."""
         if base_location is None:
             metadata_dir = self.to_fs_path(f"{metadata['location'].rstrip('/')}/metadata")
             if self.store is None:
@@ -168,7 +169,7 @@ class _Target:
             return _commit.commit_metadata(self.filesystem, base_location, metadata, base=base)
         rotation = pin.table_key_id if pin is not None and pin != self.pin else None
         return _commit.commit_metadata_to_store(
-            self.filesystem, self.store, base_location, metadata, base=base, rotate_to=rotation
+            self.filesystem, self.store, base_location, metadata, base=base, rotate_to=rotation, retired=retired
         )
 
     def latest(self) -> tuple[str, dict[str, Any]]:
@@ -1412,7 +1413,9 @@ def rotate_keys(
         # the explicit change of a pinned value: this object's pin follows its own rotation
         pin = target.pin.rotated(new_master_key_id) if new_master_key_id is not None and target.pin is not None else None
         try:
-            location = target.commit_metadata(base_location, metadata, base=base, pin=pin)
+            # a catalog remembers the KEKs the rotation retired (every process refuses them)
+            retired = manager.retired_kek_digests if new_kek else None
+            location = target.commit_metadata(base_location, metadata, base=base, pin=pin, retired=retired)
         except (_commit.VersionExistsError, CommitConflictError):
             if attempt > DEFAULT_COMMIT_RETRIES:
                 raise CommitConflictError(
