@@ -11,7 +11,7 @@ The rule, in one place (:func:`parse_location`, :meth:`ParsedLocation.within`):
 
 - A location is refused outright (:class:`UnsafeLocationError`) if it holds a NUL,
   another control character or a backslash, or a path segment whose percent-decoding
-  is ``.`` or ``..`` or holds ``/``, ``\\`` or a control character.  Percent-encoding is
+  is ``.`` or ``..`` or holds ``/``, ``\\`` or NUL.  Percent-encoding is
   otherwise *not* decoded (Iceberg writes partition values percent-encoded into file
   names, and storage takes those names literally), so ``%2e%2e`` can never be read as a
   parent directory by one layer and as a name by another.
@@ -54,6 +54,7 @@ __all__ = [
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
+_ENCODED_FORBIDDEN = re.compile(r"[\x00/\\]")
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
 
 
@@ -74,10 +75,13 @@ def check_location_text(location: str) -> None:
             if "%" not in segment:
                 continue
             decoded = unquote(segment)
-            if decoded != segment and (decoded in (".", "..") or "/" in decoded or _FORBIDDEN.search(decoded)):
+            # Encoded control characters other than NUL stay: they are literal text in a
+            # name (Iceberg percent-encodes partition values such as "a\x1bb" into paths)
+            # and decoding them cannot change which directory a path names.
+            if decoded != segment and (decoded in (".", "..") or _ENCODED_FORBIDDEN.search(decoded)):
                 raise UnsafeLocationError(
                     f"location {location!r} holds the percent-encoded segment {segment!r} (a dot segment, "
-                    "separator or control character once decoded; refused)",
+                    "separator or NUL once decoded; refused)",
                     location=location,
                 )
 
