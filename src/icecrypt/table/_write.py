@@ -43,7 +43,7 @@ from icecrypt import __version__
 from icecrypt.errors import CommitConflictError, FormatError, PathOutsideTableError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
-from icecrypt.table import _commit
+from icecrypt.table import _commit, _model
 from icecrypt.table._io import Deletions, Locations, file_key_metadata
 from icecrypt.table._manifest_write import (
     ADDED,
@@ -58,6 +58,7 @@ from icecrypt.table._manifest_write import (
     write_manifest_list,
 )
 from icecrypt.table._pin import check_unambiguous
+from icecrypt.table._retention import plan_expiry
 from icecrypt.table._write_data import DataWriteOptions, write_data_files
 from icecrypt.table._write_dv import DeletionVector, decode_dv, puffin_file
 from icecrypt.table._write_io import TableIO
@@ -446,13 +447,7 @@ def _summary(change: _Change, parent: dict[str, Any] | None) -> dict[str, str]:
 
 def _log_previous(metadata: dict[str, Any], base: dict[str, Any], base_location: str) -> None:
     """Append the base version to ``metadata-log`` (trimmed as Java trims it)."""
-    recorded = f"{base['location'].rstrip('/')}/metadata/{posixpath.basename(base_location)}"
-    log = list(metadata.get("metadata-log") or []) + [
-        {"timestamp-ms": base.get("last-updated-ms", 0), "metadata-file": recorded}
-    ]
-    raw = (metadata.get("properties") or {}).get("write.metadata.previous-versions-max", MAX_PREVIOUS_VERSIONS)
-    limit = max(1, int(raw))
-    metadata["metadata-log"] = log[-limit:]
+    _model.log_previous(metadata, base, base_location)
 
 
 def _apply(
@@ -1281,8 +1276,11 @@ def _referenced_files(
 
 def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
     """Remove the snapshots committed before ``older_than_ms`` (ms since the epoch),
-    except the current one and every branch or tag head; then delete the files and
-    ``encryption-keys`` entries only they needed.  Returns the removed snapshot ids.
+    except the current one, every branch or tag head and what the refs' retention keeps
+    (``min-snapshots-to-keep``, ``max-snapshot-age-ms``; refs older than their
+    ``max-ref-age-ms`` are removed), as Java decides it (``_retention``); then delete
+    the files and ``encryption-keys`` entries only they needed.  Returns the removed
+    snapshot ids.
 
     Files are deleted after the commit, and only those no remaining snapshot lists as
     live; keys go as :func:`icecrypt.keys.manager.removable_keys` decides (a KEK stays
@@ -1292,12 +1290,10 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
     for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
         base_location, base = target.latest()
         check_unambiguous(target.store, target.filesystem, base_location, base)  # it deletes files
-        heads = {ref["snapshot-id"] for ref in (base.get("refs") or {}).values()}
-        if base.get("current-snapshot-id") is not None:
-            heads.add(base["current-snapshot-id"])
+        # refs and their retention decide, as in Java (_retention); expired refs go too
+        expired_ids, expired_refs = plan_expiry(base, older_than_ms)
         snapshots = base.get("snapshots") or []
-        expired_ids = {s["snapshot-id"] for s in snapshots if s["timestamp-ms"] < older_than_ms} - heads
-        if not expired_ids:
+        if not expired_ids and not expired_refs:
             return []
         manager = target.manager(base, check_kek=False)  # a metadata-only commit: wraps nothing
         io = target.io(manager)
@@ -1317,6 +1313,8 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
                 still_needed |= _referenced_files(io, manager, snapshot, cache, live_only=True)
 
         metadata = copy.deepcopy(base)
+        if expired_refs:
+            metadata["refs"] = {k: v for k, v in metadata["refs"].items() if k not in expired_refs}
         metadata["snapshots"] = [s for s in snapshots if s["snapshot-id"] not in expired_ids]
         metadata["snapshot-log"] = [e for e in metadata.get("snapshot-log") or [] if e["snapshot-id"] not in expired_ids]
         for name in ("statistics", "partition-statistics"):
