@@ -220,3 +220,14 @@ def test_committer_checks_the_pin(tables):
     with pytest.raises(TableIdentityError, match="write.data.path"):
         _committer.commit(mine, change)  # the built version would move the data: refused
     assert mine.refresh().metadata_location == before
+
+
+def test_expiry_is_rebuilt_on_the_newer_version(tables, monkeypatch):
+    mine, theirs, ids = tables
+    race_once(monkeypatch, lambda: theirs.append(pa.table({"id": [99]}, schema=SCHEMA)))
+    expired = mine.expire_snapshots(4_102_444_800_000)
+    # rebuilt on theirs: their append is the current snapshot, and the snapshot that was
+    # current when the expiry started expired too
+    assert sorted(expired) == sorted(ids)
+    assert [s.snapshot_id for s in mine.snapshots()] == [theirs.current_snapshot_id]
+    assert sorted(mine.scan().to_arrow().column("id").to_pylist()) == [0, 1, 2, 99] and mine.verify().ok

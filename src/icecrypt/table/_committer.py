@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,9 +62,19 @@ class RetryPolicy:
         return delay + random.random() * max(1.0, delay * 0.1)
 
 
-def commit(table_or_target: Any, change: _model.Change, *, policy: RetryPolicy | None = None) -> str:
+def commit(
+    table_or_target: Any,
+    change: _model.Change | Callable[[str, dict[str, Any]], _model.Change | None],
+    *,
+    policy: RetryPolicy | None = None,
+) -> str | None:
     """Commit ``change`` to the table (an EncryptedTable or a ``_write._Target``);
     returns the new metadata location, installed in the table object.
+
+    ``change`` may instead be a function of ``(base_location, base)`` that builds the
+    change on each attempt's base (an operation whose updates depend on what the base
+    holds, as expiry's); when it returns None there is nothing to do and nothing is
+    committed (None is returned).
 
     CommitConflictError (its subclass ``RequirementFailed`` when a requirement fails on
     the newest version; nothing committed) when the change no longer fits, or when it
@@ -78,11 +88,14 @@ def commit(table_or_target: Any, change: _model.Change, *, policy: RetryPolicy |
         base_location, base = target.latest()
         if policy is None:
             policy = RetryPolicy.from_properties(base.get("properties"))
-        change.validate(base)
+        built = change(base_location, base) if callable(change) else change
+        if built is None:
+            return None
+        built.validate(base)
         # a metadata-only commit wraps nothing: no check of the current KEK
         manager = target.manager(base, check_kek=False)
         keys_whole = target.check_base_keys(base_location, base, manager)
-        metadata = _model.apply(base, change.updates, base_location=base_location)
+        metadata = _model.apply(base, built.updates, base_location=base_location)
         target.check_pin(base_location, metadata)
         try:
             location = target.commit_metadata(base_location, metadata, base=base)
@@ -91,7 +104,7 @@ def commit(table_or_target: Any, change: _model.Change, *, policy: RetryPolicy |
             elapsed_ms = (time.monotonic() - started) * 1000
             if attempt > policy.num_retries or elapsed_ms >= policy.total_timeout_ms:
                 raise CommitConflictError(
-                    f"{target.metadata_location}: the {change.what} kept losing to concurrent commits "
+                    f"{target.metadata_location}: the {built.what} kept losing to concurrent commits "
                     f"({attempt} attempts); nothing was committed"
                 ) from exc
             time.sleep(min(policy.delay_ms(attempt), max(0.0, policy.total_timeout_ms - elapsed_ms)) / 1000)

@@ -416,7 +416,11 @@ def _add_encryption_key(b: _Builder, update: AddEncryptionKey) -> None:
 
 
 def _remove_encryption_key(b: _Builder, update: RemoveEncryptionKey) -> None:
-    b.replace("encryption-keys", [k for k in b.metadata.get("encryption-keys") or [] if k.get("key-id") != update.key_id])
+    kept = [k for k in b.metadata.get("encryption-keys") or [] if k.get("key-id") != update.key_id]
+    if kept:
+        b.replace("encryption-keys", kept)
+    else:  # as Java writes it: only when non-empty
+        b.metadata.pop("encryption-keys", None)
 
 
 def _add_entry(key: str, id_key: str, last_key: str | None, value: Mapping[str, Any], b: _Builder) -> None:
