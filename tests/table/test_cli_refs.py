@@ -78,3 +78,17 @@ def test_help_has_examples(capfd):
             main(["table", command, "--help"])
         out, _ = capfd.readouterr()
         assert "examples:" in out and f"icecrypt table {command}" in out
+
+
+def test_ref_names_from_storage_are_printed_escaped(setup, capfd):
+    location, kms, ids, client = setup
+    table = EncryptedTable.load(location, kms=client)
+    path = table.fs_path(table.metadata_location)
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    metadata["refs"]["\x1b]0;owned\x07\x1b[2J"] = {"snapshot-id": ids[0], "type": "tag"}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f)
+    for extra in ([], ["--json"]):
+        status, out, _ = run(capfd, "table", "refs", location, *extra, *kms)
+        assert status == 0 and "\x1b" not in out and "\x07" not in out
