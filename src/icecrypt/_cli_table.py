@@ -120,6 +120,10 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_repair)
     _register_maintenance(sub)
 
+    from icecrypt._cli_refs import register_refs
+
+    register_refs(sub)
+
 
 def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
     p.add_argument("--kms-type", help="encryption.kms-type of the KMS holding the table key")

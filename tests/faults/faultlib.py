@@ -77,6 +77,13 @@ OPERATIONS.update({
     "rekey": lambda t: t.rekey(everything=True, expire=True),
     "remove_orphan_files": lambda t: t.remove_orphan_files(older_than=FAR_FUTURE_MS),
 })
+# Metadata-only changes through the commit model (_committer): a rollback to the current
+# snapshot's parent with a tag on the way, and a property update.
+OPERATIONS.update({
+    "manage_snapshots": lambda t: t.manage_snapshots().create_branch(f"b{version(t)}").rollback_to_snapshot(
+        t.snapshot(t.current_snapshot_id).parent_snapshot_id).commit(),
+    "update_properties": lambda t: t.update_properties().set("owner", f"v{version(t)}").remove("comment").commit(),
+})
 #: Operations made of several commits, each atomic (rekey: KEK, data, manifests, expiry):
 #: after a fault the table may be at any version the fault-free run passes through,
 #: always with that version's rows, and a re-run completes the operation.

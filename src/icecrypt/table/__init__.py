@@ -19,6 +19,7 @@ from icecrypt.table._inspect import METADATA_TABLES, InspectTable
 from icecrypt.table._io import Locations, PlaintextFileError
 from icecrypt.table._metadata import Snapshot
 from icecrypt.table._pin import TablePin
+from icecrypt.table._refs import ManageSnapshots, UpdateProperties
 from icecrypt.table._read import FileScanTask, TaskFile, read_task
 from icecrypt.table._scan import PlanMetrics, TableScan
 from icecrypt.table._table import EncryptedTable
@@ -29,6 +30,7 @@ __all__ = [
     "FileScanTask",
     "InspectTable",
     "Locations",
+    "ManageSnapshots",
     "METADATA_TABLES",
     "PlaintextFileError",
     "PlanMetrics",
@@ -36,6 +38,7 @@ __all__ = [
     "TablePin",
     "TableScan",
     "TaskFile",
+    "UpdateProperties",
     "VerifyProblem",
     "VerifyReport",
     "read_task",

@@ -27,6 +27,7 @@ from icecrypt.table._metadata import (
     read_metadata_file,
     resolve_metadata_file,
 )
+from icecrypt.table._model import check_refs
 from icecrypt.table._pin import TablePin
 from icecrypt.table._scan import TableScan
 
@@ -151,6 +152,7 @@ class EncryptedTable:
         KMS for a KEK once per cache TTL, not once per commit or refresh.
         ``keys_checked``: ``metadata`` is this object's own commit on top of a version
         whose keys were checked, so the lost-key check is not repeated."""
+        check_refs(metadata, metadata_location)  # before PyIceberg's model: clearer errors
         model = parse_metadata(metadata, metadata_location)
         properties = metadata.get("properties") or {}
         if getattr(self, "require_encryption", False) and not properties.get(ENCRYPTION_TABLE_KEY):
@@ -460,8 +462,10 @@ class EncryptedTable:
         return _write.delete(self, row_filter)
 
     def expire_snapshots(self, older_than_ms: int) -> Any:
-        """Remove snapshots older than ``older_than_ms`` (never the current one) and the
-        files and keys only they needed."""
+        """Remove snapshots older than ``older_than_ms`` (never the current one, a ref's
+        head, or what a branch's ``min-snapshots-to-keep`` / ``max-snapshot-age-ms``
+        keeps; refs past their ``max-ref-age-ms`` go, as in Java) and the files and keys
+        only they needed."""
         from icecrypt.table import _write
 
         return _write.expire_snapshots(self, older_than_ms)
@@ -475,6 +479,21 @@ class EncryptedTable:
         return _write.rotate_keys(self, new_kek=new_kek, new_master_key_id=new_master_key_id, new_kms=new_kms)
 
     # --- maintenance (icecrypt.table._maintenance) ---------------------------------------------
+
+    def manage_snapshots(self) -> Any:
+        """Branches, tags, rollback and the current snapshot, committed together
+        (:class:`~icecrypt.table.ManageSnapshots`; use as a context manager or call
+        ``commit()``)."""
+        from icecrypt.table._refs import ManageSnapshots
+
+        return ManageSnapshots(self)
+
+    def update_properties(self) -> Any:
+        """Set and remove table properties in one commit
+        (:class:`~icecrypt.table.UpdateProperties`); encryption properties are refused."""
+        from icecrypt.table._refs import UpdateProperties
+
+        return UpdateProperties(self)
 
     def rewrite_manifests(
         self, *, target_size: int | None = None, force: bool = False, progress: Any = None

@@ -43,7 +43,7 @@ from icecrypt import __version__
 from icecrypt.errors import CommitConflictError, FormatError, PathOutsideTableError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
-from icecrypt.table import _commit
+from icecrypt.table import _commit, _model
 from icecrypt.table._io import Deletions, Locations, file_key_metadata
 from icecrypt.table._manifest_write import (
     ADDED,
@@ -58,6 +58,7 @@ from icecrypt.table._manifest_write import (
     write_manifest_list,
 )
 from icecrypt.table._pin import check_unambiguous
+from icecrypt.table._retention import plan_expiry
 from icecrypt.table._write_data import DataWriteOptions, write_data_files
 from icecrypt.table._write_dv import DeletionVector, decode_dv, puffin_file
 from icecrypt.table._write_io import TableIO
@@ -447,13 +448,7 @@ def _summary(change: _Change, parent: dict[str, Any] | None) -> dict[str, str]:
 
 def _log_previous(metadata: dict[str, Any], base: dict[str, Any], base_location: str) -> None:
     """Append the base version to ``metadata-log`` (trimmed as Java trims it)."""
-    recorded = f"{base['location'].rstrip('/')}/metadata/{posixpath.basename(base_location)}"
-    log = list(metadata.get("metadata-log") or []) + [
-        {"timestamp-ms": base.get("last-updated-ms", 0), "metadata-file": recorded}
-    ]
-    raw = (metadata.get("properties") or {}).get("write.metadata.previous-versions-max", MAX_PREVIOUS_VERSIONS)
-    limit = max(1, int(raw))
-    metadata["metadata-log"] = log[-limit:]
+    _model.log_previous(metadata, base, base_location)
 
 
 def _apply(
@@ -1282,31 +1277,34 @@ def _referenced_files(
 
 def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
     """Remove the snapshots committed before ``older_than_ms`` (ms since the epoch),
-    except the current one and every branch or tag head; then delete the files and
-    ``encryption-keys`` entries only they needed.  Returns the removed snapshot ids.
+    except the current one, every branch or tag head and what the refs' retention keeps
+    (``min-snapshots-to-keep``, ``max-snapshot-age-ms``; refs older than their
+    ``max-ref-age-ms`` are removed), as Java decides it (``_retention``); then delete
+    the files and ``encryption-keys`` entries only they needed.  Returns the removed
+    snapshot ids.
 
     Files are deleted after the commit, and only those no remaining snapshot lists as
     live; keys go as :func:`icecrypt.keys.manager.removable_keys` decides (a KEK stays
     while a writer may still choose it).
     """
+    from icecrypt.table import _committer
+
     target = _Target.of(table)
-    for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
-        base_location, base = target.latest()
+    plan: dict[str, Any] = {}  # what the attempt that committed found
+
+    def build(base_location: str, base: dict[str, Any]) -> _model.Change | None:
         check_unambiguous(target.store, target.filesystem, base_location, base)  # it deletes files
-        heads = {ref["snapshot-id"] for ref in (base.get("refs") or {}).values()}
-        if base.get("current-snapshot-id") is not None:
-            heads.add(base["current-snapshot-id"])
-        snapshots = base.get("snapshots") or []
-        expired_ids = {s["snapshot-id"] for s in snapshots if s["timestamp-ms"] < older_than_ms} - heads
-        if not expired_ids:
-            return []
+        # refs and their retention decide, as in Java (_retention); expired refs go too
+        expired_ids, expired_refs = plan_expiry(base, older_than_ms)
+        if not expired_ids and not expired_refs:
+            return None
         manager = target.manager(base, check_kek=False)  # a metadata-only commit: wraps nothing
         io = target.io(manager)
         cache: dict[str, list[dict[str, Any]]] = {}
         still_needed: set[str] = set()
         candidates: set[str] = set()
         unread: list[tuple[str, str]] = []  # expired snapshots whose files are not the table's to list
-        for snapshot in snapshots:
+        for snapshot in base.get("snapshots") or []:
             if snapshot["snapshot-id"] in expired_ids:
                 try:
                     candidates |= _referenced_files(io, manager, snapshot, cache, live_only=False)
@@ -1316,42 +1314,30 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
                     unread.append((exc.location or snapshot["manifest-list"], str(exc)))
             else:
                 still_needed |= _referenced_files(io, manager, snapshot, cache, live_only=True)
-
-        metadata = copy.deepcopy(base)
-        metadata["snapshots"] = [s for s in snapshots if s["snapshot-id"] not in expired_ids]
-        metadata["snapshot-log"] = [e for e in metadata.get("snapshot-log") or [] if e["snapshot-id"] not in expired_ids]
-        for name in ("statistics", "partition-statistics"):
-            if name in metadata:
-                metadata[name] = [e for e in metadata[name] if e.get("snapshot-id") not in expired_ids]
-        metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
-        _log_previous(metadata, base, base_location)
+        plan.update(expired_ids=expired_ids, candidates=candidates, still_needed=still_needed, unread=unread)
+        updates: list[_model.TableUpdate] = [_model.RemoveSnapshotRef(name) for name in expired_refs]
+        if expired_ids:
+            updates.append(_model.RemoveSnapshots(tuple(sorted(expired_ids))))
         if manager is not None:
-            manager.remove_keys(removable_keys(base, expired_ids))
-            metadata = manager.apply_to_metadata(metadata)
+            updates += [_model.RemoveEncryptionKey(k) for k in sorted(removable_keys(base, expired_ids))]
+        return _model.Change.on(base, updates, what="snapshot expiry")
+
+    location = _committer.commit(target, build)  # retried on a newer version as it comes
+    if location is None:
+        return []
+    deletions = Deletions(table.locations, f"expire_snapshots of {table.pin.location}")
+    deletions.skipped.extend(plan["unread"])
+    keep = {_same_file(table.locations, p) for p in plan["still_needed"]}
+    for path in sorted(plan["candidates"] - plan["still_needed"]):
+        if _same_file(table.locations, path) in keep:
+            continue  # another spelling of a file a remaining snapshot needs
         try:
-            location = target.commit_metadata(base_location, metadata, base=base)
-        except (_commit.VersionExistsError, CommitConflictError):
-            if attempt > DEFAULT_COMMIT_RETRIES:
-                raise CommitConflictError(
-                    f"{target.metadata_location}: snapshot expiry kept losing to concurrent commits"
-                ) from None
-            _backoff(attempt)
-            continue
-        target.committed(location)
-        deletions = Deletions(table.locations, f"expire_snapshots of {table.pin.location}")
-        deletions.skipped.extend(unread)
-        keep = {_same_file(table.locations, p) for p in still_needed}
-        for path in sorted(candidates - still_needed):
-            if _same_file(table.locations, path) in keep:
-                continue  # another spelling of a file a remaining snapshot needs
-            try:
-                deletions.location(path)
-            except OSError:
-                pass  # an orphan file is harmless; the commit stands
-        deletions.warn()
-        return ExpiredSnapshots(sorted(expired_ids), deleted_files=deletions.deleted,
-                                skipped_files=deletions.skipped_locations)
-    raise AssertionError("unreachable")
+            deletions.location(path)
+        except OSError:
+            pass  # an orphan file is harmless; the commit stands
+    deletions.warn()
+    return ExpiredSnapshots(sorted(plan["expired_ids"]), deleted_files=deletions.deleted,
+                            skipped_files=deletions.skipped_locations)
 
 
 class ExpiredSnapshots(list):
