@@ -142,6 +142,15 @@ def test_a_catalog_tables_location_is_anchored_by_the_catalog(sqlite_catalog):
     metadata = json.loads(current.read_text())
     metadata["location"] = str(victim_dir)
     current.write_text(json.dumps(metadata))
+    from icecrypt import TableIdentityError
+
+    # the catalog recorded the table's roots: the pin says the location changed
+    with pytest.raises(TableIdentityError, match="location") as caught:
+        sqlite_catalog.load_table("db.mine").remove_orphan_files(older_than=2**62)
+    assert str(current.name) in str(caught.value)
+    # a table without a record (made by another engine): the metadata location the
+    # database records anchors it
+    sqlite_catalog._pin_set(("db",), "mine", None)
     with pytest.raises(PathOutsideTableError, match="anchors a catalog table") as caught:
         sqlite_catalog.load_table("db.mine").remove_orphan_files(older_than=2**62)
     assert str(current.name) in str(caught.value)

@@ -405,7 +405,10 @@ class Catalog:
         store = self._store(namespace, name, recorded.rsplit("/", 2)[0])
         path = store._remember(recorded)
         metadata = read_metadata_file(store.locations.filesystem, path)
-        _check_anchored(store.locations, metadata, recorded, self._describe(namespace, name))
+        if not (pinned or {}).get(CATALOG_LOCATION):
+            # no roots recorded yet (a table another engine made): the metadata location the
+            # database records anchors it; with a record, the pin below says what changed
+            _check_anchored(store.locations, metadata, recorded, self._describe(namespace, name))
         encrypted = (metadata.get("properties") or {}).get("encryption.key-id") or table_key_id or pinned
         kms = self.kms if encrypted else self._kms
         pin = catalog_pin(pinned, metadata, table_key_id=table_key_id)
