@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -185,6 +186,8 @@ class Locations:
         table by a rewrite).  Cheap for the usual path without links (one ``realpath``).
         What remains is a race: a component swapped for a link between this check and the
         open is followed (readers do not open with O_NOFOLLOW on every component)."""
+        if self._no_link_below_a_root(path):
+            return  # the usual case: a few lstat calls below the root, no full realpath
         real = os.path.realpath(path)
         if real == path:
             return
@@ -196,6 +199,45 @@ class Locations:
             "files are read only under its location, write.data.path or write.metadata.path, or allowed_locations)",
             location=location, table_location=table,
         )  # fmt: skip
+
+    def _no_link_below_a_root(self, path: str) -> bool:
+        """Whether ``path`` lies lexically under a root (or allowed location) and neither
+        that root's last component nor any component below it is a symbolic link (a
+        component that does not exist yet has no link below it).  Components above a root
+        are resolved once, with the root (``_real_roots``)."""
+        for root in self._lexical_roots():
+            rest = _below(path, root)
+            if rest is None:
+                continue
+            current = root
+            try:
+                if stat.S_ISLNK(os.lstat(current).st_mode):
+                    return False
+                for part in rest.split("/"):
+                    if part:
+                        current = f"{current.rstrip('/')}/{part}"
+                        if stat.S_ISLNK(os.lstat(current).st_mode):
+                            return False
+            except FileNotFoundError:
+                return True
+            except OSError:
+                return False
+            return True
+        return False
+
+    def _lexical_roots(self) -> tuple[str, ...]:
+        """The filesystem paths (links not resolved) of the roots and allowed locations."""
+        cached = self.__dict__.get("_lexical_roots_cache")
+        if cached is None:
+            confinement = self._confinement
+            paths = []
+            for root in (*confinement.roots, *confinement.allowed) if confinement is not None else ():
+                try:
+                    paths.append(fs_path_of(root, local=True, original=str(root)))
+                except ValueError:  # not a local location
+                    continue
+            cached = self.__dict__["_lexical_roots_cache"] = tuple(paths)
+        return cached
 
     def _real_roots(self) -> tuple[str, ...]:
         """The real paths (symbolic links resolved) of the roots and allowed locations,
