@@ -39,7 +39,6 @@ def tagged(tmp_path):
     def add_refs(metadata: dict) -> None:
         metadata["refs"]["audit"] = {"snapshot-id": log[1][0], "type": "tag"}
         metadata["refs"]["dev"] = {"snapshot-id": log[2][0], "type": "branch"}
-        metadata["refs"]["ghost"] = {"snapshot-id": 31337, "type": "tag"}
 
     edit_metadata(path, add_refs)
     return root, log, {s["snapshot_id"]: s for s in expected(NAME)["snapshots"]}
@@ -84,8 +83,12 @@ def test_bad_time_travel_options(ispark, tagged):
     assert "'dev' is a branch, not a tag" in error(tag="dev")
     assert "at most one of snapshot_id, as_of_timestamp, branch and tag" in \
         error(tag="audit", **{"snapshot-id": str(log[0][0])})
+    # a ref naming a snapshot the table lacks: the version is refused when loaded
+    path = metadata_path(NAME, root)
+    edit_metadata(path, lambda metadata: metadata["refs"].update(ghost={"snapshot-id": 31337, "type": "tag"}))
     text = error(tag="ghost")
-    assert "names snapshot 31337, which is not among the table's snapshots" in text and "metadata.json" in text
+    assert "ref 'ghost' points at snapshot 31337, which is not in the table" in text and "metadata.json" in text
+    edit_metadata(path, lambda metadata: metadata["refs"].pop("ghost") and None)
 
 
 def test_a_write_to_a_branch_is_refused(ispark, tagged):

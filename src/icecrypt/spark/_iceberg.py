@@ -117,6 +117,7 @@ from icecrypt.table import (
 from icecrypt.table._io import PathOutsideTableWarning
 from icecrypt.table._pin import trusted_pin
 from icecrypt.table._scan import parse_row_filter
+from icecrypt.table._travel import resolve_read
 
 __all__ = ["IcebergDataSource", "IcebergReader", "IcebergWriter", "MetadataTableReader", "TaskDataFiles",
            "TaskPartition"]
@@ -363,10 +364,17 @@ def _metadata_table(options: Mapping[str, str], location: str) -> pa.Table:
         if row_filter is not None and name != "partitions":
             raise ValueError(f"option {OPT_FILTER} applies to the rows of a table and to metadata table partitions, "
                              f"not to {name!r}")
+        # snapshot-id, as-of-timestamp, branch or tag select the snapshot of the
+        # per-snapshot tables, as for a read of the table's rows
+        travel = {key: value for key, value in _time_travel(options).items() if value is not None}
+        snapshot_id = None
+        if travel:
+            snapshot, _ = resolve_read(table, **travel)
+            snapshot_id = None if snapshot is None else snapshot.snapshot_id
         if name == "partitions":
-            result = table.inspect.partitions(_snapshot_id(options), row_filter)
+            result = table.inspect.partitions(snapshot_id, row_filter)
         else:
-            result = table.inspect.table(name, snapshot_id=_snapshot_id(options))
+            result = table.inspect.table(name, snapshot_id=snapshot_id)
         columns = columns_option(options)
         if columns is not None:
             unknown = [c for c in columns if c not in result.column_names]
