@@ -244,14 +244,7 @@ class Locations:
         computed once per ``Locations`` (they come from the pin and the caller)."""
         cached = self.__dict__.get("_real_roots_cache")
         if cached is None:
-            confinement = self._confinement
-            paths = []
-            for root in (*confinement.roots, *confinement.allowed) if confinement is not None else ():
-                try:
-                    paths.append(os.path.realpath(fs_path_of(root, local=True, original=str(root))))
-                except ValueError:  # not a local location: nothing of it on this filesystem
-                    continue
-            cached = self.__dict__["_real_roots_cache"] = tuple(paths)
+            cached = self.__dict__["_real_roots_cache"] = tuple(os.path.realpath(p) for p in self._lexical_roots())
         return cached
 
     def fs_roots(self) -> list[str]:
