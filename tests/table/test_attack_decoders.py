@@ -540,3 +540,47 @@ def test_write_paths_refuse_a_recursive_file(tmp_path, operation, target):
         return
     assert_refused(outcome, path.name, "recursive Avro type 'R'")
     assert _files(root) == before
+
+
+# --- whole-file reads of small documents: a version hint, a key manifest ----------------------------
+
+
+def test_a_huge_version_hint_is_not_read_whole(tmp_path):
+    """A 1 GiB (sparse) ``version-hint.text`` is no number: the listing names the version,
+    and reading the hint costs its first bytes only."""
+    table = plaintext_table(tmp_path)
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64())}))
+    hint = Path(table.location) / "metadata" / "version-hint.text"
+    with open(hint, "r+b") as f:
+        f.truncate(1 << 30)
+    outcome = run_child(
+        """
+        table = icecrypt.table.EncryptedTable.load(sys.argv[1])
+        print(table.scan().to_arrow().num_rows, file=sys.stderr)
+        """,
+        table.location,
+    )
+    assert outcome["error"] is None, outcome["error"]
+    assert outcome["grew"] < CEILING, f"peak RSS grew by {outcome['grew'] >> 20} MiB"
+
+
+def test_a_key_manifest_larger_than_the_cap_is_refused(tmp_path):
+    """A key manifest past ``$ICECRYPT_MAX_METADATA_BYTES`` is refused before its JSON is
+    parsed (or read whole)."""
+    manifest = tmp_path / "keys.json"
+    with open(manifest, "wb") as f:
+        f.write(b'{"format": "' + b" " * 100)
+        f.truncate(1 << 30)
+    env = dict(os.environ, ICECRYPT_MAX_METADATA_BYTES=str(1 << 20))
+    code = (
+        "import sys\n"
+        "from icecrypt.keys.manifest import _load\n"
+        "try:\n"
+        "    _load(None, None, sys.argv[1])\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__ + ': ' + str(exc))\n"
+    )
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code, str(manifest)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("FormatError") and "larger than 1048576 bytes" in proc.stdout, proc.stdout

@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from icecrypt._atomic import AtomicFile
+from icecrypt._limits import MAX_METADATA_BYTES_ENV, max_metadata_bytes
 from icecrypt.errors import (
     AuthenticationError,
     EncryptionKeyNotFoundError,
@@ -148,15 +149,18 @@ def write_key_manifest(
 
 
 def _load(path: Any, filesystem: Any, name: str) -> dict:
+    limit = max_metadata_bytes()
     try:
         if _is_local(filesystem):
             with open(name, "rb") as f:
-                raw = f.read()
+                raw = f.read(limit + 1)
         else:
             with filesystem.open_input_stream(name, compression=None) as f:
-                raw = f.read()
+                raw = f.read(limit + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"{name}: key manifest not found") from None
+    if len(raw) > limit:
+        raise FormatError(f"{name}: key manifest is larger than {limit} bytes (the limit; set {MAX_METADATA_BYTES_ENV} to raise it)")
     try:
         document = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep

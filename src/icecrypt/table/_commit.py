@@ -157,10 +157,12 @@ def _exists(filesystem: pafs.FileSystem, path: str) -> bool:
     return filesystem.get_file_info(path).type != pafs.FileType.NotFound
 
 
-def _read_all(filesystem: pafs.FileSystem, path: str) -> bytes | None:
+def _read_all(filesystem: pafs.FileSystem, path: str, limit: int) -> bytes | None:
+    """The bytes of ``path`` (None when it does not exist), at most ``limit + 1`` of them:
+    a caller that knows how long the file should be never reads a larger one whole."""
     try:
         with filesystem.open_input_file(path) as f:
-            return f.read()
+            return f.read(limit + 1)
     except FileNotFoundError:
         return None
 
@@ -170,7 +172,7 @@ def _landed(filesystem: pafs.FileSystem, path: str, payload: bytes) -> bool:
     wrong answer either way loses a commit or deletes the files of a committed one."""
     for attempt in range(3):
         try:
-            return _read_all(filesystem, path) == payload
+            return _read_all(filesystem, path, len(payload)) == payload
         except OSError:
             if attempt == 2:
                 raise
@@ -204,8 +206,12 @@ def _create_exclusive(filesystem: pafs.FileSystem, path: str, payload: bytes) ->
             if _exists(filesystem, tmp):
                 filesystem.delete_file(tmp)
         raise
-    if _read_all(filesystem, path) != payload:
+    if _read_all(filesystem, path, len(payload)) != payload:
         raise VersionExistsError(path)
+
+
+#: a version hint is a decimal number; a longer file is not one (the listing decides)
+_MAX_HINT_BYTES = 64
 
 
 def _write_hint(filesystem: pafs.FileSystem, metadata_dir: str, version: int) -> None:
@@ -220,8 +226,8 @@ def _write_hint(filesystem: pafs.FileSystem, metadata_dir: str, version: int) ->
 
 
 def _hinted_version(filesystem: pafs.FileSystem, metadata_dir: str) -> int | None:
-    raw = _read_all(filesystem, posixpath.join(metadata_dir, VERSION_HINT))
-    if raw is not None:
+    raw = _read_all(filesystem, posixpath.join(metadata_dir, VERSION_HINT), _MAX_HINT_BYTES)
+    if raw is not None and len(raw) <= _MAX_HINT_BYTES:
         text = raw.decode("ascii", "replace").strip()
         if text.isdigit():
             return int(text)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import posixpath
 import re
 import zlib
@@ -23,6 +22,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from icecrypt._limits import DEFAULT_MAX_METADATA_BYTES, MAX_METADATA_BYTES_ENV, max_metadata_bytes
 from icecrypt.errors import FormatError
 
 __all__ = ["VERSION_HINT", "Snapshot", "parse_metadata", "read_metadata_file", "resolve_metadata_file"]
@@ -128,29 +128,8 @@ def resolve_metadata_file(filesystem: pafs.FileSystem, path: str) -> str:
     )
 
 
-#: default cap on the (decompressed) size of a ``metadata.json``: a table with 10,000
-#: snapshots has 0.2-2 MB of metadata; this is generous and still bounds what a crafted
-#: (say, gzip-compressed) file costs before its JSON is parsed
-DEFAULT_MAX_METADATA_BYTES = 128 << 20
-#: environment variable overriding :data:`DEFAULT_MAX_METADATA_BYTES` (a byte count)
-MAX_METADATA_BYTES_ENV = "ICECRYPT_MAX_METADATA_BYTES"
 _GZIP_MAGIC = b"\x1f\x8b"
 _INFLATE_CHUNK = 1 << 20
-
-
-def max_metadata_bytes() -> int:
-    """The size cap of a ``metadata.json`` (after decompression): ``$ICECRYPT_MAX_METADATA_BYTES``
-    when set, else :data:`DEFAULT_MAX_METADATA_BYTES`."""
-    raw = os.environ.get(MAX_METADATA_BYTES_ENV)
-    if not raw:
-        return DEFAULT_MAX_METADATA_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(f"{MAX_METADATA_BYTES_ENV} must be a positive number of bytes, not {raw!r}")
-    return value
 
 
 def _inflate(f: pafs.NativeFile, path: str, first: bytes, limit: int) -> bytes:
