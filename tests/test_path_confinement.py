@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from icecrypt import PathOutsideTableError
 from icecrypt._paths import UnsafeLocationError, normalize_path, parse_location
-from icecrypt.table._io import Locations
+from icecrypt.table.files.io import Locations
 
 NAMES = st.sampled_from(["t", "t2", "data", "metadata", "x.parquet", "a b", "%20", "p%3Dq", "tt", "..t", "t.."])
 SEGMENTS = st.lists(st.one_of(NAMES, st.sampled_from(["..", ".", ""])), max_size=8)

@@ -118,7 +118,7 @@ class Evidence:
 def table_keys(table: EncryptedTable, kms) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """(DEKs, KEKs) of a table, through the real objects: the manifest-list keys unwrapped
     by the KEKs, the manifests' and files' key metadata, and the KEKs unwrapped by the KMS."""
-    from icecrypt.table import _write
+    from icecrypt.table.ops import write as _write
 
     deks, keks = {}, {}
     manager = table.encryption_manager

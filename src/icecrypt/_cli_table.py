@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
     _add_common(p)
     p.set_defaults(func=_snapshots)
 
-    from icecrypt.table._inspect import METADATA_TABLES
+    from icecrypt.table.read.inspect import METADATA_TABLES
 
     p = sub.add_parser(
         "inspect", help="print a metadata table (snapshots, files, manifests, partitions, ...) as JSON lines",
@@ -295,7 +295,7 @@ def _create(args: argparse.Namespace) -> int:
 
     schema = parse_schema(args.schema) if args.schema else _read_input(args.schema_from).schema
     if not args.schema:
-        from icecrypt.table._write_schema import iceberg_schema
+        from icecrypt.table.model.schema import iceberg_schema
 
         schema = iceberg_schema(schema)
     spec = parse_partition(schema, args.partition_by) if args.partition_by else None
@@ -324,7 +324,7 @@ def _append(args: argparse.Namespace) -> int:
 
     table = _load(args, _kms(args))
     target = table.schema
-    from icecrypt.table._read import arrow_schema
+    from icecrypt.table.files.read import arrow_schema
 
     schema = arrow_schema(target)
     datasets = [_read_input(path) for path in args.files]
@@ -638,7 +638,7 @@ def _safe_repair_report(report: Any) -> str:
     ))  # fmt: skip
 
 
-# --- maintenance (icecrypt.table._maintenance) ---------------------------------------------------
+# --- maintenance (icecrypt.table.maintenance.actions) ---------------------------------------------------
 
 
 def _register_maintenance(sub: Any) -> None:

@@ -5,7 +5,7 @@ authenticated: whoever can write a table's storage can name any path there.  A t
 operation therefore reads, writes, lists and deletes only locations that lie under one of
 the table's *pinned roots* (the table location and, when the table sets them,
 ``write.data.path`` / ``write.metadata.path``, as the table object pinned them; see
-``icecrypt.table._pin``), or under a location the caller allowed explicitly.
+``icecrypt.table.commit.pin``), or under a location the caller allowed explicitly.
 
 The rule, in one place (:func:`parse_location`, :meth:`ParsedLocation.within`):
 

@@ -145,7 +145,7 @@ __all__ = [
 ]
 
 
-# --- keys dropped by a writer that does not know encryption (icecrypt.table._repair) -----
+# --- keys dropped by a writer that does not know encryption (icecrypt.table.maintenance.repair) -----
 
 
 class KeysLostError(FormatError):
@@ -178,7 +178,7 @@ class RepairError(IcecryptError):
 __all__ += ["KeysLostError", "RepairError"]
 
 
-# --- what a table object holds fixed (icecrypt.table._pin) -------------------------------
+# --- what a table object holds fixed (icecrypt.table.commit.pin) -------------------------------
 
 
 class TableIdentityError(IcecryptError, ValueError):

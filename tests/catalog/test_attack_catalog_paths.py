@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from icecrypt.catalog import CatalogError, InvalidIdentifierError
-from icecrypt.table._io import PathOutsideTableWarning
+from icecrypt.table.files.io import PathOutsideTableWarning
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
 OLD = 1_000_000_000  # an mtime far older than any orphan cut-off

@@ -14,8 +14,8 @@ from test_sql import SCHEMA, rows
 
 from icecrypt import TableIdentityError
 from icecrypt.catalog import load_catalog
-from icecrypt.table import _commit
-from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_LOCATION, CATALOG_UUID
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.commit.pin import CATALOG_KEY_ID, CATALOG_LOCATION, CATALOG_UUID
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.servers)])
 def sql_catalog(request, warehouse, kms):

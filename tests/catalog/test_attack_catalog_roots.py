@@ -19,8 +19,8 @@ from test_sql import SCHEMA, rows
 from icecrypt import TableIdentityError
 from icecrypt.catalog import load_catalog
 from icecrypt.errors import ReplayedKeyError
-from icecrypt.table import _commit
-from icecrypt.table._pin import CATALOG_DATA_PATH, CATALOG_LOCATION, CATALOG_UUID, retired_keks
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.commit.pin import CATALOG_DATA_PATH, CATALOG_LOCATION, CATALOG_UUID, retired_keks
 
 
 def _contents(table) -> dict[str, bytes]:
@@ -193,7 +193,7 @@ def test_a_fresh_process_refuses_a_kek_the_catalog_saw_retired(setup):  # noqa: 
 
 
 def test_rotate_keys_records_retired_keks_and_the_list_is_bounded(sql_catalog, monkeypatch):
-    from icecrypt.table import _pin
+    from icecrypt.table.commit import pin as _pin
 
     sql_catalog.create_namespace("db")
     table = sql_catalog.create_table("db.t", SCHEMA, table_key_id="keyA")

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from icecrypt.catalog import load_catalog
-from icecrypt.table import _commit
-from icecrypt.table._model import RequirementFailed
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.model.changes import RequirementFailed
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
 

@@ -22,7 +22,7 @@ from icecrypt.catalog import (
 )
 from icecrypt.errors import CommitConflictError
 from icecrypt.table import EncryptedTable
-from icecrypt.table import _write as w
+from icecrypt.table.ops import write as w
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
 

@@ -192,7 +192,7 @@ def _listing(root: str) -> list[str]:
 
 def referenced(table: EncryptedTable) -> set[str]:
     """Filesystem paths of every file reachable from any snapshot of ``table``."""
-    from icecrypt.table import _write  # the write path's own walk of a version (a reader, not a mock)
+    from icecrypt.table.ops import write as _write  # the write path's own walk of a version (a reader, not a mock)
 
     target = _write._Target.of(table)
     manager = target.manager(table.metadata)

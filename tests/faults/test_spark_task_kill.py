@@ -49,7 +49,7 @@ from icecrypt import avro, parquet  # noqa: E402
 from icecrypt.keys.manifest import read_key_manifest  # noqa: E402
 from icecrypt.kms.local import LocalKms  # noqa: E402
 from icecrypt.table import EncryptedTable  # noqa: E402
-from icecrypt.table._maintenance import referenced_files  # noqa: E402
+from icecrypt.table.maintenance.actions import referenced_files  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

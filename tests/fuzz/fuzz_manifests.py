@@ -1,5 +1,5 @@
 """Fuzz harness: manifests and manifest lists, as the table layer reads them
-(``icecrypt.table._manifest.read_manifest_list`` / ``read_manifest``: the decrypted
+(``icecrypt.table.files.manifest.read_manifest_list`` / ``read_manifest``: the decrypted
 Avro records turned into ``ManifestFile`` / ``ManifestEntry`` objects, with each file's
 key metadata decoded and the encryption rules applied).
 
@@ -25,7 +25,7 @@ from fuzzlib import Finding, Input, fixed_bytes, table_plaintexts, write_file
 from icecrypt import DecryptionError, ags1
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.table import Locations
-from icecrypt.table._manifest import ManifestFile, read_manifest, read_manifest_list
+from icecrypt.table.files.manifest import ManifestFile, read_manifest, read_manifest_list
 
 ALLOWED = (DecryptionError,)
 KEY = fixed_bytes("manifest-key", 16)

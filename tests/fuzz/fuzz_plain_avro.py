@@ -34,7 +34,7 @@ from icecrypt import DecryptionError
 from icecrypt._avro_container import _zigzag
 from icecrypt.avro import _AvroFile
 from icecrypt.table import EncryptedTable, Locations
-from icecrypt.table._manifest import ManifestFile, read_manifest, read_manifest_list
+from icecrypt.table.files.manifest import ManifestFile, read_manifest, read_manifest_list
 
 ALLOWED = (DecryptionError,)
 _SYNC = bytes(range(16))

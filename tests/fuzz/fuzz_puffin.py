@@ -32,8 +32,8 @@ from fuzzlib import Finding, Input, fixed_bytes, table_plaintexts, write_file
 
 from icecrypt import DecryptionError, ags1
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.table._deletes import DV_MAGIC, decode_deletion_vector, read_dv_blob
-from icecrypt.table._write_dv import DeletionVector, decode_dv, encode_dv, puffin_file
+from icecrypt.table.files.deletes import DV_MAGIC, decode_deletion_vector, read_dv_blob
+from icecrypt.table.files.write_dv import DeletionVector, decode_dv, encode_dv, puffin_file
 
 ALLOWED = (DecryptionError,)
 KEY = fixed_bytes("puffin-key", 16)

@@ -29,7 +29,7 @@ from fuzzlib import Finding, memory_kms, write_file
 
 from icecrypt import DecryptionError, EncryptionKeyNotFoundError, KmsError
 from icecrypt.table import EncryptedTable
-from icecrypt.table._metadata import MAX_METADATA_BYTES_ENV
+from icecrypt.table.files.metadata import MAX_METADATA_BYTES_ENV
 from vectorlib import TABLES_DIR
 
 ALLOWED = (DecryptionError, EncryptionKeyNotFoundError, KmsError)

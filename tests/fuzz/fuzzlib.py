@@ -335,7 +335,7 @@ def table_plaintexts() -> dict[str, list]:
     if _PLAIN is not None:
         return _PLAIN
     from icecrypt import ags1
-    from icecrypt.table._manifest import read_manifest
+    from icecrypt.table.files.manifest import read_manifest
 
     out: dict[str, list] = {"manifest_lists": [], "manifests": [], "avro_data": [], "puffin": [], "tables": []}
     seen: set[str] = set()

@@ -128,7 +128,7 @@ def test_puffin_oracle_refuses_unsorted_positions():
 
 def test_manifest_oracle_refuses_a_manifest_without_key_metadata(monkeypatch):
     harness = fuzzlib.load("manifests")
-    from icecrypt.table import _manifest
+    from icecrypt.table.files import manifest as _manifest
 
     real = _manifest.file_key_metadata
     monkeypatch.setattr(_manifest, "file_key_metadata", lambda *a, **kw: None)

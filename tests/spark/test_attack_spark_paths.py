@@ -11,7 +11,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from icecrypt.spark._iceberg import IcebergWriter, TaskDataFiles
 from icecrypt.table import EncryptedTable
-from icecrypt.table._io import PathOutsideTableWarning
+from icecrypt.table.files.io import PathOutsideTableWarning
 
 
 def test_abort_never_deletes_outside_the_table(tmp_path):

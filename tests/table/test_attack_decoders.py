@@ -30,7 +30,7 @@ import pytest
 from icecrypt import FormatError
 from icecrypt._avro_container import _zigzag as _long
 from icecrypt.table import EncryptedTable
-from icecrypt.table._deletes import DV_MAGIC, decode_deletion_vector
+from icecrypt.table.files.deletes import DV_MAGIC, decode_deletion_vector
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 #: the most a crafted input may add to a child's peak RSS
@@ -112,7 +112,7 @@ _CHILD = """
 import json, resource, sys, traceback
 resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
 import numpy, pyarrow, fastavro
-import icecrypt, icecrypt.avro, icecrypt.table, icecrypt.table._deletes, icecrypt.cli
+import icecrypt, icecrypt.avro, icecrypt.table, icecrypt.table.files.deletes, icecrypt.cli
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 error = None
 try:
@@ -333,7 +333,7 @@ def test_overlapping_dv_runs_are_refused_before_allocating():
     with pytest.raises(FormatError, match="dv.bin: Roaring runs are unsorted or overlap"):
         decode_deletion_vector(blob, "dv.bin")
     outcome = run_child(
-        "icecrypt.table._deletes.decode_deletion_vector(bytes.fromhex(sys.argv[1]), 'dv.bin')", blob.hex()
+        "icecrypt.table.files.deletes.decode_deletion_vector(bytes.fromhex(sys.argv[1]), 'dv.bin')", blob.hex()
     )
     assert_refused(outcome, "dv.bin", "overlap")
 
@@ -373,7 +373,7 @@ def test_dv_positions_beyond_the_manifest_cardinality_are_refused_before_decodin
 
 
 def test_writer_decodes_vectors_with_the_checked_decoder():
-    from icecrypt.table._write_dv import decode_dv, encode_dv
+    from icecrypt.table.files.write_dv import decode_dv, encode_dv
 
     assert decode_dv(encode_dv(np.array([3, 1, 70000]))).tolist() == [1, 3, 70000]
     with pytest.raises(FormatError, match="overlap"):
@@ -381,7 +381,7 @@ def test_writer_decodes_vectors_with_the_checked_decoder():
 
 
 def test_plain_dv_range_beyond_the_file(tmp_path):
-    from icecrypt.table._deletes import read_dv_blob
+    from icecrypt.table.files.deletes import read_dv_blob
 
     path = tmp_path / "x.puffin"
     path.write_bytes(b"PFA1" + bytes(100))
@@ -435,7 +435,7 @@ def test_whole_file_read_compares_the_size_first(tmp_path):
     from icecrypt import ags1
     from icecrypt.keys import StandardKeyMetadata
     from icecrypt.table import Locations
-    from icecrypt.table._io import read_small_file
+    from icecrypt.table.files.io import read_small_file
 
     key, aad = os.urandom(16), os.urandom(16)
     ciphertext = ags1.encrypt(b"PFA1" + bytes(50), key, aad)

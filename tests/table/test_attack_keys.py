@@ -23,7 +23,8 @@ from test_write_roundtrip import SCHEMA, make_rows
 from icecrypt.errors import AuthenticationError, ReplayedKeyError
 from icecrypt.keys import EncryptedKey, EncryptionManager, read_encryption_keys
 from icecrypt.kms import LocalKms
-from icecrypt.table import EncryptedTable, _commit
+from icecrypt.table import EncryptedTable
+from icecrypt.table.commit import store as _commit
 
 
 def _now_ms() -> int:

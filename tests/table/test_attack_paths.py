@@ -18,7 +18,7 @@ import pytest
 
 from icecrypt import PathOutsideTableError
 from icecrypt.table import EncryptedTable
-from icecrypt.table._io import PathOutsideTableWarning
+from icecrypt.table.files.io import PathOutsideTableWarning
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
 
@@ -376,7 +376,7 @@ def test_expire_removes_a_link_never_its_target(tmp_path, outside):
 
 
 def test_job_cleanup_lists_and_deletes_only_inside_the_table(tmp_path, outside):
-    from icecrypt.table._write import remove_job_leftovers
+    from icecrypt.table.ops.write import remove_job_leftovers
 
     table = plain_table(tmp_path)
     operation = "0f0f0f0f-1111-2222-3333-444444444444"

@@ -169,7 +169,7 @@ def test_plaintext_writer_never_appears_for_an_encrypted_table(tmp_path, table_d
 
 def test_write_tasks_check_the_pin(tmp_path, table_dir, kms):
     """The distributed half of a write (what a Spark task runs) refuses the forged base."""
-    from icecrypt.table import _write
+    from icecrypt.table.ops import write as _write
 
     table = EncryptedTable.load(str(table_dir), kms=kms, table_key_id="keyA")
     forged = _attack(table_dir, _no_key)

@@ -13,8 +13,11 @@ import pytest
 
 from icecrypt.errors import CommitConflictError
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.table import EncryptedTable, _commit, _committer, _model
-from icecrypt.table._model import (
+from icecrypt.table import EncryptedTable
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.commit import committer as _committer
+from icecrypt.table.model import changes as _model
+from icecrypt.table.model.changes import (
     AddEncryptionKey,
     AddSchema,
     AssertRefSnapshotId,
@@ -72,7 +75,7 @@ def test_apply_is_copy_on_write_and_keeps_order_and_unknown_fields():
 
 
 def test_metadata_log_trimmed_as_the_write_path_trims_it():
-    from icecrypt.table._write import _log_previous
+    from icecrypt.table.ops.write import _log_previous
 
     base = base_doc()
     base["properties"]["write.metadata.previous-versions-max"] = "2"

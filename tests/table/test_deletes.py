@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from icecrypt.errors import FormatError
-from icecrypt.table._deletes import (
+from icecrypt.table.files.deletes import (
     DV_MAGIC,
     decode_deletion_vector,
     deleted_mask,
@@ -64,7 +64,7 @@ def test_decode_random_sets(positions):
 
 def test_java_deletion_vector(golden):
     """The DV Iceberg Java wrote deletes positions p % 10 == 3 of the alpha file."""
-    from icecrypt.table._read import _dv_positions
+    from icecrypt.table.files.read import _dv_positions
 
     table = golden("enc_deletes_dek16")
     task = next(t for t in table.scan().plan_files() if t.partition == ("alpha",))

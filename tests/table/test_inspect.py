@@ -20,7 +20,7 @@ from tablelib import TABLE_NAMES, expected
 from icecrypt.errors import DecryptionError, FormatError
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.table import METADATA_TABLES, EncryptedTable
-from icecrypt.table._manifest import read_manifest
+from icecrypt.table.files.manifest import read_manifest
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64(), nullable=False),

@@ -293,7 +293,7 @@ def test_row_groups_are_pruned_by_their_statistics(golden):
     import pyarrow.compute as pc
 
     from icecrypt import parquet
-    from icecrypt.table._read import _row_group_filter
+    from icecrypt.table.files.read import _row_group_filter
 
     table = golden("enc_parquet_dek16")
     task = next(t for t in table.scan(row_filter="id < 300").plan_files() if t.file.record_count == 4000)

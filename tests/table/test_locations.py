@@ -8,7 +8,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from icecrypt.table import EncryptedTable, Locations
-from icecrypt.table._metadata import resolve_metadata_file
+from icecrypt.table.files.metadata import resolve_metadata_file
 
 
 def test_location_map_longest_prefix_on_boundaries():

@@ -13,7 +13,7 @@ from test_write_roundtrip import CATEGORY, SCHEMA, assert_all_encrypted, digest,
 
 from icecrypt import CommitConflictError
 from icecrypt.table import EncryptedTable
-from icecrypt.table._maintenance import key_usage, referenced_files
+from icecrypt.table.maintenance.actions import key_usage, referenced_files
 
 
 def _now_ms() -> int:

@@ -16,7 +16,7 @@ from test_maintenance import assert_clean, data_files, small_table
 from test_write_roundtrip import digest
 
 from icecrypt.table import EncryptedTable
-from icecrypt.table._maintenance import fingerprint, key_usage
+from icecrypt.table.maintenance.actions import fingerprint, key_usage
 
 
 def _now_ms() -> int:

@@ -13,9 +13,9 @@ from tablelib import canonical_lines, copy_table, digest_lines, edit_metadata, e
 from test_write_java_tables import _assert_java_snapshots_intact, _expected_lines, _load, _rows_like
 
 from icecrypt.table import EncryptedTable
-from icecrypt.table._housekeeping import delete_removed_metadata_files, missing_snapshot_keys
-from icecrypt.table._manifest import read_manifest
-from icecrypt.table._merge import MergeSettings, pack_end
+from icecrypt.table.commit.housekeeping import delete_removed_metadata_files, missing_snapshot_keys
+from icecrypt.table.files.manifest import read_manifest
+from icecrypt.table.files.merge import MergeSettings, pack_end
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("s", pa.string())])
 

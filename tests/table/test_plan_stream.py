@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from icecrypt.table import EncryptedTable
-from icecrypt.table import _scan
+from icecrypt.table.read import scan as _scan
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("s", pa.string())])
 

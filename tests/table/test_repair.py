@@ -29,9 +29,10 @@ from tablelib import TABLE_NAMES, copy_table, location_map, metadata_path, table
 from icecrypt.cli import main
 from icecrypt.errors import KeysLostError, RepairError
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.table import EncryptedTable, _commit
-from icecrypt.table._repair import find_lost_keys
-from icecrypt.table._write import _log_previous
+from icecrypt.table import EncryptedTable
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.maintenance.repair import find_lost_keys
+from icecrypt.table.ops.write import _log_previous
 
 MEMORY_KMS = ["--kms-type", "memory", "--kms-property", "encryption.kms.memory.iceberg-test-keys=true"]
 

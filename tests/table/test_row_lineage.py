@@ -20,7 +20,7 @@ from tablelib import TABLE_NAMES
 from icecrypt import parquet
 from icecrypt.kms.memory import MemoryKms
 from icecrypt.table import EncryptedTable
-from icecrypt.table import _write as w
+from icecrypt.table.ops import write as w
 
 LINEAGE = ["_row_id", "_last_updated_sequence_number"]
 ROW_ID_FIELD, SEQ_FIELD = 2147483540, 2147483539
@@ -475,7 +475,7 @@ def test_partition_type_unites_every_spec():
     from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform
     from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
 
-    from icecrypt.table._metadata_columns import partition_type
+    from icecrypt.table.model.metadata_columns import partition_type
 
     schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "d", DateType()),
                     NestedField(3, "s", StringType()))  # fmt: skip

@@ -17,7 +17,9 @@ from test_write_roundtrip import CATEGORY, SCHEMA, digest, make_rows, stored_fil
 
 from icecrypt import CommitConflictError, KmsError
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.table import EncryptedTable, _commit, _write
+from icecrypt.table import EncryptedTable
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.ops import write as _write
 
 
 @pytest.fixture

@@ -21,10 +21,10 @@ from vectorlib import TABLES_DIR
 
 from icecrypt import FormatError, ags1
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.table import _commit
-from icecrypt.table._manifest_write import manifest_entry_struct, manifest_list_struct
-from icecrypt.table._write_dv import DeletionVector, decode_dv, encode_dv, puffin_file
-from icecrypt.table._write_schema import (
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.files.manifest_write import manifest_entry_struct, manifest_list_struct
+from icecrypt.table.files.write_dv import DeletionVector, decode_dv, encode_dv, puffin_file
+from icecrypt.table.model.schema import (
     partition_struct,
     schema_to_json,
     spec_fields_to_json,
@@ -125,7 +125,7 @@ def test_puffin_dv_layout_is_javas():
 
 
 def test_dv_agrees_with_the_read_path():
-    from icecrypt.table._deletes import decode_deletion_vector
+    from icecrypt.table.files.deletes import decode_deletion_vector
 
     rng = np.random.default_rng(7)
     positions = np.unique(np.concatenate([
@@ -207,7 +207,7 @@ def test_metadata_json_is_compact_and_ordered():
 
 
 def _internal(values: list, source_type) -> list:
-    from icecrypt.table._manifest_write import to_internal
+    from icecrypt.table.files.manifest_write import to_internal
 
     return [to_internal(v, source_type) for v in values]
 
@@ -240,7 +240,7 @@ def test_vectorized_transforms_match_pyiceberg():
         TimestamptzType,
     )
 
-    from icecrypt.table._write_data import _transform_array
+    from icecrypt.table.files.write_data import _transform_array
 
     micros = [-86_400_000_001, -3_600_000_000, -1, 0, 1, 3_599_999_999, 1_700_000_000_123_456, None]
     columns = {

@@ -15,7 +15,7 @@ from vectorlib import TABLES_DIR
 
 from icecrypt.kms.memory import MemoryKms
 from icecrypt.table import EncryptedTable
-from icecrypt.table._write_schema import arrow_write_schema
+from icecrypt.table.model.schema import arrow_write_schema
 
 
 @pytest.fixture

@@ -26,8 +26,8 @@ from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.kms.memory import MemoryKms
 from icecrypt.parquet import read_table
 from icecrypt.table import EncryptedTable
-from icecrypt.table._manifest_write import DELETED
-from icecrypt.table._write import _read_entries, _read_manifest_list, _Target
+from icecrypt.table.files.manifest_write import DELETED
+from icecrypt.table.ops.write import _read_entries, _read_manifest_list, _Target
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64(), nullable=False),
@@ -413,7 +413,7 @@ def test_metadata_structure_matches_java(tmp_path, kms):
 def test_write_files_then_append_files(tmp_path, kms):
     import pickle
 
-    from icecrypt.table import _write
+    from icecrypt.table.ops import write as _write
 
     root = tmp_path / "t"
     EncryptedTable.create(str(root), SCHEMA, kms=kms, table_key_id="keyA", partition_spec=CATEGORY)

@@ -32,7 +32,7 @@ from icecrypt.errors import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from icecrypt.table._io import Locations
+from icecrypt.table.files.io import Locations
 
 __all__ = ["Catalog", "Identifier"]
 
@@ -85,7 +85,7 @@ def _show(levels: tuple[str, ...]) -> str:
 
 class _CatalogTableStore:
     """Where one catalog table's current metadata location lives
-    (``icecrypt.table._commit.MetadataStore``), in filesystem paths.
+    (``icecrypt.table.commit.store.MetadataStore``), in filesystem paths.
 
     The catalog records locations (``file:///wh/db/t/metadata/00003-....metadata.json``);
     the table reads paths on its filesystem.  Paths read from the catalog are mapped back
@@ -143,7 +143,7 @@ class _CatalogTableStore:
     def swap(
         self, expected: str, new: str, *, metadata: Any = None, rotate_to: str | None = None, retired: Any = None
     ) -> None:
-        from icecrypt.table._pin import catalog_commit
+        from icecrypt.table.commit.pin import catalog_commit
 
         record = None
         if metadata is not None:
@@ -158,7 +158,7 @@ class _CatalogTableStore:
         self._remember(self._to_recorded(new))
 
     def create(self, new: str, *, metadata: Any = None) -> None:
-        from icecrypt.table._pin import catalog_record
+        from icecrypt.table.commit.pin import catalog_record
 
         record = catalog_record(metadata) if metadata is not None else None
         self.catalog._table_create(self.namespace, self.name, self._to_recorded(new), pin=record)
@@ -348,7 +348,7 @@ class Catalog:
         ``table_key_id``; None = plaintext) at ``location`` (default: under the
         warehouse) and return it as an :class:`~icecrypt.table.EncryptedTable` whose
         writes commit through this catalog."""
-        from icecrypt.table import _write
+        from icecrypt.table.ops import write as _write
 
         namespace, name = self._identifier(identifier)
         if not self._ns_exists(namespace):
@@ -394,8 +394,8 @@ class Catalog:
         ``table_key_id``: the key id the caller expects; it overrides the catalog's record
         (e.g. after another engine rotated the master key), which is then updated to it."""
         from icecrypt.table import EncryptedTable
-        from icecrypt.table._metadata import read_metadata_file
-        from icecrypt.table._pin import CATALOG_KEY_ID, CATALOG_LOCATION, adopt_record, catalog_pin, retired_keks
+        from icecrypt.table.files.metadata import read_metadata_file
+        from icecrypt.table.commit.pin import CATALOG_KEY_ID, CATALOG_LOCATION, adopt_record, catalog_pin, retired_keks
 
         namespace, name = self._identifier(identifier)
         recorded = self._table_location(namespace, name)
@@ -429,8 +429,8 @@ class Catalog:
         Java's ``registerTable``); returns it loaded.  The catalog pins the file's
         ``encryption.key-id`` and UUID from here on; ``table_key_id``: the master key id
         the caller expects the file to name (refused otherwise)."""
-        from icecrypt.table._metadata import read_metadata_file
-        from icecrypt.table._pin import catalog_record, trusted_pin
+        from icecrypt.table.files.metadata import read_metadata_file
+        from icecrypt.table.commit.pin import catalog_record, trusted_pin
 
         namespace, name = self._identifier(identifier)
         if not self._ns_exists(namespace):
@@ -498,7 +498,7 @@ class Catalog:
         raise NotImplementedError
 
     def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
-        """The recorded key id and UUID of the table (``icecrypt.table._pin``), None if none."""
+        """The recorded key id and UUID of the table (``icecrypt.table.commit.pin``), None if none."""
         raise NotImplementedError
 
     def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
@@ -518,7 +518,7 @@ def _check_anchored(locations: Locations, metadata: Mapping[str, Any], recorded:
     catalog database is the anchor.  Without this, a writer of the table's own storage
     could point its ``location`` at another table, whose files the table's maintenance
     would then list and delete."""
-    from icecrypt.table._pin import TablePin
+    from icecrypt.table.commit.pin import TablePin
 
     roots = TablePin.from_metadata(dict(metadata)).roots()
     if roots and not locations.confined(roots).is_inside(recorded):
@@ -536,8 +536,8 @@ def _purge(table: Any) -> None:
     The metadata is storage's word: only files under the table's pinned roots are
     deleted, never through a symbolic link, and only metadata files where the metadata
     log names one; anything else is skipped with a PathOutsideTableWarning."""
-    from icecrypt.table import _write as w
-    from icecrypt.table._io import Deletions
+    from icecrypt.table.ops import write as w
+    from icecrypt.table.files.io import Deletions
 
     target = w._Target.of(table)
     base = table.metadata

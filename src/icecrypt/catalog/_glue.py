@@ -458,9 +458,9 @@ class GlueCatalog(Catalog):
     @staticmethod
     def _with_pin(table_input: dict[str, Any], pin: dict[str, str] | None) -> dict[str, Any]:
         """``table_input`` with the table's record (key id, UUID, roots, retired KEKs;
-        ``icecrypt.table._pin``) as Glue table parameters (kept by PyIceberg's and Java's updates, which copy the
+        ``icecrypt.table.commit.pin``) as Glue table parameters (kept by PyIceberg's and Java's updates, which copy the
         entry's parameters)."""
-        from icecrypt.table._pin import CATALOG_KEYS
+        from icecrypt.table.commit.pin import CATALOG_KEYS
 
         parameters = dict(table_input.get("Parameters") or {})
         for key in CATALOG_KEYS:
@@ -469,7 +469,7 @@ class GlueCatalog(Catalog):
         return {**table_input, "Parameters": parameters}
 
     def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
-        from icecrypt.table._pin import CATALOG_KEYS
+        from icecrypt.table.commit.pin import CATALOG_KEYS
 
         if len(namespace) != 1:
             return None
@@ -602,7 +602,7 @@ class GlueCatalog(Catalog):
     def _read_metadata_json(self, metadata_location: str) -> dict[str, Any]:
         """The ``metadata.json`` at ``metadata_location`` (a recorded location), for the
         Glue entry's location and columns."""
-        from icecrypt.table._metadata import read_metadata_file
+        from icecrypt.table.files.metadata import read_metadata_file
 
         locations = self._locations(metadata_location)
         return read_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from icecrypt.catalog._base import Catalog, _show
-from icecrypt.table import _pin
+from icecrypt.table.commit import pin as _pin
 from icecrypt.errors import (
     CatalogError,
     CommitConflictError,
@@ -94,7 +94,7 @@ def _schema_with_pins() -> tuple[Any, Any, Any, Any]:
 
 
 #: columns of icecrypt_table_pins added after its first version (nullable; ALTER TABLE ADD
-#: COLUMN on a catalog that lacks them) and the record keys (icecrypt.table._pin) they hold
+#: COLUMN on a catalog that lacks them) and the record keys (icecrypt.table.commit.pin) they hold
 _PIN_COLUMNS_ADDED = {
     "location": _pin.CATALOG_LOCATION,
     "write_data_path": _pin.CATALOG_DATA_PATH,
@@ -375,7 +375,7 @@ class SqlCatalog(Catalog):
         if result.rowcount < 1:
             raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
 
-    # --- pins (icecrypt.table._pin) ------------------------------------------------------------
+    # --- pins (icecrypt.table.commit.pin) ------------------------------------------------------------
 
     def _pins_exist(self) -> bool:
         """Whether icecrypt_table_pins exists (then with every column, added if missing)."""

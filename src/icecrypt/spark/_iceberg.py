@@ -62,7 +62,7 @@ default (no filter pushed) applies and results stay right.
 Writing: ``writer()`` (driver) loads the table — or, with option ``table-key-id``, creates
 a missing one, encrypted under that KMS master key — and checks the DataFrame's columns
 against the table schema.  Each task writes encrypted data files with
-:func:`icecrypt.table._write.write_files` (a fresh DEK per file, no commit) and returns
+:func:`icecrypt.table.ops.write.write_files` (a fresh DEK per file, no commit) and returns
 their manifest records; ``commit()`` makes one snapshot of all of them (``append_files``
 or ``overwrite_files``); ``abort()`` deletes the tasks' files (and a table this job
 created that is still empty).  A plaintext table is read or written only with option
@@ -114,10 +114,10 @@ from icecrypt.table import (
     TableScan,
     read_task,
 )
-from icecrypt.table._io import PathOutsideTableWarning
-from icecrypt.table._pin import trusted_pin
-from icecrypt.table._scan import parse_row_filter
-from icecrypt.table._travel import resolve_read
+from icecrypt.table.files.io import PathOutsideTableWarning
+from icecrypt.table.commit.pin import trusted_pin
+from icecrypt.table.read.scan import parse_row_filter
+from icecrypt.table.read.travel import resolve_read
 
 __all__ = ["IcebergDataSource", "IcebergReader", "IcebergWriter", "MetadataTableReader", "TaskDataFiles",
            "TaskPartition"]
@@ -569,7 +569,7 @@ class IcebergWriter(DataSourceArrowWriter):
     # --- tasks -------------------------------------------------------------------------------
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskDataFiles:
-        from icecrypt.table._write import write_files
+        from icecrypt.table.ops.write import write_files
 
         renames = self.renames
 
@@ -588,7 +588,7 @@ class IcebergWriter(DataSourceArrowWriter):
     # --- driver -------------------------------------------------------------------------------
 
     def commit(self, messages: list[TaskDataFiles | None]) -> None:
-        from icecrypt.table._write import append_files, overwrite_files
+        from icecrypt.table.ops.write import append_files, overwrite_files
 
         data_files = [f for message in messages if message is not None for f in message.data_files]
         commit = overwrite_files if self.overwrite else append_files
@@ -602,7 +602,7 @@ class IcebergWriter(DataSourceArrowWriter):
     def _remove_leftovers(self, table: EncryptedTable, keep: list[str]) -> None:
         """Files of this job's attempts that died before reporting (a killed executor):
         no commit references them; found by the job's operation id in their names."""
-        from icecrypt.table._write import remove_job_leftovers
+        from icecrypt.table.ops.write import remove_job_leftovers
 
         with contextlib.suppress(Exception):  # the job's outcome stands either way
             remove_job_leftovers(table, self.operation_id, keep)
@@ -623,7 +623,7 @@ class IcebergWriter(DataSourceArrowWriter):
             table = EncryptedTable.load(self.metadata_location, kms=None if not self.encrypted else
                                         _keys.kms_client(_kms_options(self.options)), filesystem=self.filesystem,
                                         location_map=self.location_map, check_keys=False)
-            from icecrypt.table._write import remove_job_leftovers
+            from icecrypt.table.ops.write import remove_job_leftovers
 
             # the reported files' directories (now empty of them), where dead attempts wrote too
             remove_job_leftovers(table, self.operation_id, [], [posixpath.dirname(p) for p in reported])

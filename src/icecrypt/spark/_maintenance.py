@@ -34,13 +34,13 @@ def rewrite_data_files(
     """Plan the rewrite on the driver, rewrite each file group in an executor (rows read
     with their deletes applied, written under fresh DEKs; the executor opens the table
     with the KMS ``kms_properties`` describe), and commit once on the driver
-    (``icecrypt.table._maintenance.commit_rewrite``).  Returns the
+    (``icecrypt.table.maintenance.actions.commit_rewrite``).  Returns the
     ``RewriteDataFilesResult``.  Files of a failed job are deleted when Spark reports
     them; those of killed executors are orphans for ``remove_orphan_files``.
     ``table_key_id``: the table's master key id (as ``EncryptedTable.load``); the
     executors build only on versions that keep the driver's key id and table UUID."""
-    from icecrypt.table import _maintenance
-    from icecrypt.table import _write as w
+    from icecrypt.table.maintenance import actions as _maintenance
+    from icecrypt.table.ops import write as w
 
     properties = dict(kms_properties)
     mapping = dict(location_map) if location_map else None

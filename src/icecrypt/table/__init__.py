@@ -15,15 +15,15 @@ Distributed readers plan on the driver and read anywhere::
     batches = icecrypt.table.read_task(tasks[0], filesystem)
 """
 
-from icecrypt.table._inspect import METADATA_TABLES, InspectTable
-from icecrypt.table._io import Locations, PlaintextFileError
-from icecrypt.table._metadata import Snapshot
-from icecrypt.table._pin import TablePin
-from icecrypt.table._refs import ManageSnapshots, UpdateProperties
-from icecrypt.table._read import FileScanTask, TaskFile, read_task
-from icecrypt.table._scan import PlanMetrics, TableScan
+from icecrypt.table.read.inspect import METADATA_TABLES, InspectTable
+from icecrypt.table.files.io import Locations, PlaintextFileError
+from icecrypt.table.files.metadata import Snapshot
+from icecrypt.table.commit.pin import TablePin
+from icecrypt.table.ops.refs import ManageSnapshots, UpdateProperties
+from icecrypt.table.files.read import FileScanTask, TaskFile, read_task
+from icecrypt.table.read.scan import PlanMetrics, TableScan
 from icecrypt.table._table import EncryptedTable
-from icecrypt.table._verify import VerifyProblem, VerifyReport
+from icecrypt.table.read.verify import VerifyProblem, VerifyReport
 
 __all__ = [
     "EncryptedTable",

@@ -19,17 +19,17 @@ from icecrypt.errors import (
 )
 from icecrypt.keys import ENCRYPTION_TABLE_KEY, EncryptionManager, StandardKeyMetadata
 from icecrypt.kms.base import KeyManagementClient
-from icecrypt.table._io import Locations, PlaintextFileError
-from icecrypt.table._manifest import ManifestFile, read_manifest_list
-from icecrypt.table._metadata import (
+from icecrypt.table.files.io import Locations, PlaintextFileError
+from icecrypt.table.files.manifest import ManifestFile, read_manifest_list
+from icecrypt.table.files.metadata import (
     Snapshot,
     parse_metadata,
     read_metadata_file,
     resolve_metadata_file,
 )
-from icecrypt.table._model import check_refs
-from icecrypt.table._pin import TablePin
-from icecrypt.table._scan import TableScan
+from icecrypt.table.model.changes import check_refs
+from icecrypt.table.commit.pin import TablePin
+from icecrypt.table.read.scan import TableScan
 
 __all__ = ["EncryptedTable"]
 
@@ -41,7 +41,7 @@ def _allowed(locations: Sequence[str]) -> tuple[str, ...]:
 
 
 class EncryptedTable:
-    """An Iceberg table read (and, through ``icecrypt.table._write``, written) with
+    """An Iceberg table read (and, through ``icecrypt.table.ops.write``, written) with
     Iceberg's table encryption.
 
     Load one with :meth:`load`, create one with :meth:`create`.  The table is encrypted
@@ -126,7 +126,7 @@ class EncryptedTable:
         ``["s3://shared/lookup"]``) whose files this table may read, for tables that
         legitimately reference files outside their location.
         """
-        from icecrypt.table._pin import trusted_pin
+        from icecrypt.table.commit.pin import trusted_pin
 
         locations = Locations(filesystem, location_map)
         path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
@@ -210,17 +210,17 @@ class EncryptedTable:
         ``check_keys=False``."""
         if not getattr(self, "check_keys", True):
             return
-        from icecrypt.table._repair import check_keys
+        from icecrypt.table.maintenance.repair import check_keys
 
         check_keys(metadata, metadata_location, self.locations, cache=self.__dict__.setdefault("_repair_cache", {}))
 
     #: Where the table's catalog keeps its current metadata location
-    #: (``icecrypt.table._commit.MetadataStore``); None for a table loaded by path.
+    #: (``icecrypt.table.commit.store.MetadataStore``); None for a table loaded by path.
     #: Set by ``icecrypt.catalog``: refresh() then asks the catalog, and every commit
     #: swaps the catalog's metadata location.
     metadata_store: Any = None
 
-    #: What this object holds fixed (``icecrypt.table._pin.TablePin``): encryption state,
+    #: What this object holds fixed (``icecrypt.table.commit.pin.TablePin``): encryption state,
     #: master key id, table UUID and locations, from the caller, the catalog or the first
     #: version it loaded.
     pin: TablePin | None = None
@@ -232,7 +232,7 @@ class EncryptedTable:
         back to an ancestor of the version held (TableVersionError when the layouts
         disagree, see ``_commit.latest_metadata_location``); a version that differs from
         the pin is refused (TableIdentityError)."""
-        from icecrypt.table._commit import check_not_ancestor, latest_metadata_location
+        from icecrypt.table.commit.store import check_not_ancestor, latest_metadata_location
 
         if self.metadata_store is not None:
             path = check_not_ancestor(self.metadata_location, self.metadata, self.metadata_store.current())
@@ -324,14 +324,14 @@ class EncryptedTable:
         """The snapshot that was current at ``timestamp`` (ms since the epoch or an aware
         datetime) by the table's snapshot log -- the last entry at or before it (strictly
         before with ``inclusive=False``) -- or None when there was none yet."""
-        from icecrypt.table._travel import snapshot_as_of_timestamp
+        from icecrypt.table.read.travel import snapshot_as_of_timestamp
 
         return snapshot_as_of_timestamp(self, timestamp, inclusive=inclusive)
 
     def snapshot_by_name(self, name: str) -> Snapshot | None:
         """The snapshot the branch or tag ``name`` points at (``main``: the current
         one), or None when the table has no such ref."""
-        from icecrypt.table._travel import snapshot_by_name
+        from icecrypt.table.read.travel import snapshot_by_name
 
         return snapshot_by_name(self, name)
 
@@ -408,18 +408,18 @@ class EncryptedTable:
         """The metadata tables (snapshots, history, refs, manifests, files, entries,
         partitions, ...) as Arrow tables: ``table.inspect.snapshots()``; key metadata
         shows as a fingerprint, never the key (:class:`~icecrypt.table.InspectTable`)."""
-        from icecrypt.table._inspect import InspectTable
+        from icecrypt.table.read.inspect import InspectTable
 
         return InspectTable(self)
 
     def verify(self, snapshot_id: int | None = None, *, progress: Any = None) -> Any:
         """Read and authenticate every file reachable from every snapshot (or one);
         returns a :class:`~icecrypt.table.VerifyReport`, never raises for damage."""
-        from icecrypt.table._verify import verify
+        from icecrypt.table.read.verify import verify
 
         return verify(self, snapshot_id, progress=progress)
 
-    # --- writing (icecrypt.table._write) ------------------------------------------------------
+    # --- writing (icecrypt.table.ops.write) ------------------------------------------------------
 
     @classmethod
     def create(
@@ -435,7 +435,7 @@ class EncryptedTable:
     ) -> EncryptedTable:
         """Create a format-version 3 table at ``location`` (encrypted under the KMS master
         key ``table_key_id``; None makes a plaintext table) and return it."""
-        from icecrypt.table import _write
+        from icecrypt.table.ops import write as _write
 
         return _write.create(
             location, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
@@ -445,19 +445,19 @@ class EncryptedTable:
     def append(self, data: Any, **options: Any) -> int | None:
         """Append rows (a pyarrow Table, RecordBatch or iterable of batches); returns the
         new snapshot id."""
-        from icecrypt.table import _write
+        from icecrypt.table.ops import write as _write
 
         return _write.append(self, data, **options)
 
     def overwrite(self, data: Any, **options: Any) -> int | None:
         """Replace all of the table's rows with ``data`` (one ``overwrite`` snapshot)."""
-        from icecrypt.table import _write
+        from icecrypt.table.ops import write as _write
 
         return _write.overwrite(self, data, **options)
 
     def delete(self, row_filter: BooleanExpression | str) -> int | None:
         """Delete the rows matching ``row_filter``; returns the new snapshot id."""
-        from icecrypt.table import _write
+        from icecrypt.table.ops import write as _write
 
         return _write.delete(self, row_filter)
 
@@ -466,7 +466,7 @@ class EncryptedTable:
         head, or what a branch's ``min-snapshots-to-keep`` / ``max-snapshot-age-ms``
         keeps; refs past their ``max-ref-age-ms`` go, as in Java) and the files and keys
         only they needed."""
-        from icecrypt.table import _write
+        from icecrypt.table.ops import write as _write
 
         return _write.expire_snapshots(self, older_than_ms)
 
@@ -474,24 +474,24 @@ class EncryptedTable:
         """Commit a new KEK and/or re-wrap every KEK under KMS master key
         ``new_master_key_id`` (held by ``new_kms``, default this table's KMS); no data file
         changes.  Returns the ids involved (never key bytes)."""
-        from icecrypt.table import _write
+        from icecrypt.table.ops import write as _write
 
         return _write.rotate_keys(self, new_kek=new_kek, new_master_key_id=new_master_key_id, new_kms=new_kms)
 
-    # --- maintenance (icecrypt.table._maintenance) ---------------------------------------------
+    # --- maintenance (icecrypt.table.maintenance.actions) ---------------------------------------------
 
     def manage_snapshots(self) -> Any:
         """Branches, tags, rollback and the current snapshot, committed together
         (:class:`~icecrypt.table.ManageSnapshots`; use as a context manager or call
         ``commit()``)."""
-        from icecrypt.table._refs import ManageSnapshots
+        from icecrypt.table.ops.refs import ManageSnapshots
 
         return ManageSnapshots(self)
 
     def update_properties(self) -> Any:
         """Set and remove table properties in one commit
         (:class:`~icecrypt.table.UpdateProperties`); encryption properties are refused."""
-        from icecrypt.table._refs import UpdateProperties
+        from icecrypt.table.ops.refs import UpdateProperties
 
         return UpdateProperties(self)
 
@@ -502,7 +502,7 @@ class EncryptedTable:
         of ``target_size`` bytes (default ``commit.manifest.target-size-bytes``, 8 MiB),
         each a new AGS1 file under a fresh key, in one ``replace`` snapshot as Java's
         ``RewriteManifests``. Returns a ``RewriteManifestsResult``."""
-        from icecrypt.table import _maintenance
+        from icecrypt.table.maintenance import actions as _maintenance
 
         return _maintenance.rewrite_manifests(self, target_size=target_size, force=force, progress=progress)
 
@@ -520,7 +520,7 @@ class EncryptedTable:
         survive. ``row_filter`` limits the files considered; ``options`` takes Java's
         rewrite options (``min-input-files``, ``rewrite-all``, ``delete-file-threshold``,
         ...). Returns a ``RewriteDataFilesResult``."""
-        from icecrypt.table import _maintenance
+        from icecrypt.table.maintenance import actions as _maintenance
 
         return _maintenance.rewrite_data_files(self, target_file_size, row_filter, options, progress=progress)
 
@@ -544,7 +544,7 @@ class EncryptedTable:
         (and the master key to ``new_master_key_id``), and with ``expire=True`` drop every
         snapshot, metadata file and key entry that still reaches the old keys. Returns a
         ``RekeyResult`` whose ``check(table)`` lists what still uses a retired key."""
-        from icecrypt.table import _maintenance
+        from icecrypt.table.maintenance import actions as _maintenance
 
         return _maintenance.rekey(
             self,
@@ -565,7 +565,7 @@ class EncryptedTable:
         no snapshot or metadata file references, including killed writers' temporaries,
         if older than ``older_than`` (ms or datetime; default now - 3 days, as Java's
         ``deleteOrphanFiles``). Returns an ``OrphanFilesResult``."""
-        from icecrypt.table import _maintenance
+        from icecrypt.table.maintenance import actions as _maintenance
 
         return _maintenance.remove_orphan_files(self, older_than, dry_run, location=location)
 
@@ -574,13 +574,13 @@ class EncryptedTable:
         metadata lost (a writer that does not know encryption dropped them) from the
         previous metadata files, each authenticated, in one new commit; refuses
         (``RepairError``) when anything is ambiguous.  Returns a ``RepairReport``."""
-        from icecrypt.table import _repair
+        from icecrypt.table.maintenance import repair as _repair
 
         return _repair.repair_keys(self, dry_run=dry_run)
 
     def key_usage(self) -> Any:
         """Key fingerprints (never keys) of every reachable file, and KEK ids in use."""
-        from icecrypt.table import _maintenance
+        from icecrypt.table.maintenance import actions as _maintenance
 
         return _maintenance.key_usage(self)
 

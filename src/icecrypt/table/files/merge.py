@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
-from icecrypt.table._manifest_write import (
+from icecrypt.table.files.manifest_write import (
     ADDED,
     DATA,
     DELETED,
@@ -41,7 +41,7 @@ from icecrypt.table._manifest_write import (
     WrittenManifest,
     write_manifest,
 )
-from icecrypt.table._write_io import TableIO
+from icecrypt.table.files.write_io import TableIO
 
 __all__ = ["MergeSettings", "merge_manifests", "pack_end"]
 

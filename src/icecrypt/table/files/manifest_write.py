@@ -48,8 +48,8 @@ from pyiceberg.types import (
 
 from icecrypt.errors import FormatError
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.table._write_io import TableIO
-from icecrypt.table._write_schema import (
+from icecrypt.table.files.write_io import TableIO
+from icecrypt.table.model.schema import (
     partition_struct,
     schema_to_json,
     spec_fields_to_json,

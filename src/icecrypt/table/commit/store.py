@@ -134,7 +134,7 @@ def serialize_metadata(metadata: Mapping[str, Any]) -> bytes:
 
 def read_metadata(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]:
     """Parse a ``metadata.json``, keeping field order (the reader's parser, one for both)."""
-    from icecrypt.table._metadata import read_metadata_file
+    from icecrypt.table.files.metadata import read_metadata_file
 
     return read_metadata_file(filesystem, path)
 
@@ -465,7 +465,7 @@ def _after_commit(
 ) -> None:
     """Metadata housekeeping (``write.metadata.delete-after-commit.enabled``); the commit
     stands whatever happens here."""
-    from icecrypt.table._housekeeping import delete_removed_metadata_files
+    from icecrypt.table.commit.housekeeping import delete_removed_metadata_files
 
     try:
         delete_removed_metadata_files(filesystem, base_location, base, metadata)

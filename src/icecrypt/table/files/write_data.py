@@ -68,10 +68,10 @@ from pyiceberg.types import (
 )
 
 from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
-from icecrypt.table._manifest_write import DATA, to_internal
-from icecrypt.table._metadata_columns import LINEAGE
-from icecrypt.table._write_io import TableIO
-from icecrypt.table._write_schema import arrow_write_schema
+from icecrypt.table.files.manifest_write import DATA, to_internal
+from icecrypt.table.model.metadata_columns import LINEAGE
+from icecrypt.table.files.write_io import TableIO
+from icecrypt.table.model.schema import arrow_write_schema
 
 __all__ = ["DataWriteOptions", "conform", "iter_batches", "write_data_files"]
 

@@ -32,15 +32,15 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from icecrypt.errors import FormatError
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.table._deletes import (
+from icecrypt.table.files.deletes import (
     decode_deletion_vector,
     deleted_mask,
     equality_delete_mask,
     read_dv_blob,
 )
-from icecrypt.table._io import PlaintextFileError, reading
-from icecrypt.table._manifest import DATA, EQUALITY_DELETES
-from icecrypt.table._metadata_columns import (
+from icecrypt.table.files.io import PlaintextFileError, reading
+from icecrypt.table.files.manifest import DATA, EQUALITY_DELETES
+from icecrypt.table.model.metadata_columns import (
     FILE_PATH,
     IS_DELETED,
     LINEAGE,
@@ -52,7 +52,7 @@ from icecrypt.table._metadata_columns import (
     is_metadata,
     without_metadata,
 )
-from icecrypt.table._write_schema import arrow_write_schema
+from icecrypt.table.model.schema import arrow_write_schema
 
 __all__ = ["FileScanTask", "ReadSpec", "TaskFile", "arrow_schema", "read_task"]
 

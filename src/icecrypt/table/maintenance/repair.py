@@ -54,7 +54,7 @@ from icecrypt.errors import (
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY
 
 if TYPE_CHECKING:
-    from icecrypt.table._io import Locations
+    from icecrypt.table.files.io import Locations
     from icecrypt.table._table import EncryptedTable
 
 __all__ = ["LostKey", "RepairReport", "check_keys", "find_lost_keys", "repair_keys"]
@@ -115,7 +115,7 @@ def _snapshots(metadata: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
 def _is_ags1(locations: Locations, location: str, cache: MutableMapping[str, bool] | None) -> bool:
     """Whether the file at ``location`` starts with the AGS1 magic.  A file that cannot
     be read counts as not known to be encrypted (reading the snapshot fails anyway)."""
-    from icecrypt.table._io import _magic
+    from icecrypt.table.files.io import _magic
 
     if cache is not None and location in cache:
         return cache[location]
@@ -174,7 +174,7 @@ class _History:
         self.unreadable: dict[str, str] = {}  # recorded location -> why
 
     def _read(self, recorded: str) -> Mapping[str, Any] | None:
-        from icecrypt.table._metadata import read_metadata_file
+        from icecrypt.table.files.metadata import read_metadata_file
 
         if recorded in self._docs:
             return self._docs[recorded]
@@ -407,7 +407,7 @@ def _authenticate(table: EncryptedTable, location: str, metadata: dict[str, Any]
     """Unwrap each restored snapshot's manifest-list key through the KMS and read its
     manifest list with it (the AGS1 tags authenticate the recovered key)."""
     from icecrypt.keys import EncryptionManager
-    from icecrypt.table._manifest import read_manifest_list
+    from icecrypt.table.files.manifest import read_manifest_list
 
     try:
         manager = EncryptionManager.from_table_metadata(table.kms, metadata)
@@ -445,8 +445,8 @@ def _ordered_additions(added: Mapping[str, Any], history: _History) -> list[str]
 def _commit(table: EncryptedTable, base_location: str, base: dict[str, Any], metadata: dict[str, Any]) -> str:
     """Commit ``metadata`` as the version after ``base_location`` through the table's
     write path; returns the new metadata file."""
-    from icecrypt.table import _commit as commit_mod
-    from icecrypt.table._write import _Target
+    from icecrypt.table.commit import store as commit_mod
+    from icecrypt.table.ops.write import _Target
 
     target = _Target.of(table)
     # a catalog table commits by compare-and-swap of the catalog's metadata location;
@@ -475,7 +475,7 @@ def _path_commit_base(table: EncryptedTable, base_location: str, base: Mapping[s
     another writer's newer commit: refused."""
     import pyarrow.fs as pafs
 
-    from icecrypt.table import _commit as commit_mod
+    from icecrypt.table.commit import store as commit_mod
 
     metadata_dir, own_name = posixpath.split(base_location)
     try:
@@ -515,8 +515,8 @@ def _newer(base_location: str, newer: str) -> None:
 def _check_pinned(table: EncryptedTable, base_location: str, base: dict[str, Any]) -> None:
     """Refuse (TableIdentityError) to repair a version, or to commit beside a newer one,
     that differs from the table object's pin (encryption removed, key id or UUID changed)."""
-    from icecrypt.table._metadata import read_metadata_file
-    from icecrypt.table._write import _Target
+    from icecrypt.table.files.metadata import read_metadata_file
+    from icecrypt.table.ops.write import _Target
 
     from icecrypt.errors import TableVersionError
 
@@ -539,7 +539,7 @@ def repair_keys(table: EncryptedTable, *, dry_run: bool = False) -> RepairReport
     ambiguous, missing or does not authenticate."""
     from icecrypt.keys.encrypted_key import EncryptedKey
     from icecrypt.keys.manager import with_snapshot_key_id, write_encryption_keys
-    from icecrypt.table._write import _log_previous
+    from icecrypt.table.ops.write import _log_previous
 
     base_location, base = table.metadata_location, table.metadata
     store = getattr(table, "metadata_store", None)
@@ -548,7 +548,7 @@ def repair_keys(table: EncryptedTable, *, dry_run: bool = False) -> RepairReport
         # not hold (loading or refreshing it raised KeysLostError)
         pointer = store.current()
         if pointer != base_location:
-            from icecrypt.table._metadata import read_metadata_file
+            from icecrypt.table.files.metadata import read_metadata_file
 
             base_location, base = pointer, read_metadata_file(table.filesystem, pointer)
     _check_pinned(table, base_location, base)

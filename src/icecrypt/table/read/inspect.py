@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from icecrypt.errors import FormatError
-from icecrypt.table._manifest import (
+from icecrypt.table.files.manifest import (
     DATA,
     EQUALITY_DELETES,
     MANIFEST_DELETES,
@@ -34,7 +34,7 @@ from icecrypt.table._manifest import (
     ManifestFile,
     read_manifest,
 )
-from icecrypt.table._metadata import Snapshot
+from icecrypt.table.files.metadata import Snapshot
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
@@ -70,7 +70,7 @@ def _key_fingerprint(key_metadata: Any) -> str | None:
     """The fingerprint of a file's key (never the key metadata, which holds the key)."""
     if key_metadata is None:
         return None
-    from icecrypt.table._maintenance import fingerprint
+    from icecrypt.table.maintenance.actions import fingerprint
 
     return fingerprint(key_metadata)
 
@@ -417,7 +417,7 @@ class InspectTable:
         if row_filter is not None:
             from pyiceberg.expressions.visitors import bind
 
-            from icecrypt.table._scan import _Evaluators, parse_row_filter
+            from icecrypt.table.read.scan import _Evaluators, parse_row_filter
 
             expression = parse_row_filter(row_filter)
             bind(self._table.schema, expression, case_sensitive)  # an unknown column fails here
@@ -515,7 +515,7 @@ class InspectTable:
     @staticmethod
     def _checked(manifest: ManifestFile, entries: Iterator[ManifestEntry]) -> Iterator[ManifestEntry]:
         """Entries whose content matches their manifest's (as planning checks them)."""
-        from icecrypt.table._scan import TableScan
+        from icecrypt.table.read.scan import TableScan
 
         return TableScan._checked(manifest, entries)
 

@@ -1,4 +1,4 @@
-"""The one committer of metadata changes (:class:`~icecrypt.table._model.Change`).
+"""The one committer of metadata changes (:class:`~icecrypt.table.model.changes.Change`).
 
 Per attempt: the newest committed version (``_Target.latest``: checked against the
 table object's pin), the change's requirements validated on it, the updates applied
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from icecrypt.errors import CommitConflictError
-from icecrypt.table import _commit, _model
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.model import changes as _model
 
 __all__ = ["RetryPolicy", "commit"]
 
@@ -79,7 +80,7 @@ def commit(
     CommitConflictError (its subclass ``RequirementFailed`` when a requirement fails on
     the newest version; nothing committed) when the change no longer fits, or when it
     kept losing races beyond the retry policy."""
-    from icecrypt.table._write import _Target
+    from icecrypt.table.ops.write import _Target
 
     target = table_or_target if isinstance(table_or_target, _Target) else _Target.of(table_or_target)
     started = time.monotonic()

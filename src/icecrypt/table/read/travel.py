@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pyiceberg.schema import Schema
 
 from icecrypt.errors import FormatError
-from icecrypt.table._metadata import Snapshot
+from icecrypt.table.files.metadata import Snapshot
 
 if TYPE_CHECKING:
     from icecrypt.table._table import EncryptedTable

@@ -33,7 +33,7 @@ from pyiceberg.types import (
 
 from icecrypt.errors import FormatError
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.table._io import Locations, file_key_metadata, open_avro
+from icecrypt.table.files.io import Locations, file_key_metadata, open_avro
 
 __all__ = [
     "DATA",

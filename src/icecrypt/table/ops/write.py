@@ -43,9 +43,10 @@ from icecrypt import __version__
 from icecrypt.errors import CommitConflictError, FormatError, PathOutsideTableError
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY, removable_keys, validate_table_properties
-from icecrypt.table import _commit, _model
-from icecrypt.table._io import Deletions, Locations, file_key_metadata
-from icecrypt.table._manifest_write import (
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.model import changes as _model
+from icecrypt.table.files.io import Deletions, Locations, file_key_metadata
+from icecrypt.table.files.manifest_write import (
     ADDED,
     DATA,
     DELETED,
@@ -57,12 +58,12 @@ from icecrypt.table._manifest_write import (
     write_manifest,
     write_manifest_list,
 )
-from icecrypt.table._pin import check_unambiguous
-from icecrypt.table._retention import plan_expiry
-from icecrypt.table._write_data import DataWriteOptions, write_data_files
-from icecrypt.table._write_dv import DeletionVector, decode_dv, puffin_file
-from icecrypt.table._write_io import TableIO
-from icecrypt.table._write_schema import iceberg_schema, schema_to_json, sort_order_to_json, spec_to_json
+from icecrypt.table.commit.pin import check_unambiguous
+from icecrypt.table.model.retention import plan_expiry
+from icecrypt.table.files.write_data import DataWriteOptions, write_data_files
+from icecrypt.table.files.write_dv import DeletionVector, decode_dv, puffin_file
+from icecrypt.table.files.write_io import TableIO
+from icecrypt.table.model.schema import iceberg_schema, schema_to_json, sort_order_to_json, spec_to_json
 
 __all__ = [
     "append",
@@ -106,7 +107,7 @@ class _Target:
     # where a catalog keeps the table's current metadata location (_commit.MetadataStore);
     # None = a path table, committed Hadoop-style
     store: Any = None
-    # what the table object pinned (icecrypt.table._pin.TablePin): every version written
+    # what the table object pinned (icecrypt.table.commit.pin.TablePin): every version written
     # on and every version committed is checked against it; None = nothing pinned (create)
     pin: Any = None
     base_location: str | None = field(default=None, repr=False)  # the version latest() returned last
@@ -873,8 +874,8 @@ def _merge_append(
     merged_written: list[str],
 ) -> _Change:
     """An append's change, its manifests merged as Java's MergeAppend merges them
-    (``icecrypt.table._merge``): data and delete manifests separately."""
-    from icecrypt.table._merge import MergeSettings, merge_manifests
+    (``icecrypt.table.files.merge``): data and delete manifests separately."""
+    from icecrypt.table.files.merge import MergeSettings, merge_manifests
 
     settings = MergeSettings.from_properties(version.get("properties"))
     if not settings.enabled:
@@ -1028,7 +1029,7 @@ def _bind_filter(row_filter: Any, schema: Schema) -> tuple[Any, Any]:
     from pyiceberg.expressions.visitors import bind
     from pyiceberg.io.pyarrow import expression_to_pyarrow
 
-    from icecrypt.table._scan import parse_row_filter
+    from icecrypt.table.read.scan import parse_row_filter
 
     if row_filter is None:
         raise TypeError("row_filter must be a string or a pyiceberg expression, not None")
@@ -1287,7 +1288,7 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
     live; keys go as :func:`icecrypt.keys.manager.removable_keys` decides (a KEK stays
     while a writer may still choose it).
     """
-    from icecrypt.table import _committer
+    from icecrypt.table.commit import committer as _committer
 
     target = _Target.of(table)
     plan: dict[str, Any] = {}  # what the attempt that committed found

@@ -33,9 +33,9 @@ from icecrypt.errors import (
     FormatError,
     KmsError,
 )
-from icecrypt.table._deletes import decode_deletion_vector, read_dv_blob
-from icecrypt.table._io import PlaintextFileError, reading
-from icecrypt.table._manifest import DATA, ContentFile, ManifestFile, read_manifest
+from icecrypt.table.files.deletes import decode_deletion_vector, read_dv_blob
+from icecrypt.table.files.io import PlaintextFileError, reading
+from icecrypt.table.files.manifest import DATA, ContentFile, ManifestFile, read_manifest
 
 if TYPE_CHECKING:
     from icecrypt.table._table import EncryptedTable
@@ -189,7 +189,7 @@ class _Verifier:
 
             with avro.read_records(fs_path, file.key_metadata, filesystem=base, raw=True) as records:
                 return sum(1 for _ in records)
-        from icecrypt.table._io import open_plain_avro
+        from icecrypt.table.files.io import open_plain_avro
 
         with open_plain_avro("data file", file.file_path, self.fs, fs_path, kind="data") as records:
             return sum(1 for _ in records)

@@ -49,7 +49,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import NestedField
 
 from icecrypt.errors import FormatError
-from icecrypt.table._manifest import (
+from icecrypt.table.files.manifest import (
     DATA,
     EQUALITY_DELETES,
     ContentFile,
@@ -57,8 +57,8 @@ from icecrypt.table._manifest import (
     ManifestFile,
     read_manifest,
 )
-from icecrypt.table._metadata import Snapshot
-from icecrypt.table._metadata_columns import (
+from icecrypt.table.files.metadata import Snapshot
+from icecrypt.table.model.metadata_columns import (
     LINEAGE,
     LINEAGE_FORMAT_VERSION,
     PARTITION_ID,
@@ -69,7 +69,7 @@ from icecrypt.table._metadata_columns import (
     partition_type,
     without_metadata,
 )
-from icecrypt.table._read import (
+from icecrypt.table.files.read import (
     FileScanTask,
     ReadSpec,
     TaskFile,
@@ -77,7 +77,7 @@ from icecrypt.table._read import (
     load_deletes,
     read_task,
 )
-from icecrypt.table._travel import resolve_read
+from icecrypt.table.read.travel import resolve_read
 
 if TYPE_CHECKING:
     from icecrypt.table._table import EncryptedTable
@@ -222,7 +222,7 @@ class _DeleteIndex:
 def _single_path(file: ContentFile) -> str | None:
     """The data file a position delete file references, when its file_path bounds say
     it references exactly one (Java's ``ContentFileUtil.referencedDataFile``)."""
-    from icecrypt.table._read import DELETE_FILE_PATH_ID
+    from icecrypt.table.files.read import DELETE_FILE_PATH_ID
 
     lower = file.lower_bounds.get(DELETE_FILE_PATH_ID)
     upper = file.upper_bounds.get(DELETE_FILE_PATH_ID)

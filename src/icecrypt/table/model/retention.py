@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from icecrypt.table._model import MAIN_BRANCH, ancestors, now_ms
+from icecrypt.table.model.changes import MAIN_BRANCH, ancestors, now_ms
 
 __all__ = ["plan_expiry"]
 

@@ -77,7 +77,7 @@ def delete_removed_metadata_files(
     if not _enabled(metadata):
         return []
     if base is None:
-        from icecrypt.table._metadata import read_metadata_file
+        from icecrypt.table.files.metadata import read_metadata_file
 
         base = read_metadata_file(filesystem, base_location)
     kept = {posixpath.basename(f) for f in _log_files(metadata)}

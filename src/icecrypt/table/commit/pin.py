@@ -294,6 +294,6 @@ def check_unambiguous(store: Any, filesystem: Any, metadata_location: str, metad
     ``metadata_location`` that its version hint does not name -- what that version
     references would look unreferenced (``_commit.check_unambiguous``)."""
     if store is None:
-        from icecrypt.table._commit import check_unambiguous as check
+        from icecrypt.table.commit.store import check_unambiguous as check
 
         check(filesystem, metadata_location, metadata)

@@ -27,7 +27,7 @@ import numpy as np
 import pyroaring
 
 from icecrypt import __version__
-from icecrypt.table._deletes import decode_deletion_vector
+from icecrypt.table.files.deletes import decode_deletion_vector
 
 __all__ = ["DV_MAGIC", "PUFFIN_MAGIC", "DeletionVector", "decode_dv", "encode_dv", "puffin_file"]
 
@@ -63,7 +63,7 @@ def encode_dv(positions: Iterable[int] | np.ndarray) -> bytes:
 
 def decode_dv(blob: bytes, *, name: str = "deletion vector", expected_cardinality: int | None = None) -> np.ndarray:
     """Row positions (sorted int64) of a ``deletion-vector-v1`` blob, decoded and checked
-    as the read path does (:func:`icecrypt.table._deletes.decode_deletion_vector`:
+    as the read path does (:func:`icecrypt.table.files.deletes.decode_deletion_vector`:
     sizes before allocations, run order and overlap, cardinalities); FormatError naming
     ``name`` otherwise."""
     return decode_deletion_vector(bytes(blob), name, expected_cardinality=expected_cardinality)

@@ -41,10 +41,10 @@ from icecrypt.errors import (
     PathOutsideTableError,
 )
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.table import _commit
-from icecrypt.table import _write as w
-from icecrypt.table._io import _SCHEME, Deletions
-from icecrypt.table._manifest_write import (
+from icecrypt.table.commit import store as _commit
+from icecrypt.table.ops import write as w
+from icecrypt.table.files.io import _SCHEME, Deletions
+from icecrypt.table.files.manifest_write import (
     ADDED,
     DATA,
     DELETED,
@@ -54,10 +54,10 @@ from icecrypt.table._manifest_write import (
     WrittenManifest,
     write_manifest,
 )
-from icecrypt.table._metadata_columns import lineage_columns
-from icecrypt.table._pin import check_unambiguous
-from icecrypt.table._read import FileScanTask, read_task
-from icecrypt.table._write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, write_data_files
+from icecrypt.table.model.metadata_columns import lineage_columns
+from icecrypt.table.commit.pin import check_unambiguous
+from icecrypt.table.files.read import FileScanTask, read_task
+from icecrypt.table.files.write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, write_data_files
 
 __all__ = [
     "KeyUsage",
@@ -663,7 +663,7 @@ def key_usage(table: Any, *, metadata_files: bool = True) -> KeyUsage:
             if manifest.path in seen:
                 continue
             seen.add(manifest.path)
-            from icecrypt.table._manifest import read_manifest
+            from icecrypt.table.files.manifest import read_manifest
 
             for entry in read_manifest(manifest, table.locations, table.specs, table.schema, encrypted=True):
                 files[entry.file.file_path] = fingerprint(entry.file.key_metadata)
@@ -746,7 +746,7 @@ def rekey(
     wrapped bytes, which a storage attacker keeps, then unwrap nowhere, so a writer given
     them back under a fresh KEK id refuses to use them.
     """
-    from icecrypt.table._manifest import read_manifest
+    from icecrypt.table.files.manifest import read_manifest
 
     table.refresh()
     manager = table.encryption_manager

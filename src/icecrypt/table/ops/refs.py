@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from icecrypt.table import _committer, _model
-from icecrypt.table._model import MAIN_BRANCH, RemoveProperties, RemoveSnapshotRef, SetProperties, SetSnapshotRef
+from icecrypt.table.commit import committer as _committer
+from icecrypt.table.model import changes as _model
+from icecrypt.table.model.changes import MAIN_BRANCH, RemoveProperties, RemoveSnapshotRef, SetProperties, SetSnapshotRef
 
 __all__ = ["ManageSnapshots", "UpdateProperties"]
 
@@ -25,7 +26,7 @@ class _Operation:
     what = "table change"
 
     def __init__(self, table: Any) -> None:
-        from icecrypt.table._write import _Target
+        from icecrypt.table.ops.write import _Target
 
         self._table = table
         self._target = _Target.of(table)

@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 from icecrypt import ags1
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.parquet import _AtomicTarget  # the one output target of every table file
-from icecrypt.table._io import open_plain_avro, read_whole
+from icecrypt.table.files.io import open_plain_avro, read_whole
 
 __all__ = ["TableIO"]
 

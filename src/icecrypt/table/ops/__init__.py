@@ -1,0 +1,3 @@
+"""Operations: each builds a change of the table (new files and a list of updates) and hands
+it to the committer (``write``: create, append, overwrite, delete, expiry, key rotation;
+``refs``: branches, tags, rollback and properties)."""
