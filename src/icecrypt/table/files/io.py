@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import hashlib
 import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "delete_file",
     "PlaintextFileError",
     "file_key_metadata",
+    "fingerprint",
     "open_avro",
     "open_plain_avro",
     "read_small_file",
@@ -548,3 +550,12 @@ def read_whole(f: Any, name: str, length: int | None) -> bytes:
             what = "truncated" if stored < length else "longer than its key metadata says"
             raise FormatError(f"{name}: file is {what}: {stored} bytes, expected {length}")
     return f.read()
+
+
+def fingerprint(key: StandardKeyMetadata | bytes | None) -> str | None:
+    """A non-secret name for a DEK (SHA-256 of the key bytes, 16 hex digits); never the key."""
+    if key is None:
+        return None
+    if not isinstance(key, StandardKeyMetadata):
+        key = StandardKeyMetadata.decode(key)
+    return hashlib.sha256(b"icecrypt-key-fingerprint\0" + bytes(key.encryption_key)).hexdigest()[:16]

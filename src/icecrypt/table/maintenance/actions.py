@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
 import math
 import os
 import posixpath
@@ -43,7 +42,7 @@ from icecrypt.errors import (
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.table.commit import store as _commit
 from icecrypt.table.ops import write as w
-from icecrypt.table.files.io import _SCHEME, Deletions
+from icecrypt.table.files.io import _SCHEME, Deletions, fingerprint
 from icecrypt.table.files.manifest_write import (
     ADDED,
     DATA,
@@ -610,15 +609,6 @@ def rewrite_manifests(
 
 
 # --- key usage and rekey -------------------------------------------------------------------------
-
-
-def fingerprint(key: StandardKeyMetadata | bytes | None) -> str | None:
-    """A non-secret name for a DEK (SHA-256 of the key bytes, 16 hex digits); never the key."""
-    if key is None:
-        return None
-    if not isinstance(key, StandardKeyMetadata):
-        key = StandardKeyMetadata.decode(key)
-    return hashlib.sha256(b"icecrypt-key-fingerprint\0" + bytes(key.encryption_key)).hexdigest()[:16]
 
 
 @dataclasses.dataclass

@@ -55,7 +55,7 @@ from icecrypt.keys.manager import ENCRYPTION_TABLE_KEY
 
 if TYPE_CHECKING:
     from icecrypt.table.files.io import Locations
-    from icecrypt.table._table import EncryptedTable
+    from icecrypt.table.commit.state import TableView
 
 __all__ = ["LostKey", "RepairReport", "check_keys", "find_lost_keys", "repair_keys"]
 
@@ -403,7 +403,7 @@ def _recover_key_id(snapshot_id: int, history: _History) -> str:
     return next(iter(found))
 
 
-def _authenticate(table: EncryptedTable, location: str, metadata: dict[str, Any], restored: list[LostKey]) -> None:
+def _authenticate(table: TableView, location: str, metadata: dict[str, Any], restored: list[LostKey]) -> None:
     """Unwrap each restored snapshot's manifest-list key through the KMS and read its
     manifest list with it (the AGS1 tags authenticate the recovered key)."""
     from icecrypt.keys import EncryptionManager
@@ -442,7 +442,7 @@ def _ordered_additions(added: Mapping[str, Any], history: _History) -> list[str]
     return order + [key_id for key_id in added if key_id not in order]
 
 
-def _commit(table: EncryptedTable, base_location: str, base: dict[str, Any], metadata: dict[str, Any]) -> str:
+def _commit(table: TableView, base_location: str, base: dict[str, Any], metadata: dict[str, Any]) -> str:
     """Commit ``metadata`` as the version after ``base_location`` through the table's
     write path; returns the new metadata file."""
     from icecrypt.table.commit import store as commit_mod
@@ -464,7 +464,7 @@ def _commit(table: EncryptedTable, base_location: str, base: dict[str, Any], met
     return location
 
 
-def _path_commit_base(table: EncryptedTable, base_location: str, base: Mapping[str, Any]) -> str:
+def _path_commit_base(table: TableView, base_location: str, base: Mapping[str, Any]) -> str:
     """The version to commit after, for a table without a catalog.
 
     A writer numbering its files ``<NNNNN>-<uuid>.metadata.json`` (PyIceberg, Java's
@@ -512,7 +512,7 @@ def _newer(base_location: str, newer: str) -> None:
     )
 
 
-def _check_pinned(table: EncryptedTable, base_location: str, base: dict[str, Any]) -> None:
+def _check_pinned(table: TableView, base_location: str, base: dict[str, Any]) -> None:
     """Refuse (TableIdentityError) to repair a version, or to commit beside a newer one,
     that differs from the table object's pin (encryption removed, key id or UUID changed)."""
     from icecrypt.table.files.metadata import read_metadata_file
@@ -530,7 +530,7 @@ def _check_pinned(table: EncryptedTable, base_location: str, base: dict[str, Any
         target.check_pin(newest, read_metadata_file(table.filesystem, newest))
 
 
-def repair_keys(table: EncryptedTable, *, dry_run: bool = False) -> RepairReport:
+def repair_keys(table: TableView, *, dry_run: bool = False) -> RepairReport:
     """Restore the keys the table's current metadata lost from the previous metadata
     files and commit the result as a new version (see the module docstring).
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
     from pyiceberg.types import StructType
 
-    from icecrypt.table._table import EncryptedTable
+    from icecrypt.table.commit.state import TableView
 
 __all__ = ["METADATA_TABLES", "InspectTable"]
 
@@ -70,7 +70,7 @@ def _key_fingerprint(key_metadata: Any) -> str | None:
     """The fingerprint of a file's key (never the key metadata, which holds the key)."""
     if key_metadata is None:
         return None
-    from icecrypt.table.maintenance.actions import fingerprint
+    from icecrypt.table.files.io import fingerprint
 
     return fingerprint(key_metadata)
 
@@ -134,7 +134,7 @@ class InspectTable:
     ``table.refresh()`` first to see newer commits).  ``snapshot_id`` selects the
     snapshot of the per-snapshot tables (default: the current one)."""
 
-    def __init__(self, table: EncryptedTable):
+    def __init__(self, table: TableView):
         self._table = table
 
     def table(self, name: str, *, snapshot_id: int | None = None) -> pa.Table:

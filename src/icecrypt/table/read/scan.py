@@ -80,7 +80,7 @@ from icecrypt.table.files.read import (
 from icecrypt.table.read.travel import resolve_read
 
 if TYPE_CHECKING:
-    from icecrypt.table._table import EncryptedTable
+    from icecrypt.table.commit.state import TableView
 
 __all__ = ["ROW_FILTER_FORMS", "PlanMetrics", "TableScan", "parse_row_filter"]
 
@@ -237,7 +237,7 @@ def _single_path(file: ContentFile) -> str | None:
 class _Evaluators:
     """The pruning predicates of one scan, per partition spec."""
 
-    def __init__(self, table: EncryptedTable, schema: Schema, row_filter: BooleanExpression, case_sensitive: bool):
+    def __init__(self, table: TableView, schema: Schema, row_filter: BooleanExpression, case_sensitive: bool):
         self.schema = schema
         self.row_filter = row_filter
         self.case_sensitive = case_sensitive
@@ -287,7 +287,7 @@ class TableScan:
 
     def __init__(
         self,
-        table: EncryptedTable,
+        table: TableView,
         columns: Sequence[str] | None = None,
         row_filter: BooleanExpression | str | None = None,
         snapshot_id: int | None = None,

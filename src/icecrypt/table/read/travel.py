@@ -28,7 +28,7 @@ from icecrypt.errors import FormatError
 from icecrypt.table.files.metadata import Snapshot
 
 if TYPE_CHECKING:
-    from icecrypt.table._table import EncryptedTable
+    from icecrypt.table.commit.state import TableView
 
 __all__ = ["MAIN_BRANCH", "resolve_read", "snapshot_as_of_timestamp", "snapshot_by_name", "timestamp_ms"]
 
@@ -58,7 +58,7 @@ def _format_ms(ms: int) -> str:
     return f"{moment.isoformat(timespec='milliseconds')} ({ms} ms)"
 
 
-def _known(table: EncryptedTable, snapshot_id: int, what: str) -> Snapshot:
+def _known(table: TableView, snapshot_id: int, what: str) -> Snapshot:
     try:
         return table.snapshot(snapshot_id)
     except KeyError:
@@ -67,7 +67,7 @@ def _known(table: EncryptedTable, snapshot_id: int, what: str) -> Snapshot:
         ) from None
 
 
-def snapshot_as_of_timestamp(table: EncryptedTable, timestamp: Any, *, inclusive: bool = True) -> Snapshot | None:
+def snapshot_as_of_timestamp(table: TableView, timestamp: Any, *, inclusive: bool = True) -> Snapshot | None:
     """The snapshot that was current at ``timestamp`` (ms or aware datetime), or None
     when the table had none then.  ``inclusive=False``: strictly before it."""
     ms = timestamp_ms(timestamp)
@@ -80,7 +80,7 @@ def snapshot_as_of_timestamp(table: EncryptedTable, timestamp: Any, *, inclusive
     return _known(table, chosen.snapshot_id, f"the snapshot-log entry at {_format_ms(chosen.timestamp_ms)}")
 
 
-def _ref(table: EncryptedTable, name: str) -> tuple[str, Snapshot | None] | None:
+def _ref(table: TableView, name: str) -> tuple[str, Snapshot | None] | None:
     """(kind, snapshot) of the ref ``name``; None when the table has no such ref."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a ref name must be a non-empty string, not {name!r}")
@@ -102,14 +102,14 @@ def _ref(table: EncryptedTable, name: str) -> tuple[str, Snapshot | None] | None
     return kind, _known(table, ref.snapshot_id, f"{kind} {name!r}")
 
 
-def snapshot_by_name(table: EncryptedTable, name: str) -> Snapshot | None:
+def snapshot_by_name(table: TableView, name: str) -> Snapshot | None:
     """The snapshot the branch or tag ``name`` points at; None when there is no such ref
     (or it is ``main`` of a table without snapshots)."""
     found = _ref(table, name)
     return None if found is None else found[1]
 
 
-def _named(table: EncryptedTable, name: str, kind: str) -> Snapshot | None:
+def _named(table: TableView, name: str, kind: str) -> Snapshot | None:
     found = _ref(table, name)
     if found is None:
         refs = sorted(r for r, v in table.model.refs.items() if v.snapshot_ref_type.value == kind)
@@ -123,7 +123,7 @@ def _named(table: EncryptedTable, name: str, kind: str) -> Snapshot | None:
 
 
 def resolve_read(
-    table: EncryptedTable,
+    table: TableView,
     *,
     snapshot_id: int | None = None,
     as_of_timestamp: Any = None,
@@ -154,7 +154,7 @@ def resolve_read(
     return table.current_snapshot(), table.schema
 
 
-def schema_of(table: EncryptedTable, snapshot: Snapshot | None) -> Schema:
+def schema_of(table: TableView, snapshot: Snapshot | None) -> Schema:
     """The schema ``snapshot`` was written with (the current one when it records none, as
     for snapshots written before Iceberg recorded it); a schema id the table does not
     have is damage."""

@@ -38,7 +38,7 @@ from icecrypt.table.files.io import PlaintextFileError, reading
 from icecrypt.table.files.manifest import DATA, ContentFile, ManifestFile, read_manifest
 
 if TYPE_CHECKING:
-    from icecrypt.table._table import EncryptedTable
+    from icecrypt.table.commit.state import TableView
 
 __all__ = ["VerifyProblem", "VerifyReport", "verify"]
 
@@ -98,7 +98,7 @@ def _kind(exc: BaseException) -> str:
 
 
 class _Verifier:
-    def __init__(self, table: EncryptedTable, report: VerifyReport):
+    def __init__(self, table: TableView, report: VerifyReport):
         self.table = table
         self.report = report
         self.fs: pafs.FileSystem = table.filesystem
@@ -245,7 +245,7 @@ def _file_key(file: ContentFile) -> str:
     return file.file_path if file.content_offset is None else f"{file.file_path}@{file.content_offset}"
 
 
-def verify(table: EncryptedTable, snapshot_id: int | None = None, *, progress: Any = None) -> VerifyReport:
+def verify(table: TableView, snapshot_id: int | None = None, *, progress: Any = None) -> VerifyReport:
     """Verify ``table`` (see the module docstring).  ``progress``: a callable taking the
     total number of bytes of data and delete files to check and returning an object
     with ``update(n)`` and ``close()`` (such as :class:`icecrypt._progress.Progress`)."""
