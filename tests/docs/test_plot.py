@@ -139,3 +139,26 @@ def test_committed_charts_match_results(plot, tmp_path):
     for name in made:
         committed = ROOT / "docs" / "figures" / name
         assert committed.read_text() == (tmp_path / name).read_text(), f"{committed} is stale: rerun benchmarks/plot.py"
+
+
+FIGURES = sorted((ROOT / "docs" / "figures").glob("*.svg"))
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=[f.name for f in FIGURES])
+def test_docs_figure_is_plain_svg_with_alt_text(figure):
+    """Every figure of the docs: well-formed SVG with a title, text as text, an opaque
+    white background (legible on a dark theme), small; shown by a page with alt text."""
+    assert figure.stat().st_size < 20_000
+    root = ET.parse(figure).getroot()
+    assert root.tag == f"{SVG}svg" and root.get("viewBox")
+    assert (root.find(f"{SVG}title").text or "").strip()
+    background = root.find(f"{SVG}rect")
+    assert background.get("fill") == "#ffffff" and background.get("width") == root.get("width")
+    assert len(list(root.iter(f"{SVG}text"))) > 5
+    assert not list(root.iter(f"{SVG}image")) and "<script" not in figure.read_text()
+    shown = [
+        page for page in (ROOT / "docs").rglob("*.md")
+        if f"figures/{figure.name}" in (text := page.read_text())
+        and "```{figure}" in text and "\nalt: >-\n" in text
+    ]
+    assert shown, f"{figure.name} is on no docs page (with alt text)"
