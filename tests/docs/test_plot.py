@@ -162,3 +162,34 @@ def test_docs_figure_is_plain_svg_with_alt_text(figure):
         and "```{figure}" in text and "\nalt: >-\n" in text
     ]
     assert shown, f"{figure.name} is on no docs page (with alt text)"
+
+
+REPORTS = {
+    # the keys each benchmark's --json output has (see its main())
+    "table_scan": ({"scans": {"full": {"encrypted": {"median_s": 2.0}, "plaintext": {"median_s": 1.0}}},
+                    "planning": {"encrypted": {"per_manifest_ms": 0.6}, "plaintext": {"per_manifest_ms": 0.3}}},
+                   [("plaintext", 1.0), ("encrypted", 2.0), ("plaintext", 0.3), ("encrypted", 0.6)]),
+    "table_append": ({"partitioned": False, "plaintext_s": 3.0, "encrypted_s": 3.3,
+                      "plaintext_cpu_s": 2.0, "encrypted_cpu_s": 2.1},
+                     [("plaintext", 3.0), ("encrypted", 3.3), ("plaintext", 2.0), ("encrypted", 2.1)]),
+    "bench_avro": ({"seconds": {"read/plain": 1.0, "read/enc": 1.1, "split/enc": 1.2,
+                                "write/plain": 2.0, "write/enc": 2.2}},
+                   [("plaintext", 1.0), ("encrypted", 1.1), ("plaintext", 1.0), ("encrypted", 1.2),
+                    ("plaintext", 2.0), ("encrypted", 2.2)]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(REPORTS))  # not "benchmark": pytest-benchmark's fixture
+def test_from_benchmark_json(plot, script):
+    report, expected = REPORTS[script]
+    (chart,) = plot.load_charts(plot.charts_from(script, report))
+    root = ET.fromstring(plot.chart_svg(chart["title"], chart["pairs"], scale=chart["scale"]))
+    assert [(k, v) for k, v, _ in bars(root)] == expected
+
+
+def test_from_unknown_benchmark_refused(plot, tmp_path):
+    source = tmp_path / "run.json"
+    source.write_text("{}")
+    with pytest.raises(SystemExit):
+        plot.main([str(source), "--from", "spark_files", "--out", str(tmp_path)])
+    assert not list(tmp_path.glob("*.svg"))
