@@ -89,7 +89,11 @@ class Pair:
             self.plaintext, self.encrypted = spec.get("plaintext"), spec.get("encrypted")
             if not (_positive(self.plaintext) and _positive(self.encrypted)):
                 raise ValueError(f"{self.label}: plaintext and encrypted must be positive numbers (or give a ratio)")
-            self.ratio = (self.encrypted / self.plaintext) if self.higher_is_better else (self.plaintext / self.encrypted)
+            # plaintext performance / encrypted performance
+            if self.higher_is_better:
+                self.ratio = self.encrypted / self.plaintext
+            else:
+                self.ratio = self.plaintext / self.encrypted
             self.ratio_text = f"{self.ratio:.2f}"
             self.relative = False
 
@@ -170,7 +174,8 @@ def chart_svg(title: str, pairs: Sequence[Pair], *, subtitle: str = "", scale: s
             "1.00 = encryption is free")
     out.append(_text(20, height - 26, note, size=11, fill="muted"))
     axis = "bars share one axis" if scale == "shared" else "each pair has its own axis (units differ)"
-    out.append(_text(20, height - 11, axis + "; a range is drawn at its least favourable end; orange: ratio below 0.95", size=11, fill="muted"))
+    axis += "; a range is drawn at its least favourable end; orange: ratio below 0.95"
+    out.append(_text(20, height - 11, axis, size=11, fill="muted"))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -234,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("input", type=Path, help="a results document, or a benchmark's --json output with --from")
     parser.add_argument("--from", dest="benchmark", default=None,
-                        help="the benchmark whose --json output INPUT is (dataplane, table_scan, table_append, bench_avro)")
+                        help="the benchmark whose --json output INPUT is "
+                        "(dataplane, table_scan, table_append, bench_avro)")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory of the SVG files (default: .)")
     args = parser.parse_args(argv)
     try:

@@ -127,7 +127,8 @@ def test_from_dataplane_json(plot, tmp_path):
     assert plot.main([str(source), "--from", "dataplane", "--out", str(tmp_path / "out")]) == 0
     root = ET.parse(tmp_path / "out" / "bench-dataplane.svg").getroot()
     found = bars(root)
-    assert [(k, v) for k, v, _ in found] == [("plaintext", 0.5), ("encrypted", 0.4), ("plaintext", 2.0), ("encrypted", 2.0)]
+    expected = [("plaintext", 0.5), ("encrypted", 0.4), ("plaintext", 2.0), ("encrypted", 2.0)]
+    assert [(k, v) for k, v, _ in found] == expected
     assert found[0][2] / found[2][2] == pytest.approx(0.25, rel=1e-3)  # shared axis
 
 
