@@ -142,3 +142,236 @@ def test_encrypt_in_place_keeps_every_row(plain, kms):
     # a fresh load (pinned from storage) agrees
     again = EncryptedTable.load(table.metadata_location, kms=kms, location_map=table.location_map)
     assert again.encrypted and sorted_rows(again).equals(before)
+
+
+def all_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_encrypt_into_a_new_table_leaves_the_source_untouched(plain, kms, tmp_path):
+    table, root = plain
+    before = sorted_rows(table)
+    listing = {p: p.stat().st_mtime_ns for p in all_files(root)}
+    location = table.metadata_location
+    target = tmp_path / "encrypted"
+    result = encrypt_table(table, kms=kms, table_key_id=KEY, target=str(target))
+    assert not result.in_place and table.metadata_location == location and not table.encrypted
+    assert {p: p.stat().st_mtime_ns for p in all_files(root)} == listing  # nothing written, nothing removed
+    new = result.table
+    assert new.encrypted and new.metadata["table-uuid"] != table.metadata["table-uuid"]
+    assert new.metadata["location"] == str(target) and len(new.snapshots()) == 1
+    assert sorted_rows(new).equals(before) and lineage(new).equals(lineage(table))
+    assert_all_encrypted(new)
+    assert new.verify().ok
+    pyiceberg_parses(new)
+    assert all(str(p).startswith(str(target)) for p in map(Path, reachable_files(new)))
+    # a rerun of the same conversion finds it done; another source is refused
+    again = encrypt_table(table, kms=kms, table_key_id=KEY, target=str(target))
+    assert again.already_done and again.snapshot_id == result.snapshot_id
+    table.append(rows(200_000, 3))
+    with pytest.raises(FileExistsError, match="a table exists there"):
+        encrypt_table(table, kms=kms, table_key_id=KEY, target=str(target))
+
+
+def test_expire_plaintext_removes_every_plaintext_file(plain, kms):
+    table, root = plain
+    before = sorted_rows(table)
+    result = encrypt_table(table, kms=kms, table_key_id=KEY, expire_plaintext=True)
+    assert result.deleted_files and not result.skipped_files
+    assert table.metadata["metadata-log"] == []
+    assert sorted_rows(table).equals(before) and table.verify().ok
+    for path in all_files(root):
+        if path.name.endswith(".metadata.json"):
+            assert str(path) == table.metadata_location  # older (plaintext-history) versions are gone
+            continue
+        if path.name == "version-hint.text":
+            continue
+        head, _ = magic(str(path))
+        assert head in (b"AGS1", b"PARE"), f"plaintext file left: {path}"
+
+
+def test_refusals_write_nothing(plain, kms):
+    table, root = plain
+    listing = all_files(root)
+    with pytest.raises(KmsKeyNotFoundError, match="'no-such-key' cannot be used"):
+        encrypt_table(table, kms=kms, table_key_id="no-such-key")
+    with pytest.raises(ValueError, match="not encrypted; nothing to decrypt"):
+        decrypt_table(table, kms=kms)
+    table.manage_snapshots().create_tag("v1", table.current_snapshot_id).commit()
+    listing = all_files(root)
+    with pytest.raises(ValueError, match=r"refs other than main \(v1\).*drop_refs=True"):
+        encrypt_table(table, kms=kms, table_key_id=KEY)
+    assert all_files(root) == listing and not table.encrypted
+    result = encrypt_table(table, kms=kms, table_key_id=KEY, drop_refs=True)
+    assert result.dropped_refs == ["v1"] and set(table.metadata["refs"]) == {"main"}
+    with pytest.raises(ValueError, match="already encrypted; nothing to encrypt"):
+        table.append(rows(300_000, 2))
+        encrypt_table(table, kms=kms, table_key_id=KEY)
+
+
+def test_decrypt_round_trip(plain, kms, tmp_path):
+    table, _ = plain
+    before, before_lineage = sorted_rows(table), lineage(table)
+    encrypt_table(table, kms=kms, table_key_id=KEY)
+    out = decrypt_table(table, kms=kms, target=str(tmp_path / "plain-again"))
+    free = EncryptedTable.load(out.table.metadata_location)  # no KMS: keys are no longer needed
+    assert not free.encrypted and free.format_version == 3
+    assert sorted_rows(free).equals(before) and lineage(free).equals(before_lineage)
+    assert_all_plaintext(free)
+    assert free.verify().ok
+    # and in place, expiring the encrypted history
+    decrypt_table(table, kms=kms, expire_encrypted=True)
+    assert not table.encrypted and not table.pin.encrypted and "encryption-keys" not in table.metadata
+    reloaded = EncryptedTable.load(table.metadata_location, location_map=table.location_map)
+    assert sorted_rows(reloaded).equals(before) and lineage(reloaded).equals(before_lineage)
+    assert_all_plaintext(reloaded)
+
+
+def test_pyiceberg_v2_table_gets_the_row_ids_of_an_upgrade(tmp_path, kms):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("pyi", uri=f"sqlite:///{tmp_path}/pyi.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    data = rows(0, 1000)
+    pyi = catalog.create_table("db.t", schema=data.schema, properties={"format-version": "2"})
+    pyi.append(data)
+    pyi.append(rows(1000, 500))
+    pyi.delete("id < 10")  # copy-on-write: a rewritten data file
+    source = EncryptedTable.load(pyi.metadata_location)
+    assert source.format_version == 2
+    before = sorted_rows(source)
+    result = encrypt_table(pyi.metadata_location, kms=kms, table_key_id=KEY, target=str(tmp_path / "enc"))
+    new = result.table
+    assert sorted_rows(new).equals(before) and new.verify().ok
+    assert_all_encrypted(new)
+    ids = lineage(new).column("_row_id").to_pylist()
+    assert len(set(ids)) == len(ids) and min(ids) >= 0  # ids as the v3 upgrade assigns them: unique, from 0
+    assert new.metadata["next-row-id"] >= max(ids) + 1
+    assert new.metadata["properties"]["encryption.key-id"] == KEY
+    pyiceberg_parses(new)
+
+
+FAULT_TABLE = "wh/t"
+
+
+@pytest.fixture(scope="module")
+def fault_template(tmp_path_factory):
+    """A small plaintext table on the failing filesystem: two specs, deletion vectors."""
+    root = tmp_path_factory.mktemp("fault-template")
+    fs, _ = failing_filesystem(root)
+    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "cat"))
+    table = EncryptedTable.create(FAULT_TABLE, rows(0, 1).schema, kms=None, table_key_id=None, partition_spec=spec,
+                                  filesystem=fs)
+    table.append(rows(0, 20))
+    add_spec(table, [])
+    table.append(rows(20, 10))
+    table.delete("id = 3 or id = 25")
+    return root
+
+
+def _fresh(template: Path, dest: Path, plan: FaultPlan | None = None):
+    """A copy of the template, loaded; then ``plan`` counts (and fails) the calls."""
+    import shutil
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(template, dest)
+    fs, handler = failing_filesystem(dest)
+    table = EncryptedTable.load(FAULT_TABLE, filesystem=fs)
+    handler.plan = plan or FaultPlan()
+    return table, handler
+
+
+@pytest.mark.parametrize("expire", [False, True], ids=["keep-history", "expire-plaintext"])
+def test_interrupted_encrypt_leaves_the_old_version_and_a_rerun_finishes(fault_template, tmp_path, kms, expire):
+    from faultlib import sample_points
+
+    reference, handler = _fresh(fault_template, tmp_path / "census")
+    expected = sorted_rows(reference)
+    encrypt_table(reference, kms=kms, table_key_id=KEY, expire_plaintext=expire)
+    census = list(handler.plan.calls)
+    assert census
+    for at in sample_points(census, 40):
+        table, handler = _fresh(fault_template, tmp_path / "run", FaultPlan(at=at))
+        try:
+            encrypt_table(table, kms=kms, table_key_id=KEY, expire_plaintext=expire)
+        except InjectedFault:
+            pass
+        assert handler.plan.fired is not None or at > handler.plan.count, at
+        handler.plan.at = None
+        # storage holds the old version or the new one, never a mix
+        loaded = EncryptedTable.load(FAULT_TABLE, filesystem=table.filesystem, kms=kms)
+        assert sorted_rows(loaded).equals(expected), at
+        if loaded.encrypted:
+            assert [s.summary.get(CONVERTED_FROM) is not None for s in loaded.snapshots()] == [True], at
+        else:
+            assert loaded.metadata_location.endswith("v5.metadata.json"), at
+        # a rerun finishes the conversion
+        result = encrypt_table(loaded, kms=kms, table_key_id=KEY, expire_plaintext=expire)
+        assert loaded.encrypted and sorted_rows(loaded).equals(expected), at
+        assert loaded.verify().ok, at
+        for path in reachable_files(loaded):
+            head, _ = magic(str(tmp_path / "run" / path))
+            assert head in (b"AGS1", b"PARE"), (at, path)
+        if expire:
+            left = [p for p in all_files(tmp_path / "run" / FAULT_TABLE)
+                    if not p.name.endswith(".metadata.json") and p.name != "version-hint.text"
+                    and magic(str(p))[0] not in (b"AGS1", b"PARE")]  # fmt: skip
+            assert not left, (at, left, result)
+
+
+def test_killed_run_leftovers_are_removed_by_the_rerun(fault_template, tmp_path, kms, monkeypatch):
+    """A run killed before its commit leaves its files (no cleanup ran); the rerun of the
+    same conversion deletes them before it writes its own."""
+    from icecrypt.table import _write
+
+    table, handler = _fresh(fault_template, tmp_path / "run")
+    expected = sorted_rows(table)
+    root = tmp_path / "run" / FAULT_TABLE
+    before = set(all_files(root))
+    monkeypatch.setattr(_write, "_cleanup", lambda io, locations: None)  # a kill: nobody cleans up
+    # fail the commit itself: every data file, manifest and manifest list is written by then
+    monkeypatch.setattr(_write._Target, "commit_metadata", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+    with pytest.raises(OSError, match="killed"):
+        encrypt_table(table, kms=kms, table_key_id=KEY)
+    monkeypatch.undo()
+    left = set(all_files(root)) - before
+    assert any(p.suffix == ".parquet" for p in left) and any(p.name.startswith("snap-") for p in left)
+    loaded = EncryptedTable.load(FAULT_TABLE, filesystem=table.filesystem)
+    assert not loaded.encrypted
+    encrypt_table(loaded, kms=kms, table_key_id=KEY)
+    assert sorted_rows(loaded).equals(expected)
+    reachable = {Path(tmp_path / "run" / p) for p in reachable_files(loaded)}
+    still = left & set(all_files(root))
+    # deleted, or rewritten under the same name by the rerun (the names carry the run id)
+    assert still <= reachable, f"the killed run's files are still there: {sorted(still - reachable)}"
+    assert any(p.name.startswith("snap-") for p in left - still)
+
+
+def test_catalog_table_encrypted_in_place_records_the_key_id(tmp_path, kms):
+    from icecrypt.catalog import load_catalog
+    from icecrypt.errors import TableIdentityError
+
+    warehouse = tmp_path / "wh"
+    warehouse.mkdir()
+    catalog = load_catalog("enc", warehouse=str(warehouse), kms=kms)
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", rows(0, 1).schema, table_key_id=None)
+    table.append(rows(0, 500))
+    table.delete("id < 5")
+    before = sorted_rows(table)
+    encrypt_table(table, kms=kms, table_key_id=KEY)
+    assert table.encrypted and sorted_rows(table).equals(before)
+    loaded = catalog.load_table("db.t")
+    assert loaded.pin.source == "catalog" and loaded.pin.table_key_id == KEY  # recorded with the commit
+    assert sorted_rows(loaded).equals(before) and loaded.verify().ok
+    assert_all_encrypted(loaded)
+    with pytest.raises(ValueError, match="decrypted into a new table"):
+        decrypt_table(loaded, kms=kms)
+    # a version that drops the encryption behind the catalog's back is refused
+    doc = json.loads(Path(loaded.metadata_location).read_text())
+    doc["properties"].pop("encryption.key-id")
+    with pytest.raises(TableIdentityError):
+        loaded.pin.check(doc, "forged.metadata.json")
+    out = decrypt_table(loaded, kms=kms, target=str(tmp_path / "leaving"))
+    assert sorted_rows(EncryptedTable.load(out.table.metadata_location)).equals(before)

@@ -226,6 +226,9 @@ def _convert(
         manager = EncryptionManager.from_table_metadata(kms, new_base)
     io = TableIO(fs, to_fs_path, manager)
     _remove_leftovers(fs, to_fs_path, recorded, run)
+    # what expiry deletes after the commit is listed before it: a failure to read it
+    # then fails the conversion, not the deletions after a commit that stands
+    old_files = _old_files(table, base, base_location) if expire and target is None else None
     written: list[str] = []
     try:
         metadata, stats = _build(table, base, base_location, new_base, io, manager, recorded, run, row_ids,
@@ -250,8 +253,8 @@ def _convert(
         table.pin = dataclasses.replace(TablePin.from_metadata(metadata), source=table.pin.source if table.pin else "caller")
         _refresh(table, location)
         result.table = table
-        if expire:
-            _expire_old(table, base_location, base, result)
+        if old_files is not None:
+            _expire_old(table, base_location, old_files, result)
     else:
         from icecrypt.table._table import EncryptedTable
 
@@ -503,21 +506,14 @@ def _remove_leftovers(fs: pafs.FileSystem, to_fs_path: Any, recorded: str, run: 
                     fs.delete_file(info.path)
 
 
-def _old_files(table: Any, base: Mapping[str, Any], base_location: str, encrypted: bool) -> tuple[list[str], list[str]]:
+def _old_files(table: Any, base: Mapping[str, Any], base_location: str) -> tuple[list[str], list[str]]:
     """(every file the snapshots of ``base`` reference, the metadata files of its log)
     as recorded locations."""
     from icecrypt.table._table import EncryptedTable
 
     old = EncryptedTable(dict(base), base_location, table.locations, table.kms, check_keys=False,
                          pin=TablePin.from_metadata(dict(base), source="caller"))  # fmt: skip
-    files: set[str] = set()
-    for snapshot in old.snapshots():
-        files.add(snapshot.manifest_list)
-        for manifest in old.manifests(snapshot):
-            files.add(manifest.path)
-            for entry in read_manifest(manifest, old.locations, old.specs, old.schema, encrypted=encrypted,
-                                       include_deleted=True):  # fmt: skip
-                files.add(entry.file.file_path)
+    files = _referenced(old)
     for name in ("statistics", "partition-statistics"):
         for stat in base.get(name) or ():
             if stat.get("statistics-path"):
@@ -526,19 +522,18 @@ def _old_files(table: Any, base: Mapping[str, Any], base_location: str, encrypte
     return sorted(files), logged
 
 
-def _expire_old(table: Any, base_location: str, base: Mapping[str, Any], result: ConvertTableResult) -> None:
+def _expire_old(table: Any, base_location: str, old_files: tuple[list[str], list[str]], result: ConvertTableResult) -> None:
     """After the commit: delete the old kind's files (the old snapshots' and the older
     metadata files, which the new version's log no longer names).  Best effort per
     file: the commit stands; a rerun finds what is left (``_finished``)."""
-    encrypted_old = base is not None and bool((base.get("properties") or {}).get(ENCRYPTION_TABLE_KEY))
+    files, logged = old_files
     try:
-        files, logged = _old_files(table, base, base_location, encrypted_old)
-    except Exception as exc:  # noqa: BLE001 - unreadable old files: left for the rerun's sweep
-        warnings.warn(f"{base_location}: the old snapshots' files were not listed ({exc}); run the conversion "
+        live = _referenced(table)
+    except Exception as exc:  # noqa: BLE001 - the commit stands; the rerun's sweep deletes them
+        warnings.warn(f"{base_location}: the old snapshots' files were not deleted ({exc}); run the conversion "
                       "again to delete them", RuntimeWarning, stacklevel=3)  # fmt: skip
         return
-    live = _referenced(table)
-    deletions = Deletions(table.locations, f"{'decrypt' if encrypted_old else 'encrypt'}_table of {table.pin.location}")
+    deletions = Deletions(table.locations, f"conversion of {table.pin.location}")
     for location in files + logged:
         if location in live:
             continue
@@ -552,6 +547,7 @@ def _expire_old(table: Any, base_location: str, base: Mapping[str, Any], result:
 
 
 def _referenced(table: Any) -> set[str]:
+    """Every file the table's snapshots reference (as recorded)."""
     files: set[str] = set()
     for snapshot in table.snapshots():
         files.add(snapshot.manifest_list)
@@ -572,7 +568,7 @@ def _remove_unreferenced_old_kind(table: Any, result: ConvertTableResult, *, enc
 
     refs = referenced_files(table)
     fs = table.filesystem
-    deletions = Deletions(table.locations, f"{'decrypt' if encrypted_old else 'encrypt'}_table of {table.pin.location}")
+    deletions = Deletions(table.locations, f"conversion of {table.pin.location}")
     for root in sorted({posixpath.normpath(r) for r in table.locations.fs_roots()}):
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
             path = posixpath.normpath(info.path)
