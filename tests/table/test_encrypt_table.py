@@ -375,3 +375,52 @@ def test_catalog_table_encrypted_in_place_records_the_key_id(tmp_path, kms):
         loaded.pin.check(doc, "forged.metadata.json")
     out = decrypt_table(loaded, kms=kms, target=str(tmp_path / "leaving"))
     assert sorted_rows(EncryptedTable.load(out.table.metadata_location)).equals(before)
+
+
+def test_cli_encrypt_and_decrypt(tmp_path, capfd):
+    from icecrypt.cli import main
+    from icecrypt.kms.local import LocalKms
+
+    keys = tmp_path / "keys.json"
+    LocalKms.create_keystore(str(keys), ["orders-key"])
+    kms = ["--kms-type", "local", "--kms-property", f"encryption.kms.local.keystore={keys}"]
+    location = tmp_path / "orders"
+    table = EncryptedTable.create(str(location), rows(0, 1).schema, kms=None, table_key_id=None)
+    table.append(rows(0, 40))
+    table.delete("id = 7")
+    before = sorted_rows(table)
+
+    def run(*argv):
+        status = main([str(a) for a in argv])
+        out, err = capfd.readouterr()
+        return status, out, err
+
+    with pytest.raises(SystemExit):
+        main(["table", "encrypt", "--help"])
+    out = capfd.readouterr().out
+    assert "examples:" in out and "--expire-plaintext" in out
+    status, _, err = run("table", "encrypt", location, "--table-key-id", "nope", *kms)
+    assert status != 0 and "'nope' cannot be used" in err
+    status, _, err = run("table", "encrypt", location, "--table-key-id", "orders-key")
+    assert status != 0 and "name the KMS" in err
+    status, out, err = run("table", "encrypt", location, "--table-key-id", "orders-key", "--expire-plaintext", *kms)
+    assert status == 0, err
+    assert "encrypted 39 row(s)" in out
+    encrypted = EncryptedTable.load(str(location), kms=LocalKms(str(keys)))
+    assert encrypted.encrypted and sorted_rows(encrypted).equals(before)
+    assert_all_encrypted(encrypted)
+    status, out, err = run("table", "encrypt", location, "--table-key-id", "orders-key", *kms)
+    assert status == 0 and out.startswith("already encrypted"), err  # the rerun of a finished conversion
+    encrypted.append(rows(100, 2))
+    before = sorted_rows(encrypted)
+    status, out, err = run("table", "encrypt", location, "--table-key-id", "orders-key", *kms)
+    assert status == 1 and "already encrypted; nothing to encrypt" in err
+    status, out, err = run("table", "decrypt", location, "--target", tmp_path / "leaving", *kms)
+    assert status == 0, err
+    free = EncryptedTable.load(str(tmp_path / "leaving"))
+    assert not free.encrypted and sorted_rows(free).equals(before)
+    status, out, err = run("table", "decrypt", location, "--target", tmp_path / "leaving", *kms)
+    assert status == 0 and out.startswith("already decrypted"), err  # the same conversion of the same version
+    encrypted.refresh().append(rows(200, 1))
+    status, out, err = run("table", "decrypt", location, "--target", tmp_path / "leaving", *kms)
+    assert status == 1 and "a table exists there" in err  # the source changed since: another conversion
