@@ -227,26 +227,35 @@ def test_decrypt_round_trip(plain, kms, tmp_path):
     assert_all_plaintext(reloaded)
 
 
-def test_pyiceberg_v2_table_gets_the_row_ids_of_an_upgrade(tmp_path, kms):
+@pytest.mark.parametrize("version", [1, 2])
+def test_pyiceberg_table_gets_the_row_ids_of_an_upgrade(tmp_path, kms, version):
     from pyiceberg.catalog.sql import SqlCatalog
 
     catalog = SqlCatalog("pyi", uri=f"sqlite:///{tmp_path}/pyi.db", warehouse=f"file://{tmp_path}/wh")
     catalog.create_namespace("db")
     data = rows(0, 1000)
-    pyi = catalog.create_table("db.t", schema=data.schema, properties={"format-version": "2"})
+    pyi = catalog.create_table("db.t", schema=data.schema, properties={"format-version": str(version)})
     pyi.append(data)
     pyi.append(rows(1000, 500))
     pyi.delete("id < 10")  # copy-on-write: a rewritten data file
     source = EncryptedTable.load(pyi.metadata_location)
-    assert source.format_version == 2
+    assert source.format_version == version
     before = sorted_rows(source)
     result = encrypt_table(pyi.metadata_location, kms=kms, table_key_id=KEY, target=str(tmp_path / "enc"))
     new = result.table
     assert sorted_rows(new).equals(before) and new.verify().ok
     assert_all_encrypted(new)
     ids = lineage(new).column("_row_id").to_pylist()
-    assert len(set(ids)) == len(ids) and min(ids) >= 0  # ids as the v3 upgrade assigns them: unique, from 0
-    assert new.metadata["next-row-id"] >= max(ids) + 1
+    # as the v3 upgrade assigns them: counted from 0 over the live data files (no delete
+    # files here: copy-on-write), so exactly 0 .. n-1; the new files' own range follows
+    assert sorted(ids) == list(range(before.num_rows))
+    assert new.metadata["next-row-id"] == 2 * before.num_rows
+    # within a source file, ids follow the rows' positions (first_row_id + _pos): each
+    # PyIceberg file holds ascending ids, so each file's rows have consecutive row ids
+    by_id = dict(zip(lineage(new).column("id").to_pylist(), ids))
+    for first, last in ((10, 999), (1000, 1499)):
+        run = [by_id[i] for i in range(first, last + 1)]
+        assert run == list(range(run[0], run[0] + len(run)))
     assert new.metadata["properties"]["encryption.key-id"] == KEY
     pyiceberg_parses(new)
 
@@ -424,3 +433,97 @@ def test_cli_encrypt_and_decrypt(tmp_path, capfd):
     encrypted.refresh().append(rows(200, 1))
     status, out, err = run("table", "decrypt", location, "--target", tmp_path / "leaving", *kms)
     assert status == 1 and "a table exists there" in err  # the source changed since: another conversion
+
+
+def _add_delete_files(table: EncryptedTable, positions: list[int], deleted_ids: list[int]) -> None:
+    """Commit a v2-style position-delete file (file_path/pos) and an equality-delete file
+    (on ``id``), plaintext Parquet, as a format-2 writer (Spark merge-on-read) leaves
+    them; icecrypt's own delete() writes deletion vectors only."""
+    import pyarrow.parquet as pq
+
+    from icecrypt.table import _write as w
+    from icecrypt.table._manifest_write import EQUALITY_DELETES, POSITION_DELETES, write_manifest
+
+    target = w._Target.of(table)
+    base_location, base = target.latest()
+    io = target.io(None)
+    snapshot_id = w._new_snapshot_id(base)
+    data_path = table.scan().plan_files()[0].file.path
+    root = table.location.rstrip("/")
+
+    def field(name, type_, field_id):
+        return pa.field(name, type_, nullable=False, metadata={b"PARQUET:field_id": str(field_id).encode()})
+
+    files = []
+    for content, name, rows_ in (
+        (POSITION_DELETES, "pos-deletes.parquet", pa.table(
+            {"file_path": [data_path] * len(positions), "pos": positions},
+            schema=pa.schema([field("file_path", pa.string(), 2147483546), field("pos", pa.int64(), 2147483545)]))),
+        (EQUALITY_DELETES, "eq-deletes.parquet", pa.table(
+            {"id": deleted_ids}, schema=pa.schema([field("id", pa.int64(), 1)]))),
+    ):  # fmt: skip
+        location = f"{root}/data/{name}"
+        pq.write_table(rows_, table.fs_path(location))
+        files.append({
+            "content": content, "file_path": location, "file_format": "PARQUET", "partition": {},
+            "record_count": rows_.num_rows, "file_size_in_bytes": os.path.getsize(table.fs_path(location)),
+            "column_sizes": None, "value_counts": None, "null_value_counts": None, "nan_value_counts": None,
+            "lower_bounds": None, "upper_bounds": None, "key_metadata": None, "split_offsets": None,
+            "equality_ids": [1] if content == EQUALITY_DELETES else None, "sort_order_id": None,
+            "first_row_id": None, "referenced_data_file": data_path if content == POSITION_DELETES else None,
+            "content_offset": None, "content_size_in_bytes": None,
+        })  # fmt: skip
+    manifest = write_manifest(io, f"{root}/metadata/deletes-m0.avro", w._added_entries(files, snapshot_id),
+                              spec=w._specs(base)[0], schema=w._schema(base), content=POSITION_DELETES)  # fmt: skip
+
+    def build(version, manager):
+        kept = w._read_manifest_list(io, None, w._current_snapshot(version))
+        return w._Change("delete", [manifest], kept, added_files=files)
+
+    target.committed(w._commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=False))
+
+
+def test_position_and_equality_delete_files_are_applied(tmp_path, kms):
+    table = EncryptedTable.create(str(tmp_path / "t"), rows(0, 1).schema, kms=None, table_key_id=None)
+    table.append(rows(0, 1000))
+    _add_delete_files(table, [0, 5, 10], [500, 501])
+    tasks = table.scan().plan_files()
+    assert sorted(d.content for t in tasks for d in t.deletes) == [1, 2]
+    before, before_lineage = sorted_rows(table), lineage(table)
+    assert before.num_rows == 995 and 500 not in before.column("id").to_pylist()
+    result = encrypt_table(table, kms=kms, table_key_id=KEY, expire_plaintext=True)
+    assert result.rewritten_delete_files == 2
+    assert sorted_rows(table).equals(before) and lineage(table).equals(before_lineage)
+    assert not [t for t in table.scan().plan_files() if t.deletes]
+    assert_all_encrypted(table)
+    assert not (tmp_path / "t" / "data" / "pos-deletes.parquet").exists()
+    assert not (tmp_path / "t" / "data" / "eq-deletes.parquet").exists()
+    assert table.verify().ok
+
+
+def test_a_concurrent_commit_refuses_the_conversion_and_nothing_is_left(plain, kms, monkeypatch):
+    from icecrypt.table import _encrypt_table
+
+    table, root = plain
+    other = EncryptedTable.load(table.metadata_location, location_map=table.location_map)
+    real = _encrypt_table._lineage_batches
+
+    def racing(*args, **kwargs):
+        batches, lineage_, stats = real(*args, **kwargs)
+
+        def gen():
+            other.append(rows(500_000, 5))  # another writer commits while the rows are rewritten
+            yield from batches
+
+        return gen(), lineage_, stats
+
+    monkeypatch.setattr(_encrypt_table, "_lineage_batches", racing)
+    with pytest.raises(CommitConflictError, match="another writer committed"):
+        encrypt_table(table, kms=kms, table_key_id=KEY)
+    monkeypatch.undo()
+    reloaded = EncryptedTable.load(str(root), location_map=table.location_map)
+    assert not reloaded.encrypted and reloaded.current_snapshot_id == other.current_snapshot_id
+    assert not [p for p in all_files(root) if "encrypt-" in p.name], "the refused run left files"
+    assert reloaded.verify().ok
+    encrypt_table(reloaded, kms=kms, table_key_id=KEY)  # run again: now it goes through
+    assert sorted_rows(reloaded).num_rows == sorted_rows(other).num_rows
