@@ -527,3 +527,19 @@ def test_a_concurrent_commit_refuses_the_conversion_and_nothing_is_left(plain, k
     assert reloaded.verify().ok
     encrypt_table(reloaded, kms=kms, table_key_id=KEY)  # run again: now it goes through
     assert sorted_rows(reloaded).num_rows == sorted_rows(other).num_rows
+
+
+def test_a_tampered_target_is_not_taken_for_a_finished_conversion(plain, kms, tmp_path):
+    """A rerun into a target returns the table there only when it is this conversion's
+    result and verifies: whoever can write the target could have put a look-alike there."""
+    table, _ = plain
+    target = tmp_path / "encrypted"
+    result = encrypt_table(table, kms=kms, table_key_id=KEY, target=str(target))
+    data = next(p for p in map(Path, reachable_files(result.table)) if p.suffix == ".parquet")
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    data.write_bytes(bytes(raw))
+    with pytest.raises(FileExistsError, match="a table exists there"):
+        encrypt_table(table, kms=kms, table_key_id=KEY, target=str(target))
+    with pytest.raises(FileExistsError, match="a table exists there"):  # not under the key asked for
+        encrypt_table(table, kms=kms, table_key_id="keyB", target=str(target))

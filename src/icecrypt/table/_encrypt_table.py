@@ -211,11 +211,12 @@ def _convert(
         recorded = base["location"].rstrip("/")
     else:
         fs, fs_dir, recorded = w._resolve_location(target, table.filesystem)
-        locations = Locations(fs, {recorded: fs_dir} if recorded != fs_dir else None)
+        # the new table's files go under its location only (and are deleted only there)
+        locations = Locations(fs, {recorded: fs_dir} if recorded != fs_dir else None).confined((recorded,))
         to_fs_path = locations.to_fs_path
         found = _existing_target(fs, to_fs_path, recorded)
         if found is not None:
-            done = _target_done(found, fs, locations, kms, _marker(base, base_location))
+            done = _target_done(found, fs, locations, kms, _marker(base, base_location), table_key_id)
             if done is not None:
                 return done
             raise FileExistsError(f"{target}: a table exists there ({found}); refused, nothing written")
@@ -225,7 +226,7 @@ def _convert(
     if encrypt:
         manager = EncryptionManager.from_table_metadata(kms, new_base)
     io = TableIO(fs, to_fs_path, manager)
-    _remove_leftovers(fs, to_fs_path, recorded, run)
+    _remove_leftovers(locations, to_fs_path, recorded, run)
     # what expiry deletes after the commit is listed before it: a failure to read it
     # then fails the conversion, not the deletions after a commit that stands
     old_files = _old_files(table, base, base_location) if expire and target is None else None
@@ -301,16 +302,24 @@ def _existing_target(fs: pafs.FileSystem, to_fs_path: Any, recorded: str) -> str
     return hinted[-1] if hinted else found[0]
 
 
-def _target_done(found: str, fs: Any, locations: Locations, kms: Any, marker: str) -> ConvertTableResult | None:
+def _target_done(
+    found: str, fs: Any, locations: Locations, kms: Any, marker: str, table_key_id: str | None
+) -> ConvertTableResult | None:
+    """The table at the target when it is the finished result of this conversion: its
+    snapshot names the source version, and -- since whoever can write the target's
+    storage could put such a table there -- it is encrypted under ``table_key_id`` (None:
+    plaintext) and every file of it verifies."""
     from icecrypt.table._table import EncryptedTable
 
     try:
         table = EncryptedTable.load(posixpath.dirname(posixpath.dirname(found)), kms=kms, filesystem=fs,
-                                    location_map=locations.location_map or None)  # fmt: skip
+                                    location_map=locations.location_map or None, table_key_id=table_key_id)  # fmt: skip
     except Exception:  # noqa: BLE001 - not the result of this conversion: refused by the caller
         return None
     snapshot = table.current_snapshot()
-    if snapshot is None or (snapshot.summary or {}).get(CONVERTED_FROM) != marker:
+    if snapshot is None or (snapshot.summary or {}).get(CONVERTED_FROM) != marker or table.encrypted != bool(table_key_id):
+        return None
+    if not table.verify().ok:
         return None
     return ConvertTableResult(table, snapshot.snapshot_id, table.metadata_location, False, already_done=True)
 
@@ -493,17 +502,19 @@ def _live_file_records(table: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _remove_leftovers(fs: pafs.FileSystem, to_fs_path: Any, recorded: str, run: str) -> None:
+def _remove_leftovers(locations: Locations, to_fs_path: Any, recorded: str, run: str) -> None:
     """Delete what an interrupted run of this conversion left: its files carry ``run``
     in their names (data files: ``<task>-<pid>-<run>-<n>``; manifests, manifest list)
     and no committed version references them (a version that did would no longer be
     the source this run id was derived from)."""
+    fs = locations.filesystem
+    deletions = Deletions(locations, f"cleanup of conversion {run}")  # never through a link, never elsewhere
     for sub in ("data", "metadata"):
         root = to_fs_path(f"{recorded}/{sub}")
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
             if info.type == pafs.FileType.File and run in info.base_name:
-                with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(info.path)
+                deletions.path(info.path)
+    deletions.warn()
 
 
 def _old_files(table: Any, base: Mapping[str, Any], base_location: str) -> tuple[list[str], list[str]]:
@@ -574,14 +585,25 @@ def _remove_unreferenced_old_kind(table: Any, result: ConvertTableResult, *, enc
             path = posixpath.normpath(info.path)
             if info.type != pafs.FileType.File or path in refs or info.base_name.startswith((".", "_")):
                 continue
-            if info.base_name == _commit.VERSION_HINT:
-                continue
+            if info.base_name == _commit.VERSION_HINT or _newer_metadata(path, table.metadata_location):
+                continue  # a version committed since this object's refresh is never an orphan
             if _is_encrypted_file(fs, path) == encrypted_old:
                 with contextlib.suppress(OSError, ValueError):
                     deletions.path(path)
     deletions.warn()
     result.deleted_files = list(deletions.deleted)
     result.skipped_files = list(deletions.skipped_locations)
+
+
+def _newer_metadata(path: str, current: str) -> bool:
+    """Whether ``path`` is a metadata file not older than the ``current`` one (or of a
+    name whose version is unknown: kept)."""
+    if not path.endswith((".metadata.json", ".metadata.json.gz")):
+        return False
+    try:
+        return _commit.version_of(path) >= _commit.version_of(current)
+    except ValueError:
+        return True
 
 
 def _is_encrypted_file(fs: pafs.FileSystem, path: str) -> bool:
