@@ -559,3 +559,25 @@ def test_the_converted_table_takes_writes_and_maintenance(plain, kms):
     assert table.verify().ok
     assert sorted_rows(table).num_rows == 100_000 - 400 + 9
     assert_all_encrypted(table)
+
+
+def test_a_kms_failure_at_each_call_leaves_the_plaintext_version(fault_template, tmp_path, kms):
+    from faultkms import FailingKms
+
+    from icecrypt.errors import KmsUnavailableError
+
+    census = FailingKms(kms)
+    table, _ = _fresh(fault_template, tmp_path / "census")
+    expected = sorted_rows(table)
+    encrypt_table(table, kms=census, table_key_id=KEY)
+    assert len(census.calls) >= 3  # the key check (wrap, unwrap), the new KEK's wrap
+    for at in range(1, len(census.calls) + 1):
+        table, _ = _fresh(fault_template, tmp_path / "run")
+        listing = all_files(tmp_path / "run")
+        with pytest.raises(KmsUnavailableError):
+            encrypt_table(table, kms=FailingKms(kms, at=at), table_key_id=KEY)
+        assert all_files(tmp_path / "run") == listing, at  # nothing written, or everything written deleted
+        loaded = EncryptedTable.load(FAULT_TABLE, filesystem=table.filesystem)
+        assert not loaded.encrypted and sorted_rows(loaded).equals(expected)
+        encrypt_table(loaded, kms=kms, table_key_id=KEY)
+        assert loaded.encrypted and sorted_rows(loaded).equals(expected) and loaded.verify().ok
