@@ -124,6 +124,10 @@ def register(subparsers: Any) -> None:
 
     register_refs(sub)
 
+    from icecrypt._cli_encrypt import register_encrypt
+
+    register_encrypt(sub)
+
 
 def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
     p.add_argument("--kms-type", help="encryption.kms-type of the KMS holding the table key")

@@ -15,6 +15,7 @@ Distributed readers plan on the driver and read anywhere::
     batches = icecrypt.table.read_task(tasks[0], filesystem)
 """
 
+from icecrypt.table.maintenance.encrypt import ConvertTableResult, decrypt_table, encrypt_table
 from icecrypt.table.read.inspect import METADATA_TABLES, InspectTable
 from icecrypt.table.files.io import Locations, PlaintextFileError
 from icecrypt.table.files.metadata import Snapshot
@@ -26,6 +27,7 @@ from icecrypt.table._table import EncryptedTable
 from icecrypt.table.read.verify import VerifyProblem, VerifyReport
 
 __all__ = [
+    "ConvertTableResult",
     "EncryptedTable",
     "FileScanTask",
     "InspectTable",
@@ -41,5 +43,7 @@ __all__ = [
     "UpdateProperties",
     "VerifyProblem",
     "VerifyReport",
+    "decrypt_table",
+    "encrypt_table",
     "read_task",
 ]
