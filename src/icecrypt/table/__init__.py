@@ -22,6 +22,7 @@ from icecrypt.table._pin import TablePin
 from icecrypt.table._refs import ManageSnapshots, UpdateProperties
 from icecrypt.table._read import FileScanTask, TaskFile, read_task
 from icecrypt.table._scan import PlanMetrics, TableScan
+from icecrypt.table._schema_update import UpdateSchema
 from icecrypt.table._table import EncryptedTable
 from icecrypt.table._verify import VerifyProblem, VerifyReport
 
@@ -39,6 +40,7 @@ __all__ = [
     "TableScan",
     "TaskFile",
     "UpdateProperties",
+    "UpdateSchema",
     "VerifyProblem",
     "VerifyReport",
     "read_task",

@@ -172,10 +172,19 @@ def _file_field_ids(source: pa.Schema, name_mapping: str | None, what: str) -> l
     return [i if i is not None else by_name.get(f.name) for i, f in zip(ids, source)]
 
 
+def _scalar(value: Any, arrow_type: pa.DataType, field: NestedField, what: str) -> pa.Scalar:
+    try:
+        return pa.scalar(value, type=arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise FormatError(f"{what}: value {value!r} of column {field.name!r} (field id {field.field_id}) does not fit "
+                          f"{field.field_type} ({exc})") from None
+
+
 class _Projector:
     """Maps batches of a file's columns to a target schema by field id: renames, type
-    promotion (int -> long, float -> double, decimal precision), identity-partition
-    constants and nulls for columns the file lacks."""
+    promotion (int -> long, float -> double, decimal precision, date -> timestamp),
+    identity-partition constants, and for columns the file lacks their
+    ``initial-default`` (format v3) or nulls."""
 
     def __init__(self, source: pa.Schema, target: Schema, constants: Mapping[int, Any], name_mapping: str | None, what: str):
         self.target = arrow_schema(target)
@@ -187,8 +196,10 @@ class _Projector:
             index = by_id.get(field.field_id)
             if index is None:
                 value = constants.get(field.field_id)
+                if value is None:  # a column added later: its v3 initial-default, if any
+                    value = field.initial_default
                 if value is not None:
-                    self._plan.append(("const", pa.scalar(value, type=target_field.type)))
+                    self._plan.append(("const", _scalar(value, target_field.type, field, what)))
                 elif field.optional:
                     self._plan.append(("null", target_field.type))
                 else:
