@@ -121,8 +121,10 @@ def register(subparsers: Any) -> None:
     _register_maintenance(sub)
 
     from icecrypt._cli_refs import register_refs
+    from icecrypt._cli_schema import register_schema
 
     register_refs(sub)
+    register_schema(sub)
 
 
 def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
