@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.visitors import bind, extract_field_ids
 from pyiceberg.schema import Schema, prune_columns
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import DateType, LongType, NestedField, StringType
 
 from icecrypt.errors import FormatError
 from icecrypt.keys import StandardKeyMetadata
@@ -352,7 +352,9 @@ def _row_group_filter(task: FileScanTask, source: pa.Schema, read_schema: Schema
                 table_field = spec.schema.find_field(field_id)
             except ValueError:
                 continue
-            if table_field.field_type.is_primitive:
+            if table_field.field_type.is_primitive and not (
+                pa.types.is_date(field.type) and not isinstance(table_field.field_type, DateType)
+            ):  # a date promoted to a timestamp: its statistics are dates, not used for pruning
                 columns[field.name] = table_field
     evaluator = _InclusiveMetricsEvaluator(spec.schema, row_filter, spec.case_sensitive, include_empty_files=True)
     return lambda rg: evaluator.eval(_RowGroupMetrics(rg, columns))
