@@ -38,7 +38,7 @@ from pyiceberg.types import (
     TimestampType,
 )
 
-from icecrypt.table._model import AddSchema, SetCurrentSchema, SetProperties
+from icecrypt.table._model import AddSchema, SetCurrentSchema, SetProperties, _highest_field_id
 from icecrypt.table._refs import _Operation
 from icecrypt.table._write_schema import iceberg_schema, schema_to_json
 
@@ -125,7 +125,10 @@ class UpdateSchema(_Operation):
             raise ValueError(f"{self._base_location}: the table has no current schema {current}")
         self._schema = Schema.model_validate(entry)
         self._format = int(base.get("format-version", 1))
-        self._last_id = max(int(base.get("last-column-id", 0)), self._schema.highest_field_id)
+        # never below an id any schema of the table used: a last-column-id lowered in storage
+        # must not make a new column reuse a dropped column's id (its old values would return)
+        self._last_id = max([int(base.get("last-column-id", 0)), self._schema.highest_field_id,
+                             *(_highest_field_id(s) for s in base.get("schemas") or ())])  # fmt: skip
         self._allow_incompatible = allow_incompatible_changes
         self._case_sensitive = case_sensitive
         self._fields: dict[int, tuple[int, str, NestedField]] = {}
