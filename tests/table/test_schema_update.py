@@ -12,7 +12,6 @@ import json
 
 import pyarrow as pa
 import pytest
-from pyiceberg.schema import Schema
 from pyiceberg.table import StaticTable
 from pyiceberg.types import (
     DateType,
@@ -21,7 +20,6 @@ from pyiceberg.types import (
     IntegerType,
     ListType,
     LongType,
-    MapType,
     NestedField,
     StringType,
     StructType,
@@ -82,6 +80,7 @@ def versions(table: EncryptedTable) -> list[str]:
 
 def test_add_columns_top_level_and_nested_ids_as_java(table):
     last = table.metadata["last-column-id"]
+    assert isinstance(table.update_schema(), UpdateSchema)
     with table.update_schema() as update:
         update.add_column("region", StringType(), doc="sales region")
         update.add_column("geo", StructType(NestedField(0, "lat", DoubleType()),
@@ -337,3 +336,43 @@ def test_java_tables_evolve_and_stay_readable(golden_copy, name):
     assert out.column(first.name + "_renamed").to_pylist() == before.column(first.name).to_pylist()
     assert out.column("added").null_count == out.num_rows
     assert fresh.verify().ok
+
+
+def test_name_mapping_follows_renames_and_adds(table):
+    from pyiceberg.table.name_mapping import create_mapping_from_schema, parse_mapping_from_json
+
+    table.update_properties().set("schema.name-mapping.default", create_mapping_from_schema(table.schema).model_dump_json()).commit()
+    with table.update_schema() as update:
+        update.rename_column("qty", "quantity")
+        update.add_column("region", StringType())
+    mapping = parse_mapping_from_json(table.properties["schema.name-mapping.default"])
+    by_id = {m.field_id: m.names for m in mapping}
+    assert set(by_id[2]) == {"qty", "quantity"}  # the old name kept: files without ids still map
+    assert by_id[table.schema.find_field("region").field_id] == ["region"]
+
+
+def test_promotions_by_format_version():
+    from pyiceberg.types import FloatType, TimestampNanoType, TimestamptzType
+
+    from icecrypt.table._schema_update import promotion_allowed
+
+    assert promotion_allowed(IntegerType(), LongType(), 2) and promotion_allowed(FloatType(), DoubleType(), 1)
+    assert promotion_allowed(DecimalType(9, 2), DecimalType(18, 2), 2)
+    assert not promotion_allowed(DecimalType(9, 2), DecimalType(18, 3), 3)
+    assert not promotion_allowed(LongType(), IntegerType(), 3)
+    assert not promotion_allowed(DateType(), TimestampType(), 2)  # v3 only
+    assert promotion_allowed(DateType(), TimestampType(), 3) and promotion_allowed(DateType(), TimestampNanoType(), 3)
+    assert not promotion_allowed(DateType(), TimestamptzType(), 3)  # never to the tz types
+
+
+def test_v2_table_schema_update_refused_clearly(tmp_path):
+    from pathlib import Path
+
+    from tablelib import edit_metadata
+
+    t = EncryptedTable.create(str(tmp_path / "v2"), SCHEMA, kms=None, table_key_id=None)
+    edit_metadata(Path(t.metadata_location), lambda m: m.__setitem__("format-version", 2))
+    t = EncryptedTable.load(t.metadata_location)
+    with pytest.raises(ValueError, match="format-version 3 tables only"):
+        t.update_schema().add_column("s", StringType()).commit()
+    assert t.refresh().metadata["current-schema-id"] == 0
