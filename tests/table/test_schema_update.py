@@ -335,7 +335,28 @@ def test_java_tables_evolve_and_stay_readable(golden_copy, name):
     assert out.num_rows == before.num_rows
     assert out.column(first.name + "_renamed").to_pylist() == before.column(first.name).to_pylist()
     assert out.column("added").null_count == out.num_rows
+    # writable too: a row in the new schema beside Java's files
+    row = before.slice(0, 1)
+    row = row.rename_columns([first.name + "_renamed", *row.column_names[1:]]).append_column("added", pa.array(["py"]))
+    fresh.append(row)
+    again = EncryptedTable.load(fresh.metadata_location, kms=table.kms, location_map=table.location_map).scan().to_arrow()
+    assert again.num_rows == before.num_rows + 1 and again.column("added").drop_null().to_pylist() == ["py"]
     assert fresh.verify().ok
+
+
+def test_moves_of_added_and_nested_columns_case_insensitive(table):
+    with table.update_schema(case_sensitive=False) as update:
+        update.add_column("Region", StringType())
+        update.move_before("region", "QTY")
+        update.move_first(("ADDRESS", "zip"))
+        update.rename_column("Price", "cost")
+    assert [f.name for f in table.schema.fields][:4] == ["id", "Region", "qty", "cost"]
+    assert [f.name for f in table.schema.find_field("address").field_type.fields] == ["zip", "city"]
+    out = reload(table).scan(columns=["address", "cost"]).to_arrow()
+    assert out.column("address").to_pylist() == [{"zip": "0150", "city": "Oslo"}, None]
+    assert out.column("cost").to_pylist() == [1.5, 2.5]
+    with pytest.raises(ValueError, match="a column of that name exists"):
+        table.update_schema(case_sensitive=False).add_column("REGION", StringType())
 
 
 def test_name_mapping_follows_renames_and_adds(table):
