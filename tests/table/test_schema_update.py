@@ -294,6 +294,10 @@ def test_partition_and_sort_sources_cannot_be_dropped(tmp_path):
         t.update_schema().delete_column("day").commit()
     with pytest.raises(ValueError, match="partition field 'day' .*would change its values"):
         t.update_schema().update_column("day", field_type=TimestampType())
+    with pytest.raises(ValueError, match="column 'id_bucket' would have the name of a partition field of spec 0"):
+        t.update_schema().add_column("id_bucket", StringType()).commit()
+    with pytest.raises(ValueError, match="column 'day' would have the name of a partition field"):
+        t.update_schema().rename_column("day", "d").add_column("day", DateType()).commit()  # identity of another column
     # renaming a partition source is fine; old files still plan by partition
     t.update_schema().rename_column("day", "d").commit()
     assert t.scan(row_filter="d = '2024-01-02'").to_arrow().column("id").to_pylist() == [1]

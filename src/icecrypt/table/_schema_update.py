@@ -482,6 +482,7 @@ class UpdateSchema(_Operation):
         kept = set(draft._lazy_id_to_field)
         gone = self._old_ids() - kept
         self._check_sources(gone)
+        self._check_partition_names(draft)
         identifier_ids = self._identifier_ids(draft, gone)
         schemas = self._base.get("schemas") or ()
         next_id = 1 + max([-1, *(int(s.get("schema-id", 0)) for s in schemas)])
@@ -491,6 +492,25 @@ class UpdateSchema(_Operation):
         for what, source, _ in _sources(self._base):
             if source in gone:
                 raise ValueError(f"cannot delete column {self._name(source)!r}: it is the source of {what}")
+
+    def _check_partition_names(self, draft: Schema) -> None:
+        """A partition field's name may not be a top-level column's (an identity partition
+        may carry its source's name), as Java and PyIceberg check; only collisions this
+        update makes are refused."""
+        def collisions(schema: Schema) -> set[tuple[str, int]]:
+            columns = {f.name: f.field_id for f in schema.fields}
+            found = set()
+            for spec in self._base.get("partition-specs") or ():
+                for pf in spec.get("fields") or ():
+                    name, source = pf.get("name"), pf.get("source-id")
+                    if name in columns and not (str(pf.get("transform")) == "identity" and columns[name] == source):
+                        found.add((name, spec.get("spec-id")))
+            return found
+
+        made = sorted(collisions(draft) - collisions(self._schema), key=str)
+        if made:
+            name, spec_id = made[0]
+            raise ValueError(f"column {name!r} would have the name of a partition field of spec {spec_id}")
 
     def _identifier_ids(self, draft: Schema, gone: set[int]) -> list[int]:
         if self._identifiers is None:
