@@ -8,7 +8,7 @@ import json
 
 import pyarrow as pa
 import pytest
-from pyiceberg.types import IntegerType
+from pyiceberg.types import IntegerType, StringType
 
 from icecrypt.cli import main
 from icecrypt.kms.local import LocalKms
@@ -76,3 +76,16 @@ def test_schema_names_printed_escaped(setup, capfd):
     EncryptedTable.load(location, kms=client).update_schema().add_column("evil\x1b[2J", IntegerType()).commit()
     status, out, _ = run(capfd, "table", "schema", location, *kms)
     assert status == 0 and "\x1b" not in out and "evil\\x1b[2J" in out
+
+
+def test_cli_append_fills_write_defaults(setup, capfd, tmp_path):
+    location, kms, client = setup
+    table = EncryptedTable.load(location, kms=client)
+    table.update_schema().add_column("status", StringType(), required=True, default_value="new").add_column(
+        "score", IntegerType(), default_value=3).commit()
+    csv = tmp_path / "rows.csv"
+    csv.write_text("id,qty\n7,1\n", encoding="utf-8")
+    status, _, err = run(capfd, "table", "append", location, csv, *kms)
+    assert status == 0, err
+    rows = EncryptedTable.load(location, kms=client).scan(row_filter="id = 7").to_arrow()
+    assert rows.column("status").to_pylist() == ["new"] and rows.column("score").to_pylist() == [3]
