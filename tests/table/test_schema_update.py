@@ -418,3 +418,25 @@ def test_pyiceberg_reads_the_evolved_plaintext_table_alike(tmp_path):
     assert theirs.drop_columns(["tags"]).to_pylist() == ours.drop_columns(["tags"]).to_pylist()
     assert ours.column("tags").to_pylist() == [[{"k": "a"}], [], None]
     assert ours.column("status").to_pylist() == ["open"] * 3
+
+
+def test_schema_change_from_another_process_refuses_ours(tmp_path):
+    import subprocess
+    import sys
+
+    t = EncryptedTable.create(str(tmp_path / "x"), SCHEMA, kms=None, table_key_id=None)
+    t.append(pa.table(ROWS, schema=SCHEMA))
+    ours = t.update_schema().add_column("mine", StringType())
+    script = (
+        "import sys\nfrom pyiceberg.types import StringType\nfrom icecrypt.table import EncryptedTable\n"
+        "t = EncryptedTable.load(sys.argv[1])\n"
+        "t.update_schema().add_column('theirs', StringType()).rename_column('qty', 'q').commit()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, t.metadata_location], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(CommitConflictError):
+        ours.commit()
+    fresh = reload(t).refresh()
+    names = [f.name for f in fresh.schema.fields]
+    assert "theirs" in names and "q" in names and "mine" not in names
+    assert fresh.scan().to_arrow().column("q").to_pylist() == [10, None]
