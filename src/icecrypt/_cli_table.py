@@ -121,8 +121,10 @@ def register(subparsers: Any) -> None:
     _register_maintenance(sub)
 
     from icecrypt._cli_refs import register_refs
+    from icecrypt._cli_schema import register_schema
 
     register_refs(sub)
+    register_schema(sub)
 
     from icecrypt._cli_encrypt import register_encrypt
 
@@ -339,7 +341,8 @@ def _append(args: argparse.Namespace) -> int:
         nonlocal rows
         for path, dataset in zip(args.files, datasets):
             names = [name for name in schema.names if name in dataset.schema.names]
-            missing = [f.name for f in schema if f.name not in names and not f.nullable]
+            defaulted = {f.name for f in target.fields if f.write_default is not None}
+            missing = [f.name for f in schema if f.name not in names and not f.nullable and f.name not in defaulted]
             if missing:
                 raise ValueError(f"{path}: lacks required column(s) {', '.join(missing)}")
             for batch in dataset.to_batches(columns=names):
@@ -355,18 +358,16 @@ def _append(args: argparse.Namespace) -> int:
 
 
 def _conform(batch: Any, schema: Any) -> Any:
-    """``batch`` in the table's Arrow schema: columns by name, cast, missing optional
-    columns as nulls."""
+    """``batch`` with the table's columns it has, by name, cast to the table's types; the
+    append fills the others (a column's ``write-default``, else nulls)."""
     import pyarrow as pa
 
+    fields = [field for field in schema if field.name in batch.schema.names]
     arrays = []
-    for field in schema:
-        if field.name in batch.schema.names:
-            column = batch.column(field.name)
-            arrays.append(column if column.type == field.type else column.cast(field.type))
-        else:
-            arrays.append(pa.nulls(batch.num_rows, field.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    for field in fields:
+        column = batch.column(field.name)
+        arrays.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def _scan(args: argparse.Namespace) -> int:

@@ -206,3 +206,24 @@ def postgres_catalog(postgres_uri, warehouse, kms):
     from icecrypt.catalog import load_catalog
 
     return load_catalog("test", uri=postgres_uri, warehouse=warehouse, kms=kms)
+
+
+@pytest.fixture
+def race_once(monkeypatch):
+    """``race_once(other_commit)``: the next catalog swap finds that ``other_commit``
+    committed just before it."""
+    from icecrypt.table.commit import store as _commit
+
+    original = _commit.commit_metadata_to_store
+    state = {"raced": False}
+
+    def arm(other_commit):
+        def racing(*args, **kwargs):
+            if not state["raced"]:
+                state["raced"] = True
+                other_commit()
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(_commit, "commit_metadata_to_store", racing)
+
+    return arm

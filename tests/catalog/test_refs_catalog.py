@@ -7,24 +7,9 @@ import pyarrow as pa
 import pytest
 
 from icecrypt.catalog import load_catalog
-from icecrypt.table.commit import store as _commit
 from icecrypt.table.model.changes import RequirementFailed
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
-
-
-def race_once(monkeypatch, other_commit):
-    """The next catalog swap finds that ``other_commit`` committed just before it."""
-    original = _commit.commit_metadata_to_store
-    state = {"raced": False}
-
-    def racing(*args, **kwargs):
-        if not state["raced"]:
-            state["raced"] = True
-            other_commit()
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(_commit, "commit_metadata_to_store", racing)
 
 
 @pytest.fixture
@@ -36,11 +21,11 @@ def two(warehouse, kms):
     return catalog, table, catalog.load_table("db.t"), ids
 
 
-def test_refs_and_properties_through_the_catalog(two, monkeypatch):
+def test_refs_and_properties_through_the_catalog(two, race_once):
     catalog, mine, theirs, ids = two
     with mine.manage_snapshots() as ms:
         ms.create_tag("v1", ids[0]).create_branch("audit")
-    race_once(monkeypatch, lambda: theirs.append(pa.table({"id": [9]}, schema=SCHEMA)))
+    race_once(lambda: theirs.append(pa.table({"id": [9]}, schema=SCHEMA)))
     with mine.update_properties() as props:
         props.set("owner", "ops")  # lost the swap once, replayed on theirs
     loaded = catalog.load_table("db.t")
@@ -49,10 +34,10 @@ def test_refs_and_properties_through_the_catalog(two, monkeypatch):
     assert sorted(loaded.scan().to_arrow().column("id").to_pylist()) == [0, 1, 9] and loaded.verify().ok
 
 
-def test_a_rollback_refused_when_main_moved_in_the_catalog(two, monkeypatch):
+def test_a_rollback_refused_when_main_moved_in_the_catalog(two, race_once):
     catalog, mine, theirs, ids = two
     rollback = mine.manage_snapshots().rollback_to_snapshot(ids[0])
-    race_once(monkeypatch, lambda: theirs.append(pa.table({"id": [9]}, schema=SCHEMA)))
+    race_once(lambda: theirs.append(pa.table({"id": [9]}, schema=SCHEMA)))
     with pytest.raises(RequirementFailed, match="'main' moved concurrently"):
         rollback.commit()
     loaded = catalog.load_table("db.t")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 from faultfs import FaultPlan, failing_filesystem
+from pyiceberg.types import StringType
 
 from icecrypt.kms.local import LocalKms
 from icecrypt.table import EncryptedTable
@@ -83,6 +84,8 @@ OPERATIONS.update({
     "manage_snapshots": lambda t: t.manage_snapshots().create_branch(f"b{version(t)}").rollback_to_snapshot(
         t.snapshot(t.current_snapshot_id).parent_snapshot_id).commit(),
     "update_properties": lambda t: t.update_properties().set("owner", f"v{version(t)}").remove("comment").commit(),
+    "update_schema": lambda t: t.update_schema().add_column(f"c{version(t)}", StringType()).update_column(
+        "id", doc=f"v{version(t)}").commit(),
 })
 #: Operations made of several commits, each atomic (rekey: KEK, data, manifests, expiry):
 #: after a fault the table may be at any version the fault-free run passes through,

@@ -23,6 +23,7 @@ from icecrypt.table.commit.pin import TablePin
 from icecrypt.table.ops.refs import ManageSnapshots, UpdateProperties
 from icecrypt.table.files.read import FileScanTask, TaskFile, read_task
 from icecrypt.table.read.scan import PlanMetrics, TableScan
+from icecrypt.table.ops.schema import UpdateSchema
 from icecrypt.table._table import EncryptedTable
 from icecrypt.table.read.verify import VerifyProblem, VerifyReport
 
@@ -41,6 +42,7 @@ __all__ = [
     "TableScan",
     "TaskFile",
     "UpdateProperties",
+    "UpdateSchema",
     "VerifyProblem",
     "VerifyReport",
     "decrypt_table",

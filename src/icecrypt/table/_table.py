@@ -495,6 +495,14 @@ class EncryptedTable:
 
         return UpdateProperties(self)
 
+    def update_schema(self, *, allow_incompatible_changes: bool = False, case_sensitive: bool = True) -> Any:
+        """Add, rename, drop, widen and move columns in one commit
+        (:class:`~icecrypt.table.UpdateSchema`; use as a context manager or call
+        ``commit()``); data files are not rewritten."""
+        from icecrypt.table.ops.schema import UpdateSchema
+
+        return UpdateSchema(self, allow_incompatible_changes=allow_incompatible_changes, case_sensitive=case_sensitive)
+
     def rewrite_manifests(
         self, *, target_size: int | None = None, force: bool = False, progress: Any = None
     ) -> Any:

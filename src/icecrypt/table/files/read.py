@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.visitors import bind, extract_field_ids
 from pyiceberg.schema import Schema, prune_columns
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import DateType, LongType, NestedField, StringType
 
 from icecrypt.errors import FormatError
 from icecrypt.keys import StandardKeyMetadata
@@ -172,10 +172,19 @@ def _file_field_ids(source: pa.Schema, name_mapping: str | None, what: str) -> l
     return [i if i is not None else by_name.get(f.name) for i, f in zip(ids, source)]
 
 
+def _scalar(value: Any, arrow_type: pa.DataType, field: NestedField, what: str) -> pa.Scalar:
+    try:
+        return pa.scalar(value, type=arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise FormatError(f"{what}: value {value!r} of column {field.name!r} (field id {field.field_id}) does not fit "
+                          f"{field.field_type} ({exc})") from None
+
+
 class _Projector:
     """Maps batches of a file's columns to a target schema by field id: renames, type
-    promotion (int -> long, float -> double, decimal precision), identity-partition
-    constants and nulls for columns the file lacks."""
+    promotion (int -> long, float -> double, decimal precision, date -> timestamp),
+    identity-partition constants, and for columns the file lacks their
+    ``initial-default`` (format v3) or nulls."""
 
     def __init__(self, source: pa.Schema, target: Schema, constants: Mapping[int, Any], name_mapping: str | None, what: str):
         self.target = arrow_schema(target)
@@ -187,8 +196,10 @@ class _Projector:
             index = by_id.get(field.field_id)
             if index is None:
                 value = constants.get(field.field_id)
+                if value is None:  # a column added later: its v3 initial-default, if any
+                    value = field.initial_default
                 if value is not None:
-                    self._plan.append(("const", pa.scalar(value, type=target_field.type)))
+                    self._plan.append(("const", _scalar(value, target_field.type, field, what)))
                 elif field.optional:
                     self._plan.append(("null", target_field.type))
                 else:
@@ -341,7 +352,9 @@ def _row_group_filter(task: FileScanTask, source: pa.Schema, read_schema: Schema
                 table_field = spec.schema.find_field(field_id)
             except ValueError:
                 continue
-            if table_field.field_type.is_primitive:
+            if table_field.field_type.is_primitive and not (
+                pa.types.is_date(field.type) and not isinstance(table_field.field_type, DateType)
+            ):  # a date promoted to a timestamp: its statistics are dates, not used for pruning
                 columns[field.name] = table_field
     evaluator = _InclusiveMetricsEvaluator(spec.schema, row_filter, spec.case_sensitive, include_empty_files=True)
     return lambda rg: evaluator.eval(_RowGroupMetrics(rg, columns))

@@ -154,10 +154,11 @@ def iter_batches(data: Any) -> Iterator[pa.RecordBatch]:
         )
 
 
-def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+def conform(batch: pa.RecordBatch, target: pa.Schema, defaults: dict[str, Any] | None = None) -> pa.RecordBatch:
     """``batch`` with the table's columns in schema order, types and field ids.
 
-    Columns are matched by name; a missing optional column becomes nulls; a missing
+    Columns are matched by name; a missing column with a ``write-default`` (format v3,
+    ``defaults`` by column name) holds that value; a missing optional column becomes nulls; a missing
     required column, an unknown column, nulls in a required column or a lossy cast are
     errors (ValueError), so nothing that the table's schema forbids is written.
     """
@@ -174,6 +175,8 @@ def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
                     column = column.cast(field.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise ValueError(f"column {field.name!r}: cannot write {column.type} as {field.type} ({exc})") from None
+        elif defaults and defaults.get(field.name) is not None:
+            column = pa.repeat(pa.scalar(defaults[field.name], type=field.type), batch.num_rows)
         elif field.nullable:
             column = pa.nulls(batch.num_rows, field.type)
         else:
@@ -515,6 +518,7 @@ class _WriteJob:
         # (reserved ids and names, after the table's columns, as Iceberg Java writes them)
         self.file_schema = Schema(*schema.fields, *LINEAGE, schema_id=schema.schema_id) if lineage else schema
         self.arrow_schema = arrow_write_schema(self.file_schema)
+        self.write_defaults = {f.name: f.write_default for f in schema.fields if f.write_default is not None}
         self.stats_plan = _statistics_plan(self.file_schema, properties)
         # a distributed job passes one operation id to all its tasks (and a task id unique
         # per attempt), so the driver can find what its killed attempts left behind
@@ -579,7 +583,7 @@ def write_data_files(
         for batch in iter_batches(data):
             if batch.num_rows == 0:
                 continue
-            batch = conform(batch, job.arrow_schema)
+            batch = conform(batch, job.arrow_schema, job.write_defaults)
             for values, rows in job.plan.split(batch):
                 writer = writers.get(values)
                 if writer is None:

@@ -81,8 +81,6 @@ def type_to_json(field_type: IcebergType) -> Any:
 
 
 def _field_to_json(field: NestedField) -> dict[str, Any]:
-    if field.initial_default is not None or field.write_default is not None:
-        raise ValueError(f"field {field.name!r}: default values are not supported by icecrypt's writer")
     result: dict[str, Any] = {
         "id": field.field_id,
         "name": field.name,
@@ -91,6 +89,14 @@ def _field_to_json(field: NestedField) -> dict[str, Any]:
     }
     if field.doc:
         result["doc"] = field.doc
+    # format v3 default values, in the JSON single-value form (after doc, as Java writes them)
+    for key, value in (("initial-default", field.initial_default), ("write-default", field.write_default)):
+        if value is not None:
+            if not field.field_type.is_primitive:
+                raise ValueError(f"field {field.name!r}: only primitive fields take a default value")
+            from pyiceberg.conversions import to_json
+
+            result[key] = to_json(field.field_type, value)
     return result
 
 

@@ -246,6 +246,7 @@ class _Evaluators:
         self._manifest: dict[int, Callable[[ManifestFile], bool]] = {}
         self._partition: dict[int, Callable[[tuple], bool]] = {}
         self._metrics = None if self.trivial else _InclusiveMetricsEvaluator(schema, row_filter, case_sensitive)
+        self._widened = () if self.trivial else _widened_bounds(table, schema)
 
     def _projected(self, spec_id: int) -> BooleanExpression:
         return inclusive_projection(self.schema, self.specs[spec_id], self.case_sensitive)(self.row_filter)
@@ -273,7 +274,29 @@ class _Evaluators:
         return evaluate(file.partition)
 
     def metrics(self, file: ContentFile) -> bool:
-        return True if self._metrics is None else self._metrics.eval(file)
+        if self._metrics is None:
+            return True
+        for field_id, width in self._widened:
+            # bounds written before a promotion whose stored form changed (date -> timestamp):
+            # not comparable with the new type's, so the file is not pruned on them
+            for bounds in (file.lower_bounds, file.upper_bounds):
+                if bounds and field_id in bounds and len(bounds[field_id]) != width:
+                    return True
+        return self._metrics.eval(file)
+
+
+def _widened_bounds(table: EncryptedTable, schema: Schema) -> tuple[tuple[int, int], ...]:
+    """(field id, bound width) of the timestamp columns of ``schema`` that an older schema
+    of the table had as dates (format v3 promotion): their older files' bounds are dates."""
+    from pyiceberg.types import DateType, TimestampNanoType, TimestampType
+
+    timestamps = {f.field_id for f in schema._lazy_id_to_field.values()
+                  if isinstance(f.field_type, (TimestampType, TimestampNanoType))}  # fmt: skip
+    if not timestamps:
+        return ()
+    dates = {fid for old in table.model.schemas for fid, f in old._lazy_id_to_field.items()
+             if fid in timestamps and isinstance(f.field_type, DateType)}  # fmt: skip
+    return tuple((fid, 8) for fid in sorted(dates))
 
 
 class TableScan:
