@@ -22,6 +22,8 @@ from icecrypt.table._pin import TablePin
 from icecrypt.table._refs import ManageSnapshots, UpdateProperties
 from icecrypt.table._read import FileScanTask, TaskFile, read_task
 from icecrypt.table._scan import PlanMetrics, TableScan
+from icecrypt.table._sort_order import ReplaceSortOrder
+from icecrypt.table._spec_update import UpdateSpec
 from icecrypt.table._table import EncryptedTable
 from icecrypt.table._verify import VerifyProblem, VerifyReport
 
@@ -34,11 +36,13 @@ __all__ = [
     "METADATA_TABLES",
     "PlaintextFileError",
     "PlanMetrics",
+    "ReplaceSortOrder",
     "Snapshot",
     "TablePin",
     "TableScan",
     "TaskFile",
     "UpdateProperties",
+    "UpdateSpec",
     "VerifyProblem",
     "VerifyReport",
     "read_task",

@@ -495,6 +495,22 @@ class EncryptedTable:
 
         return UpdateProperties(self)
 
+    def update_spec(self, *, case_sensitive: bool = True) -> Any:
+        """Evolve the partition spec: add, remove and rename partition fields in one
+        commit (:class:`~icecrypt.table.UpdateSpec`; a context manager, or call
+        ``commit()``). Files already written keep their spec."""
+        from icecrypt.table._spec_update import UpdateSpec
+
+        return UpdateSpec(self, case_sensitive=case_sensitive)
+
+    def replace_sort_order(self, *, case_sensitive: bool = True) -> Any:
+        """Replace the table's default sort order (:class:`~icecrypt.table.ReplaceSortOrder`;
+        a context manager, or call ``commit()``); writers sort the rows of each new data
+        file by it."""
+        from icecrypt.table._sort_order import ReplaceSortOrder
+
+        return ReplaceSortOrder(self, case_sensitive=case_sensitive)
+
     def rewrite_manifests(
         self, *, target_size: int | None = None, force: bool = False, progress: Any = None
     ) -> Any:

@@ -59,7 +59,7 @@ from icecrypt.table._manifest_write import (
 )
 from icecrypt.table._pin import check_unambiguous
 from icecrypt.table._retention import plan_expiry
-from icecrypt.table._write_data import DataWriteOptions, write_data_files
+from icecrypt.table._write_data import DataWriteOptions, table_sort_order, write_data_files
 from icecrypt.table._write_dv import DeletionVector, decode_dv, puffin_file
 from icecrypt.table._write_io import TableIO
 from icecrypt.table._write_schema import iceberg_schema, schema_to_json, sort_order_to_json, spec_to_json
@@ -741,7 +741,7 @@ def _write_new_data(
     data_files, started = write_data_files(
         io, data, schema=schema, spec=spec, location=base["location"], properties=properties,
         options=options, sort_order_id=base.get("default-sort-order-id", 0), operation_id=operation_id,
-        task_id=task_id,
+        task_id=task_id, sort_order=table_sort_order(base),
     )  # fmt: skip
     return io, data_files, started, spec, schema
 

@@ -39,6 +39,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
 from pyiceberg.transforms import (
     DayTransform,
     HourTransform,
@@ -240,6 +241,35 @@ def _transform_distinct(transform: Transform, source_type: IcebergType, values: 
     return mapped.take(encoded.indices)
 
 
+def table_sort_order(metadata: dict[str, Any]) -> SortOrder | None:
+    """The table's default sort order (None when unsorted)."""
+    order_id = metadata.get("default-sort-order-id", 0)
+    for entry in metadata.get("sort-orders") or ():
+        if entry.get("order-id") == order_id:
+            order = SortOrder.model_validate(entry)
+            return order if order.fields else None
+    return None
+
+
+def sort_rows(table: pa.Table, order: SortOrder, schema: Schema) -> pa.Table:
+    """``table``'s rows in ``order`` (stable): each key is the field's transform of its
+    source column, with its own direction and null placement."""
+    keys, names, sort_keys = [], [], []
+    for i, field in enumerate(order.fields):
+        name = schema.find_column_name(field.source_id)
+        if name is None or name not in table.column_names:
+            raise ValueError(f"sort order {order.order_id}: source column {field.source_id} is not a top-level column")
+        values = table.column(name).combine_chunks()
+        key = _transform_array(field.transform, schema.find_field(field.source_id).field_type, values)
+        nulls_first = field.null_order == NullOrder.NULLS_FIRST
+        keys += [pc.is_valid(key) if nulls_first else pc.is_null(key), key]  # False sorts first
+        names += [f"n{i}", f"k{i}"]
+        sort_keys += [(f"n{i}", "ascending"), (f"k{i}", "ascending" if field.direction == SortDirection.ASC else "descending")]
+    if not keys or table.num_rows < 2:
+        return table
+    return table.take(pc.sort_indices(pa.table(keys, names=names), sort_keys=sort_keys))
+
+
 @dataclass(frozen=True)
 class _PartitionPlan:
     spec: PartitionSpec
@@ -431,8 +461,15 @@ class _PartitionWriter:
         self._file_rows = 0
         self._nan_counts: dict[int, int] = {}
         self._avro_parts: list[pa.Table] = []
+        self._pending: list[pa.RecordBatch] = []
 
     def write(self, batch: pa.RecordBatch) -> None:
+        if self._job.sort_order is not None:  # sorted at close: a file's rows are in order
+            self._pending.append(batch)
+            return
+        self._append(batch)
+
+    def _append(self, batch: pa.RecordBatch) -> None:
         self._buffer.append(batch)
         self._buffered += batch.nbytes
         options = self._job.options
@@ -490,6 +527,13 @@ class _PartitionWriter:
         self._job.add(location, "AVRO", self._values, table.num_rows, key.file_length, key, stats)
 
     def close(self) -> None:
+        if self._pending:
+            rows = sort_rows(pa.Table.from_batches(self._pending, self._job.arrow_schema), self._job.sort_order,
+                             self._job.file_schema)  # fmt: skip
+            self._pending = []
+            chunk = max(1, self._job.options.row_group_size // max(1, rows.nbytes // max(1, rows.num_rows)))
+            for batch in rows.to_batches(max_chunksize=chunk):
+                self._append(batch)
         self._flush()
         self._close_file()
 
@@ -504,13 +548,15 @@ class _WriteJob:
 
     def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, location: str,
                  properties: dict[str, str], options: DataWriteOptions, sort_order_id: int,
-                 operation_id: str | None = None, task_id: int = 0, lineage: bool = False) -> None:  # fmt: skip
+                 operation_id: str | None = None, task_id: int = 0, lineage: bool = False,
+                 sort_order: SortOrder | None = None) -> None:  # fmt: skip
         self.io = io
         self.schema = schema
         self.plan = _PartitionPlan.create(spec, schema)
         self.location = location.rstrip("/")
         self.options = options
-        self.sort_order_id = sort_order_id
+        self.sort_order = sort_order if sort_order is not None and sort_order.fields else None
+        self.sort_order_id = sort_order.order_id if self.sort_order is not None else sort_order_id
         # rows moved from other files carry their row lineage as columns of the new file
         # (reserved ids and names, after the table's columns, as Iceberg Java writes them)
         self.file_schema = Schema(*schema.fields, *LINEAGE, schema_id=schema.schema_id) if lineage else schema
@@ -563,17 +609,21 @@ def write_data_files(
     operation_id: str | None = None,
     task_id: int = 0,
     lineage: bool = False,
+    sort_order: SortOrder | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Write ``data`` as data files of the table at ``location``.
 
     With ``lineage``, ``data`` also has the columns ``_row_id`` and
     ``_last_updated_sequence_number`` (rows moved from other files, with the lineage
-    they had) and the files store them.  Returns the ``data_file`` records and the
+    they had) and the files store them.  With ``sort_order`` (not unsorted) the rows of
+    each partition are sorted by it before they are written (each file's rows in order;
+    the files record its id).  Returns the ``data_file`` records and the
     locations of every file started.  On an exception, files in progress are aborted
     and the finished ones deleted before it propagates, so a failed append leaves
     nothing behind.
     """
-    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id, lineage)
+    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id, lineage,
+                    sort_order)  # fmt: skip
     writers: dict[tuple, _PartitionWriter] = {}
     try:
         for batch in iter_batches(data):
