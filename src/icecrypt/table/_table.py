@@ -528,6 +528,8 @@ class EncryptedTable:
         row_filter: Any = None,
         options: dict[str, Any] | None = None,
         *,
+        strategy: str | None = None,
+        sort_order: str | None = None,
         progress: Any = None,
     ) -> Any:
         """Bin-pack small data files into files of ``target_file_size`` (default
@@ -535,10 +537,15 @@ class EncryptedTable:
         deletes, under fresh DEKs, in one ``replace`` commit; appends committed meanwhile
         survive. ``row_filter`` limits the files considered; ``options`` takes Java's
         rewrite options (``min-input-files``, ``rewrite-all``, ``delete-file-threshold``,
-        ...). Returns a ``RewriteDataFilesResult``."""
+        ...). ``strategy="sort"`` (Java's sort strategy; also the option ``strategy``)
+        writes the rows sorted by ``sort_order`` (``"id DESC NULLS LAST, name"``; also
+        the option ``sort-order``) or else the table's sort order. Returns a
+        ``RewriteDataFilesResult``."""
         from icecrypt.table import _maintenance
 
-        return _maintenance.rewrite_data_files(self, target_file_size, row_filter, options, progress=progress)
+        return _maintenance.rewrite_data_files(
+            self, target_file_size, row_filter, options, progress=progress, strategy=strategy, sort_order=sort_order
+        )
 
     def rekey(
         self,
