@@ -11,6 +11,7 @@ the rows of each new data file by the default order and record its id in the fil
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pyiceberg.schema import Schema
@@ -79,29 +80,60 @@ def sort_order_json(metadata: dict[str, Any], fields: list[dict[str, Any]]) -> d
     return {"order-id": new_id, "fields": fields}
 
 
-def parse_sort_order(text: str, schema: Schema, *, where: str = "") -> list[dict[str, Any]]:
-    """Sort fields from a Spark-procedure style order: ``"id DESC NULLS LAST, name"``,
-    each term ``column [ASC|DESC] [NULLS FIRST|NULLS LAST]``."""
+_TERM = re.compile(r"(\w+)\(\s*(?:(\d+)\s*,\s*)?([^()\s,]+)\s*\)")
+_SORT_TERM = re.compile(r"(?P<expr>.+?)(?:\s+(?P<dir>asc|desc))?(?:\s+nulls\s+(?P<nulls>first|last))?\s*", re.IGNORECASE)
+
+
+def parse_term(item: str) -> tuple[str, str]:
+    """``(column, transform name)`` of ``COLUMN`` / ``transform(COLUMN)`` /
+    ``bucket(N, COLUMN)`` / ``truncate(W, COLUMN)`` (Spark SQL's forms)."""
+    item = item.strip()
+    match = _TERM.fullmatch(item)
+    if match is None:
+        return item, "identity"
+    name, width, column = match.groups()
+    return column, f"{name}[{width}]" if width else name
+
+
+def split_terms(text: str) -> list[str]:
+    """Split on commas outside parentheses (``bucket(16, id)`` stays whole)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def parse_sort_terms(text: Any, *, where: str = "") -> list[tuple[str, str, SortDirection, str | None]]:
+    """``(column, transform, direction, null order or None)`` of each term of a Spark SQL
+    style order: ``"day(ts) DESC NULLS LAST, bucket(16, id), name"``."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{where}a sort order is terms like 'id DESC NULLS LAST, name', not {text!r}")
-    fields = []
-    for term in text.split(","):
-        words = term.split()
-        if not words:
-            raise ValueError(f"{where}sort order {text!r} has an empty term")
-        column, rest = words[0], [w.upper() for w in words[1:]]
-        direction = SortDirection.ASC
-        if rest and rest[0] in ("ASC", "DESC"):
-            direction = SortDirection.DESC if rest.pop(0) == "DESC" else SortDirection.ASC
-        null_order = None
-        if rest[:1] == ["NULLS"] and len(rest) == 2 and rest[1] in ("FIRST", "LAST"):
-            null_order, rest = f"nulls-{rest[1].lower()}", []
-        if rest:
+        raise ValueError(f"{where}a sort order is terms like 'id DESC NULLS LAST, day(ts)', not {text!r}")
+    terms = []
+    for term in split_terms(text):
+        match = _SORT_TERM.fullmatch(term)
+        if not term or match is None or " " in match["expr"].strip() and _TERM.fullmatch(match["expr"].strip()) is None:
             raise ValueError(
-                f"{where}cannot read sort term {term.strip()!r} (expected: column [ASC|DESC] [NULLS FIRST|NULLS LAST])"
+                f"{where}cannot read sort term {term!r} of {text!r} "
+                "(expected: column or transform(column), then ASC|DESC, then NULLS FIRST|NULLS LAST)"
             )
-        fields.append(sort_field_json(schema, column, "identity", direction, null_order, where=where))
-    return fields
+        column, transform = parse_term(match["expr"])
+        direction = SortDirection.DESC if (match["dir"] or "asc").lower() == "desc" else SortDirection.ASC
+        nulls = f"nulls-{match['nulls'].lower()}" if match["nulls"] else None
+        terms.append((column, transform, direction, nulls))
+    return terms
+
+
+def parse_sort_order(text: Any, schema: Schema, *, where: str = "") -> list[dict[str, Any]]:
+    """Sort fields (checked against ``schema``) from a Spark SQL style order."""
+    return [
+        sort_field_json(schema, column, transform, direction, nulls, where=where)
+        for column, transform, direction, nulls in parse_sort_terms(text, where=where)
+    ]
 
 
 class ReplaceSortOrder(_Operation):
