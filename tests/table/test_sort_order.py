@@ -5,6 +5,8 @@ strategy of ``rewrite_data_files``, and bad input committing nothing."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 from pyiceberg.table import StaticTable
@@ -173,3 +175,35 @@ def test_java_tables_take_a_sort_order(golden_copy, kms, name):
 
 def test_replace_sort_order_is_public():
     assert ReplaceSortOrder.__module__ == "icecrypt.table._sort_order"
+
+
+def test_struct_fields_sort_and_lists_are_refused(tmp_path):
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("s", pa.struct([pa.field("x", pa.int32())])),
+                        pa.field("l", pa.list_(pa.int32()))])  # fmt: skip
+    t = EncryptedTable.create(str(tmp_path / "t"), schema, kms=MemoryKms.with_iceberg_test_keys(), table_key_id="keyA")
+    with pytest.raises(ValueError, match="inside a list or map"):
+        t.replace_sort_order().asc("l.element").commit()
+    with pytest.raises(ValueError, match="not a primitive"):
+        t.replace_sort_order().asc("s").commit()
+    t.replace_sort_order().desc("s.x").commit()
+    t.append(pa.table({"id": [1, 2, 3, 4], "s": [{"x": 3}, {"x": None}, {"x": 9}, {"x": 1}], "l": [[1]] * 4},
+                      schema=schema))  # fmt: skip
+    ((_, stored),) = file_rows(t)
+    assert [r["id"] for r in stored] == [3, 1, 4, 2]  # desc, nulls last
+
+
+def test_an_order_the_schema_cannot_serve_is_not_claimed(table):
+    """An order read from storage whose source column is not in the current schema (a
+    dropped column, or a damaged file): new files are written unsorted and record order
+    0 rather than claim an order they do not follow; the append does not fail."""
+    table.replace_sort_order().asc("score").commit()
+    path = table.fs_path(table.metadata_location)
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    metadata["sort-orders"][-1]["fields"][0]["source-id"] = 99
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f)
+    table = EncryptedTable.load(table.location, kms=table.kms_client)
+    table.append(rows(range(10)))
+    assert table.inspect.data_files().column("sort_order_id").to_pylist() == [0]
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(10))

@@ -21,6 +21,7 @@ from pyiceberg.types import PrimitiveType
 from icecrypt.table import _model
 from icecrypt.table._refs import _Operation
 from icecrypt.table._spec_update import to_transform
+from icecrypt.table._write_data import _struct_path_ids
 
 __all__ = ["ReplaceSortOrder", "parse_sort_order", "sort_order_json"]
 
@@ -52,8 +53,8 @@ def sort_field_json(
     except ValueError:
         raise ValueError(f"{where}cannot sort by {column!r}: no such column in the schema") from None
     name = schema.find_column_name(field.field_id) or column
-    if "." in name:
-        raise ValueError(f"{where}cannot sort by {name!r}: only top-level columns can be sort keys")
+    if field.field_id not in _struct_path_ids(schema):
+        raise ValueError(f"{where}cannot sort by {name!r}: a field inside a list or map cannot be a sort key")
     if not isinstance(field.field_type, PrimitiveType):
         raise ValueError(f"{where}cannot sort by {name!r}: {field.field_type} is not a primitive type")
     parsed = to_transform(transform)

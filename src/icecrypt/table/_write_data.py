@@ -251,15 +251,50 @@ def table_sort_order(metadata: dict[str, Any]) -> SortOrder | None:
     return None
 
 
+def sortable(order: SortOrder | None, schema: Schema) -> bool:
+    """Whether every field of ``order`` has a primitive source in ``schema`` outside lists
+    and maps (an order read from storage may name a dropped or a repeated column: such
+    files are written unsorted and say so, ``sort_order_id`` 0)."""
+    if order is None or not order.fields:
+        return False
+    for field in order.fields:
+        try:
+            source = schema.find_field(field.source_id)
+        except ValueError:
+            return False
+        name = schema.find_column_name(field.source_id)
+        if name is None or not source.field_type.is_primitive or field.source_id not in _struct_path_ids(schema):
+            return False
+    return True
+
+
+def _struct_path_ids(schema: Schema) -> set[int]:
+    """Ids of the fields reachable through structs only (not inside a list or map)."""
+    found: set[int] = set()
+    pending = list(schema.fields)
+    while pending:
+        field = pending.pop()
+        found.add(field.field_id)
+        if field.field_type.is_struct:
+            pending.extend(field.field_type.fields)
+    return found
+
+
+def _sort_source(table: pa.Table, schema: Schema, source_id: int) -> pa.Array:
+    """The column ``source_id`` of ``table`` (a struct's field by its path)."""
+    path = schema.find_column_name(source_id).split(".")
+    column = table.column(path[0]).combine_chunks()
+    for part in path[1:]:
+        column = pc.struct_field(column, part)
+    return column
+
+
 def sort_rows(table: pa.Table, order: SortOrder, schema: Schema) -> pa.Table:
     """``table``'s rows in ``order`` (stable): each key is the field's transform of its
     source column, with its own direction and null placement."""
     keys, names, sort_keys = [], [], []
     for i, field in enumerate(order.fields):
-        name = schema.find_column_name(field.source_id)
-        if name is None or name not in table.column_names:
-            raise ValueError(f"sort order {order.order_id}: source column {field.source_id} is not a top-level column")
-        values = table.column(name).combine_chunks()
+        values = _sort_source(table, schema, field.source_id)
         key = _transform_array(field.transform, schema.find_field(field.source_id).field_type, values)
         nulls_first = field.null_order == NullOrder.NULLS_FIRST
         keys += [pc.is_valid(key) if nulls_first else pc.is_null(key), key]  # False sorts first
@@ -555,8 +590,10 @@ class _WriteJob:
         self.plan = _PartitionPlan.create(spec, schema)
         self.location = location.rstrip("/")
         self.options = options
-        self.sort_order = sort_order if sort_order is not None and sort_order.fields else None
-        self.sort_order_id = sort_order.order_id if self.sort_order is not None else sort_order_id
+        self.sort_order = sort_order if sortable(sort_order, schema) else None
+        self.sort_order_id = (
+            self.sort_order.order_id if self.sort_order is not None else 0 if sort_order is not None else sort_order_id
+        )
         # rows moved from other files carry their row lineage as columns of the new file
         # (reserved ids and names, after the table's columns, as Iceberg Java writes them)
         self.file_schema = Schema(*schema.fields, *LINEAGE, schema_id=schema.schema_id) if lineage else schema
