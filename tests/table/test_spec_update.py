@@ -6,6 +6,7 @@ nothing, and injected storage faults leaving the old or the new version."""
 from __future__ import annotations
 
 import datetime
+import json
 import decimal
 
 import pyarrow as pa
@@ -258,3 +259,29 @@ def test_fault_leaves_old_or_new_version(tmp_path, at):
 
 def test_update_spec_is_public():
     assert UpdateSpec.__module__ == "icecrypt.table._spec_update"
+
+
+def test_a_lowered_last_partition_id_does_not_reuse_a_field_id(table):
+    """last-partition-id is read from storage: set below the ids the specs use, a new
+    field still gets an id no spec has (the id of another field would give partition
+    values of one meaning to another)."""
+    table.update_spec().add_identity("cat").add_field("ts", "day").commit()
+    table.update_spec().remove_field("ts_day").commit()
+    path = table.fs_path(table.metadata_location)
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    metadata["last-partition-id"] = 999
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f)
+    table = EncryptedTable.load(table.location, kms=table.kms_client)
+    table.update_spec().add_field("id", "bucket[2]").commit()
+    assert [(f["name"], f["field-id"]) for f in table.metadata["partition-specs"][-1]["fields"]] == [
+        ("cat", 1000), ("id_bucket_2", 1002)]
+    assert table.metadata["last-partition-id"] == 1002
+
+
+def test_case_insensitive_columns(table):
+    table.update_spec(case_sensitive=False).add_field("TS", "month").commit()
+    assert [f.name for f in table.spec.fields] == ["ts_month"]
+    with pytest.raises(ValueError, match="no such column"):
+        table.update_spec().add_identity("CAT")

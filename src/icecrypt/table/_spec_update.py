@@ -122,9 +122,11 @@ class UpdateSpec(_Operation):
         if default is None:
             raise ValueError(f"{self._base_location}: the default partition spec {default_id} is not in the table")
         self._current = _fields(default)
-        self._last_id = self._base.get("last-partition-id")
-        if type(self._last_id) is not int:
-            self._last_id = max([PARTITION_FIELD_ID_START - 1, *(f.field_id for s in self._specs for f in _fields(s))])
+        # never below an id a spec uses: a lowered last-partition-id read from storage must
+        # not make a new field take the id of another spec's field (another meaning)
+        recorded = self._base.get("last-partition-id")
+        used = [f.field_id for s in self._specs for f in _fields(s)]
+        self._last_id = max([PARTITION_FIELD_ID_START - 1, *used, *([recorded] if type(recorded) is int else [])])
         self._adds: list[_Field] = []
         self._deletes: set[int] = set()
         self._renames: dict[str, str] = {}
