@@ -6,6 +6,8 @@ strategy of ``rewrite_data_files``, and bad input committing nothing."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -207,3 +209,26 @@ def test_an_order_the_schema_cannot_serve_is_not_claimed(table):
     table.append(rows(range(10)))
     assert table.inspect.data_files().column("sort_order_id").to_pylist() == [0]
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(10))
+
+
+@pytest.mark.parametrize("transform,source", [("bogus", 1), ("bucket[0]", 1), ("truncate[0]", 2), ("day", 2)])
+def test_an_order_no_writer_can_follow_is_refused_before_writing(table, transform, source):
+    """A default order read from storage with an unknown transform, a zero bucket count
+    or width, or a transform that cannot apply to its column: the write is refused with
+    a FormatError naming the table, before any data file is written."""
+    from icecrypt.errors import FormatError
+
+    table.replace_sort_order().asc("id").commit()
+    path = table.fs_path(table.metadata_location)
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    metadata["sort-orders"][-1]["fields"][0].update({"transform": transform, "source-id": source})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f)
+    table = EncryptedTable.load(table.location, kms=table.kms_client)
+    before = table.metadata_location
+    with pytest.raises(FormatError, match=rf"sort order 1: transform '{re.escape(transform)}'"):
+        table.append(rows(range(10)))
+    assert table.refresh().metadata_location == before
+    data_dir = Path(table.fs_path(table.location)) / "data"
+    assert not data_dir.exists() or not any(p.is_file() for p in data_dir.rglob("*"))

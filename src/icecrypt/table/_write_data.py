@@ -68,6 +68,7 @@ from pyiceberg.types import (
     TimeType,
 )
 
+from icecrypt.errors import FormatError
 from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
 from icecrypt.table._manifest_write import DATA, to_internal
 from icecrypt.table._metadata_columns import LINEAGE
@@ -242,11 +243,30 @@ def _transform_distinct(transform: Transform, source_type: IcebergType, values: 
 
 
 def table_sort_order(metadata: dict[str, Any]) -> SortOrder | None:
-    """The table's default sort order (None when unsorted)."""
+    """The table's default sort order (None when unsorted).  FormatError (naming the
+    table) for an order no writer can follow: an unknown transform, a bucket count or
+    truncate width below 1, a transform that cannot apply to its source column."""
     order_id = metadata.get("default-sort-order-id", 0)
     for entry in metadata.get("sort-orders") or ():
         if entry.get("order-id") == order_id:
-            order = SortOrder.model_validate(entry)
+            where = f"{metadata.get('location')}: sort order {order_id}"
+            try:
+                order = SortOrder.model_validate(entry)
+            except ValueError as exc:
+                raise FormatError(f"{where} is malformed ({type(exc).__name__})") from None
+            schema_id = metadata.get("current-schema-id")
+            current = next((s for s in metadata.get("schemas") or () if s.get("schema-id") == schema_id), None)
+            schema = Schema.model_validate(current) if current is not None else None
+            for field, raw in zip(order.fields, entry.get("fields") or ()):
+                transform = field.transform
+                bad = type(transform).__name__ == "UnknownTransform" or (
+                    min(getattr(transform, "num_buckets", 1), getattr(transform, "width", 1)) < 1)
+                if not bad and schema is not None and field.source_id in _struct_path_ids(schema):
+                    bad = not transform.can_transform(schema.find_field(field.source_id).field_type)
+                if bad:
+                    raise FormatError(
+                        f"{where}: transform {raw.get('transform')!r} of source column {field.source_id} cannot be applied"
+                    )
             return order if order.fields else None
     return None
 
