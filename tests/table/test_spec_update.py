@@ -285,3 +285,13 @@ def test_case_insensitive_columns(table):
     assert [f.name for f in table.spec.fields] == ["ts_month"]
     with pytest.raises(ValueError, match="no such column"):
         table.update_spec().add_identity("CAT")
+
+
+def test_struct_fields_are_refused_as_partition_sources(tmp_path):
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("s", pa.struct([pa.field("x", pa.int32())]))])
+    t = EncryptedTable.create(str(tmp_path / "t"), schema, kms=MemoryKms.with_iceberg_test_keys(), table_key_id="keyA")
+    before = t.metadata_location
+    with pytest.raises(ValueError, match="only top-level columns"):
+        t.update_spec().add_identity("s.x").commit()
+    assert t.refresh().metadata_location == before
+    t.append(pa.table({"id": [1], "s": [{"x": 2}]}, schema=schema))

@@ -163,6 +163,10 @@ class UpdateSpec(_Operation):
         ``partition_field_name`` (default: Java's name, e.g. ``ts_day``, ``id_bucket_16``)."""
         self._check_open()
         source_id, column = self._column(source_column_name)
+        if self._schema.find_field(source_id) not in self._schema.fields:
+            # Java allows struct fields; icecrypt's writers partition by top-level columns
+            # only, and a spec they cannot write would stop every later append
+            raise ValueError(f"cannot partition by {column!r}: only top-level columns can be partition sources here")
         parsed = to_transform(transform)
         source_type = self._schema.find_field(source_id).field_type
         if not parsed.can_transform(source_type):
