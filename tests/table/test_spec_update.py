@@ -224,37 +224,53 @@ def test_java_tables_evolve_and_stay_readable(golden_copy, kms, name):
     assert static.metadata.last_partition_id == fresh.metadata["last-partition-id"]
 
 
-@pytest.mark.parametrize("at", range(1, 4))
-def test_fault_leaves_old_or_new_version(tmp_path, at):
+OPERATIONS = {
+    "spec": (lambda t: t.update_spec().add_identity("cat").commit(), lambda t: [f.name for f in t.spec.fields], ["cat"]),
+    "sort": (lambda t: t.replace_sort_order().desc("id").commit(), lambda t: t.metadata["default-sort-order-id"], 1),
+}
+
+
+def _faulty_table(root):
     kms = MemoryKms.with_iceberg_test_keys()
-    fs, handler = failing_filesystem(tmp_path)
+    fs, handler = failing_filesystem(root)
     t = EncryptedTable.create("wh/t", SCHEMA, kms=kms, table_key_id="keyA", filesystem=fs)
     t.append(rows(range(10)))
-    old = t.metadata_location
+    return t, handler, kms
+
+
+@pytest.mark.parametrize("kind", ["error", "enospc"])
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+def test_fault_at_each_call_leaves_old_or_new_version(tmp_path, operation, kind):
+    """Every counted filesystem call of a spec update and of a sort order replacement,
+    failed in turn: the table loads at the old version (nothing of the change) or the new
+    one (all of it), reads its rows, verifies, and the operation can be repeated."""
+    run, state, changed = OPERATIONS[operation]
+    census, handler, _ = _faulty_table(tmp_path / "census")
     handler.plan = FaultPlan()
-    t.update_spec().add_identity("cat").commit()
+    run(census)
     calls = handler.plan.count
-    if at > calls:
-        pytest.skip(f"the spec update makes {calls} counted calls")
-    fs2, handler2 = failing_filesystem(tmp_path)
-    t2 = EncryptedTable.create("wh/u", SCHEMA, kms=kms, table_key_id="keyA", filesystem=fs2)
-    t2.append(rows(range(10)))
-    base = t2.metadata_location
-    handler2.plan = FaultPlan(at=at)
-    try:
-        t2.update_spec().add_identity("cat").commit()
-    except OSError:
-        pass
-    reloaded = EncryptedTable.load("wh/u", kms=kms, filesystem=failing_filesystem(tmp_path)[0])
-    names = [f.name for f in reloaded.spec.fields]
-    assert names in ([], ["cat"])
-    assert (reloaded.metadata_location == base) == (names == [])  # the old version, or the new one whole
-    assert ids(reloaded) == list(range(10)) and reloaded.verify().ok
-    if not names:  # the operation can be repeated
-        reloaded.update_spec().add_identity("cat").commit()
-    reloaded.append(rows(range(10, 20)))
-    assert ids(reloaded) == list(range(20)) and [f.name for f in reloaded.spec.fields] == ["cat"]
-    assert old  # the reference run committed
+    assert calls >= 10  # reads of the base, the exclusive create, the hint
+    for at in range(1, calls + 1):
+        root = tmp_path / f"at{at}"
+        table, handler, kms = _faulty_table(root)
+        base = table.metadata_location
+        unchanged = state(table)
+        handler.plan = FaultPlan(at=at, kind=kind)
+        try:
+            run(table)
+        except OSError:
+            pass
+        assert handler.plan.fired is not None, at
+        reloaded = EncryptedTable.load("wh/t", kms=kms, filesystem=failing_filesystem(root)[0])
+        now = state(reloaded)
+        assert now in (unchanged, changed), at
+        assert (reloaded.metadata_location == base) == (now == unchanged), at
+        assert ids(reloaded) == list(range(10)) and reloaded.verify().ok, at
+        if now == unchanged:
+            run(reloaded)
+        assert state(reloaded) == changed
+        reloaded.append(rows(range(10, 20)))
+        assert ids(reloaded) == list(range(20)), at
 
 
 def test_update_spec_is_public():
