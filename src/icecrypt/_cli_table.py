@@ -121,13 +121,13 @@ def register(subparsers: Any) -> None:
     _register_maintenance(sub)
 
     from icecrypt._cli_refs import register_refs
+    from icecrypt._cli_encrypt import register_encrypt
     from icecrypt._cli_schema import register_schema
+    from icecrypt._cli_spec import register_spec
 
     register_refs(sub)
     register_schema(sub)
-
-    from icecrypt._cli_encrypt import register_encrypt
-
+    register_spec(sub)
     register_encrypt(sub)
 
 
@@ -223,15 +223,9 @@ def _progress(args: argparse.Namespace, total: int, label: str) -> Any:
 
 def _split_top_level(text: str) -> list[str]:
     """Split on commas outside parentheses (``decimal(10, 2)`` stays whole)."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
+    from icecrypt.table.ops.sort_order import split_terms
+
+    return [p for p in split_terms(text) if p]
 
 
 def parse_schema(text: str) -> Any:
@@ -265,13 +259,11 @@ def parse_partition(schema: Any, fields: list[str]) -> Any:
     result = []
     for number, item in enumerate(fields):
         item = item.strip()
-        match = re.fullmatch(r"(\w+)\(\s*(?:(\d+)\s*,\s*)?([^()\s,]+)\s*\)", item)
-        if match is None:
-            transform, column, label = "identity", item, item
-        else:
-            name, width, column = match.groups()
-            transform = f"{name}[{width}]" if width else name
-            label = f"{column}_{name}" if name != "identity" else column
+        from icecrypt.table.ops.sort_order import parse_term
+
+        column, transform = parse_term(item)
+        name = transform.split("[")[0]
+        label = f"{column}_{name}" if name != "identity" else column
         source = schema.find_field(column)
         try:
             parsed = parse_transform(transform)
@@ -659,6 +651,8 @@ def _register_maintenance(sub: Any) -> None:
     p.add_argument("--filter", help="rewrite only files that may hold rows matching this filter")
     p.add_argument("--option", action="append", default=[], metavar="K=V",
                    help="Java's rewrite option, e.g. min-input-files=2, rewrite-all=true (repeatable)")
+    p.add_argument("--strategy", choices=("binpack", "sort"), help="binpack (default) or sort (Java's strategies)")
+    p.add_argument("--sort-order", help="for --strategy sort: 'id DESC NULLS LAST, name' (default: the table's order)")
     _add_common(p)
     p.set_defaults(func=_rewrite_data_files)
 
@@ -690,7 +684,8 @@ def _rewrite_manifests(args: argparse.Namespace) -> int:
 
 def _rewrite_data_files(args: argparse.Namespace) -> int:
     table = _load(args, _kms(args))
-    result = table.rewrite_data_files(args.target_file_size, args.filter, options=_pairs(args.option, "--option"))
+    result = table.rewrite_data_files(args.target_file_size, args.filter, options=_pairs(args.option, "--option"),
+                                      strategy=args.strategy, sort_order=args.sort_order)  # fmt: skip
     print(f"rewrote {result.rewritten_data_files} data file(s) into {result.added_data_files}, removed "
           f"{result.removed_delete_files} delete file(s); snapshot {result.snapshot_id}")
     return 0

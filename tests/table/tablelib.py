@@ -181,3 +181,10 @@ def data_entry_index(entries: list[dict], suffix: str) -> int:
     return next(i for i, e in enumerate(entries) if e["data_file"]["file_path"].endswith(suffix))
 
 
+def run_cli(capfd, *argv) -> tuple[int, str, str]:
+    """``icecrypt`` with ``argv`` (str() of each): (exit status, stdout, stderr)."""
+    from icecrypt.cli import main
+
+    status = main([str(a) for a in argv])
+    out, err = capfd.readouterr()
+    return status, out, err

@@ -8,6 +8,7 @@ import json
 
 import pyarrow as pa
 import pytest
+from tablelib import run_cli
 
 from icecrypt.cli import main
 from icecrypt.kms.local import LocalKms
@@ -15,9 +16,7 @@ from icecrypt.table import EncryptedTable
 
 
 def run(capfd, *argv) -> tuple[int, str, str]:
-    status = main([str(a) for a in argv])
-    out, err = capfd.readouterr()
-    return status, out, err
+    return run_cli(capfd, *argv)
 
 
 @pytest.fixture

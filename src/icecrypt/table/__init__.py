@@ -24,6 +24,8 @@ from icecrypt.table.ops.refs import ManageSnapshots, UpdateProperties
 from icecrypt.table.files.read import FileScanTask, TaskFile, read_task
 from icecrypt.table.read.scan import PlanMetrics, TableScan
 from icecrypt.table.ops.schema import UpdateSchema
+from icecrypt.table.ops.sort_order import ReplaceSortOrder
+from icecrypt.table.ops.spec import UpdateSpec
 from icecrypt.table._table import EncryptedTable
 from icecrypt.table.read.verify import VerifyProblem, VerifyReport
 
@@ -37,12 +39,14 @@ __all__ = [
     "METADATA_TABLES",
     "PlaintextFileError",
     "PlanMetrics",
+    "ReplaceSortOrder",
     "Snapshot",
     "TablePin",
     "TableScan",
     "TaskFile",
     "UpdateProperties",
     "UpdateSchema",
+    "UpdateSpec",
     "VerifyProblem",
     "VerifyReport",
     "decrypt_table",

@@ -503,6 +503,22 @@ class EncryptedTable:
 
         return UpdateSchema(self, allow_incompatible_changes=allow_incompatible_changes, case_sensitive=case_sensitive)
 
+    def update_spec(self, *, case_sensitive: bool = True) -> Any:
+        """Evolve the partition spec: add, remove and rename partition fields in one
+        commit (:class:`~icecrypt.table.UpdateSpec`; a context manager, or call
+        ``commit()``). Files already written keep their spec."""
+        from icecrypt.table.ops.spec import UpdateSpec
+
+        return UpdateSpec(self, case_sensitive=case_sensitive)
+
+    def replace_sort_order(self, *, case_sensitive: bool = True) -> Any:
+        """Replace the table's default sort order (:class:`~icecrypt.table.ReplaceSortOrder`;
+        a context manager, or call ``commit()``); writers sort the rows of each new data
+        file by it."""
+        from icecrypt.table.ops.sort_order import ReplaceSortOrder
+
+        return ReplaceSortOrder(self, case_sensitive=case_sensitive)
+
     def rewrite_manifests(
         self, *, target_size: int | None = None, force: bool = False, progress: Any = None
     ) -> Any:
@@ -520,6 +536,8 @@ class EncryptedTable:
         row_filter: Any = None,
         options: dict[str, Any] | None = None,
         *,
+        strategy: str | None = None,
+        sort_order: str | None = None,
         progress: Any = None,
     ) -> Any:
         """Bin-pack small data files into files of ``target_file_size`` (default
@@ -527,10 +545,15 @@ class EncryptedTable:
         deletes, under fresh DEKs, in one ``replace`` commit; appends committed meanwhile
         survive. ``row_filter`` limits the files considered; ``options`` takes Java's
         rewrite options (``min-input-files``, ``rewrite-all``, ``delete-file-threshold``,
-        ...). Returns a ``RewriteDataFilesResult``."""
+        ...). ``strategy="sort"`` (Java's sort strategy; also the option ``strategy``)
+        writes the rows sorted by ``sort_order`` (``"id DESC NULLS LAST, name"``; also
+        the option ``sort-order``) or else the table's sort order. Returns a
+        ``RewriteDataFilesResult``."""
         from icecrypt.table.maintenance import actions as _maintenance
 
-        return _maintenance.rewrite_data_files(self, target_file_size, row_filter, options, progress=progress)
+        return _maintenance.rewrite_data_files(
+            self, target_file_size, row_filter, options, progress=progress, strategy=strategy, sort_order=sort_order
+        )
 
     def rekey(
         self,

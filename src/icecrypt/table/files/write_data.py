@@ -39,6 +39,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
 from pyiceberg.transforms import (
     DayTransform,
     HourTransform,
@@ -67,6 +68,7 @@ from pyiceberg.types import (
     TimeType,
 )
 
+from icecrypt.errors import FormatError
 from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
 from icecrypt.table.files.manifest_write import DATA, to_internal
 from icecrypt.table.model.metadata_columns import LINEAGE
@@ -241,6 +243,89 @@ def _transform_distinct(transform: Transform, source_type: IcebergType, values: 
     results = [function(to_internal(v, source_type)) if v is not None else None for v in encoded.dictionary.to_pylist()]
     mapped = pa.array(results)
     return mapped.take(encoded.indices)
+
+
+def table_sort_order(metadata: dict[str, Any]) -> SortOrder | None:
+    """The table's default sort order (None when unsorted).  FormatError (naming the
+    table) for an order no writer can follow: an unknown transform, a bucket count or
+    truncate width below 1, a transform that cannot apply to its source column."""
+    order_id = metadata.get("default-sort-order-id", 0)
+    for entry in metadata.get("sort-orders") or ():
+        if entry.get("order-id") == order_id:
+            where = f"{metadata.get('location')}: sort order {order_id}"
+            try:
+                order = SortOrder.model_validate(entry)
+            except ValueError as exc:
+                raise FormatError(f"{where} is malformed ({type(exc).__name__})") from None
+            schema_id = metadata.get("current-schema-id")
+            current = next((s for s in metadata.get("schemas") or () if s.get("schema-id") == schema_id), None)
+            schema = Schema.model_validate(current) if current is not None else None
+            for field, raw in zip(order.fields, entry.get("fields") or ()):
+                transform = field.transform
+                bad = type(transform).__name__ == "UnknownTransform" or (
+                    min(getattr(transform, "num_buckets", 1), getattr(transform, "width", 1)) < 1)
+                if not bad and schema is not None and field.source_id in _struct_path_ids(schema):
+                    bad = not transform.can_transform(schema.find_field(field.source_id).field_type)
+                if bad:
+                    raise FormatError(
+                        f"{where}: transform {raw.get('transform')!r} of source column {field.source_id} cannot be applied"
+                    )
+            return order if order.fields else None
+    return None
+
+
+def sortable(order: SortOrder | None, schema: Schema) -> bool:
+    """Whether every field of ``order`` has a primitive source in ``schema`` outside lists
+    and maps (an order read from storage may name a dropped or a repeated column: such
+    files are written unsorted and say so, ``sort_order_id`` 0)."""
+    if order is None or not order.fields:
+        return False
+    for field in order.fields:
+        try:
+            source = schema.find_field(field.source_id)
+        except ValueError:
+            return False
+        name = schema.find_column_name(field.source_id)
+        if name is None or not source.field_type.is_primitive or field.source_id not in _struct_path_ids(schema):
+            return False
+    return True
+
+
+def _struct_path_ids(schema: Schema) -> set[int]:
+    """Ids of the fields reachable through structs only (not inside a list or map)."""
+    found: set[int] = set()
+    pending = list(schema.fields)
+    while pending:
+        field = pending.pop()
+        found.add(field.field_id)
+        if field.field_type.is_struct:
+            pending.extend(field.field_type.fields)
+    return found
+
+
+def _sort_source(table: pa.Table, schema: Schema, source_id: int) -> pa.Array:
+    """The column ``source_id`` of ``table`` (a struct's field by its path)."""
+    path = schema.find_column_name(source_id).split(".")
+    column = table.column(path[0]).combine_chunks()
+    for part in path[1:]:
+        column = pc.struct_field(column, part)
+    return column
+
+
+def sort_rows(table: pa.Table, order: SortOrder, schema: Schema) -> pa.Table:
+    """``table``'s rows in ``order`` (stable): each key is the field's transform of its
+    source column, with its own direction and null placement."""
+    keys, names, sort_keys = [], [], []
+    for i, field in enumerate(order.fields):
+        values = _sort_source(table, schema, field.source_id)
+        key = _transform_array(field.transform, schema.find_field(field.source_id).field_type, values)
+        nulls_first = field.null_order == NullOrder.NULLS_FIRST
+        keys += [pc.is_valid(key) if nulls_first else pc.is_null(key), key]  # False sorts first
+        names += [f"n{i}", f"k{i}"]
+        sort_keys += [(f"n{i}", "ascending"), (f"k{i}", "ascending" if field.direction == SortDirection.ASC else "descending")]
+    if not keys or table.num_rows < 2:
+        return table
+    return table.take(pc.sort_indices(pa.table(keys, names=names), sort_keys=sort_keys))
 
 
 @dataclass(frozen=True)
@@ -434,8 +519,15 @@ class _PartitionWriter:
         self._file_rows = 0
         self._nan_counts: dict[int, int] = {}
         self._avro_parts: list[pa.Table] = []
+        self._pending: list[pa.RecordBatch] = []
 
     def write(self, batch: pa.RecordBatch) -> None:
+        if self._job.sort_order is not None:  # sorted at close: a file's rows are in order
+            self._pending.append(batch)
+            return
+        self._append(batch)
+
+    def _append(self, batch: pa.RecordBatch) -> None:
         self._buffer.append(batch)
         self._buffered += batch.nbytes
         options = self._job.options
@@ -493,6 +585,13 @@ class _PartitionWriter:
         self._job.add(location, "AVRO", self._values, table.num_rows, key.file_length, key, stats)
 
     def close(self) -> None:
+        if self._pending:
+            rows = sort_rows(pa.Table.from_batches(self._pending, self._job.arrow_schema), self._job.sort_order,
+                             self._job.file_schema)  # fmt: skip
+            self._pending = []
+            chunk = max(1, self._job.options.row_group_size // max(1, rows.nbytes // max(1, rows.num_rows)))
+            for batch in rows.to_batches(max_chunksize=chunk):
+                self._append(batch)
         self._flush()
         self._close_file()
 
@@ -507,13 +606,17 @@ class _WriteJob:
 
     def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, location: str,
                  properties: dict[str, str], options: DataWriteOptions, sort_order_id: int,
-                 operation_id: str | None = None, task_id: int = 0, lineage: bool = False) -> None:  # fmt: skip
+                 operation_id: str | None = None, task_id: int = 0, lineage: bool = False,
+                 sort_order: SortOrder | None = None) -> None:  # fmt: skip
         self.io = io
         self.schema = schema
         self.plan = _PartitionPlan.create(spec, schema)
         self.location = location.rstrip("/")
         self.options = options
-        self.sort_order_id = sort_order_id
+        self.sort_order = sort_order if sortable(sort_order, schema) else None
+        self.sort_order_id = (
+            self.sort_order.order_id if self.sort_order is not None else 0 if sort_order is not None else sort_order_id
+        )
         # rows moved from other files carry their row lineage as columns of the new file
         # (reserved ids and names, after the table's columns, as Iceberg Java writes them)
         self.file_schema = Schema(*schema.fields, *LINEAGE, schema_id=schema.schema_id) if lineage else schema
@@ -567,17 +670,21 @@ def write_data_files(
     operation_id: str | None = None,
     task_id: int = 0,
     lineage: bool = False,
+    sort_order: SortOrder | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Write ``data`` as data files of the table at ``location``.
 
     With ``lineage``, ``data`` also has the columns ``_row_id`` and
     ``_last_updated_sequence_number`` (rows moved from other files, with the lineage
-    they had) and the files store them.  Returns the ``data_file`` records and the
+    they had) and the files store them.  With ``sort_order`` (not unsorted) the rows of
+    each partition are sorted by it before they are written (each file's rows in order;
+    the files record its id).  Returns the ``data_file`` records and the
     locations of every file started.  On an exception, files in progress are aborted
     and the finished ones deleted before it propagates, so a failed append leaves
     nothing behind.
     """
-    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id, lineage)
+    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id, lineage,
+                    sort_order)  # fmt: skip
     writers: dict[tuple, _PartitionWriter] = {}
     try:
         for batch in iter_batches(data):

@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from pyiceberg.table.sorting import SortOrder
 
 from icecrypt._paths import normalize_path, under_root
 from icecrypt.errors import (
@@ -56,7 +57,7 @@ from icecrypt.table.files.manifest_write import (
 from icecrypt.table.model.metadata_columns import lineage_columns
 from icecrypt.table.commit.pin import check_unambiguous
 from icecrypt.table.files.read import FileScanTask, read_task
-from icecrypt.table.files.write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, write_data_files
+from icecrypt.table.files.write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, table_sort_order, write_data_files
 
 __all__ = [
     "KeyUsage",
@@ -188,6 +189,8 @@ class RewritePlan:
     base_delete_keys: set = dataclasses.field(default_factory=set)
     #: whether the groups' tasks read row lineage and the new files store it
     lineage: bool = True
+    #: the order the rewritten rows are written in (None: the table's default order)
+    sort_order: Any = None
 
     @property
     def paths(self) -> set[str]:
@@ -227,8 +230,10 @@ def plan_rewrite(
     options: dict[str, Any] | None = None,
     *,
     only_paths: Iterable[str] | None = None,
+    strategy: str | None = None,
+    sort_order: str | None = None,
 ) -> RewritePlan:
-    """Choose the data files to rewrite as Java's bin-pack strategy does.
+    """Choose the data files to rewrite as Java's bin-pack and sort strategies do.
 
     A file is a candidate when its size is outside [``min-file-size-bytes`` (75% of the
     target), ``max-file-size-bytes`` (180%)], it has ``delete-file-threshold`` or more
@@ -238,9 +243,16 @@ def plan_rewrite(
     target, more bytes than the maximum, or a file with too many deletes;
     ``rewrite-all`` rewrites every file matching ``row_filter``.  ``only_paths``
     (used by :func:`rekey`) rewrites exactly those data files.
+
+    ``strategy`` (or the option ``strategy``): ``binpack`` (default) or ``sort``, which
+    writes each group's rows sorted by ``sort_order`` (or the option ``sort-order``,
+    e.g. ``"id DESC NULLS LAST, name"``; default the table's sort order, which must
+    then be set).
     """
     options = {str(k): v for k, v in (options or {}).items()}
     target_obj, base_location, base = _fresh_base(table)
+    chosen_order = _rewrite_order(base, base_location, strategy or options.get("strategy"),
+                                  sort_order if sort_order is not None else options.get("sort-order"))  # fmt: skip
     properties = base.get("properties") or {}
     target = target_file_size or int(properties.get("write.target-file-size-bytes", DEFAULT_TARGET_FILE_SIZE))
     if target <= 0:
@@ -253,6 +265,7 @@ def plan_rewrite(
     rewrite_all = str(options.get("rewrite-all", "false")).lower() == "true"
     parent = w._current_snapshot(base)
     plan = RewritePlan(base_location, parent["snapshot-id"] if parent else None, base.get("last-sequence-number", 0), target, [])
+    plan.sort_order = chosen_order
     if parent is None:
         return plan
     manager = target_obj.manager(base)
@@ -324,6 +337,30 @@ def plan_rewrite(
     return plan
 
 
+def _rewrite_order(base: dict[str, Any], base_location: str, strategy: Any, sort_order: Any) -> SortOrder | None:
+    """The order a rewrite writes its rows in: None for bin-pack (the writer then uses
+    the table's order), the given or the table's order for ``sort``."""
+    from icecrypt.table.ops.sort_order import parse_sort_order, sort_order_json
+
+    name = "binpack" if strategy is None else str(strategy).strip().lower()
+    if name not in ("binpack", "sort"):
+        raise ValueError(f"unknown rewrite strategy {strategy!r} (expected 'binpack' or 'sort')")
+    if name == "binpack":
+        if sort_order is not None:
+            raise ValueError("a sort order is an option of the 'sort' rewrite strategy, not of 'binpack'")
+        return None
+    if sort_order is None:
+        order = table_sort_order(base)
+        if order is None:
+            raise ValueError(f"{base_location}: cannot sort data: the table is unsorted and no sort order was given")
+        return order
+    fields = parse_sort_order(sort_order, w._schema(base), where=f"{base_location}: ")
+    order = sort_order_json(base, fields)
+    if order["order-id"] not in {o.get("order-id") for o in base.get("sort-orders") or ()}:
+        order["order-id"] = 0  # not one of the table's orders: the files claim none
+    return SortOrder.model_validate(order)
+
+
 def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_format: str | None = None) -> list[dict[str, Any]]:
     """Read the live rows of ``group`` (deletes applied) and write them as new data files
     under fresh DEKs, in the table's default spec and format; returns their records
@@ -349,6 +386,7 @@ def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_fo
     data_files, _ = write_data_files(
         io, batches(), schema=schema, spec=spec, location=base["location"], properties=properties, options=options,
         sort_order_id=base.get("default-sort-order-id", 0), lineage=plan.lineage,
+        sort_order=plan.sort_order if plan.sort_order is not None else table_sort_order(base),
     )  # fmt: skip
     return data_files
 
@@ -485,13 +523,16 @@ def rewrite_data_files(
     *,
     progress: Progress = None,
     only_paths: Iterable[str] | None = None,
+    strategy: str | None = None,
+    sort_order: str | None = None,
 ) -> RewriteDataFilesResult:
     """Bin-pack the table's data files (Java's ``rewriteDataFiles`` with the bin-pack
     strategy): plan (:func:`plan_rewrite`), rewrite each group's live rows into new files
     under fresh DEKs (:func:`rewrite_group`; the rows keep their ``_row_id`` and
     ``_last_updated_sequence_number``), commit once (:func:`commit_rewrite`).
     ``progress(event, detail)`` is called with ``"group-written"`` and ``"commit"``."""
-    plan = plan_rewrite(table, target_file_size, row_filter, options, only_paths=only_paths)
+    plan = plan_rewrite(table, target_file_size, row_filter, options, only_paths=only_paths, strategy=strategy,
+                        sort_order=sort_order)  # fmt: skip
     if not plan.groups:
         return RewriteDataFilesResult(table.current_snapshot_id)
     new_files: list[dict[str, Any]] = []

@@ -446,6 +446,14 @@ def _highest_field_id(node: Any) -> int:
     return 0
 
 
+def _set_default_spec(b: _Builder, update: SetDefaultSpec) -> None:
+    b.by_id("partition-specs", "spec-id", update.spec_id, "partition spec")
+    b.replace("default-spec-id", update.spec_id)
+    if "partition-spec" in b.metadata:  # v1's legacy copy of the default spec's fields
+        spec = next(s for s in b.metadata["partition-specs"] if s.get("spec-id") == update.spec_id)
+        b.replace("partition-spec", [dict(f) for f in spec.get("fields") or ()])
+
+
 def _upgrade(b: _Builder, update: UpgradeFormatVersion) -> None:
     current = b.metadata.get("format-version", 1)
     if update.format_version < current:
@@ -468,8 +476,7 @@ _HANDLERS: dict[type, Any] = {
     SetCurrentSchema: lambda b, u: (b.by_id("schemas", "schema-id", u.schema_id, "schema"),
                                     b.replace("current-schema-id", u.schema_id)),
     AddSpec: lambda b, u: _add_entry("partition-specs", "spec-id", "last-partition-id", u.spec, b),
-    SetDefaultSpec: lambda b, u: (b.by_id("partition-specs", "spec-id", u.spec_id, "partition spec"),
-                                  b.replace("default-spec-id", u.spec_id)),
+    SetDefaultSpec: _set_default_spec,
     AddSortOrder: lambda b, u: _add_entry("sort-orders", "order-id", None, u.sort_order, b),
     SetDefaultSortOrder: lambda b, u: (b.by_id("sort-orders", "order-id", u.sort_order_id, "sort order"),
                                        b.replace("default-sort-order-id", u.sort_order_id)),

@@ -60,7 +60,7 @@ from icecrypt.table.files.manifest_write import (
 )
 from icecrypt.table.commit.pin import check_unambiguous
 from icecrypt.table.model.retention import plan_expiry
-from icecrypt.table.files.write_data import DataWriteOptions, write_data_files
+from icecrypt.table.files.write_data import DataWriteOptions, table_sort_order, write_data_files
 from icecrypt.table.files.write_dv import DeletionVector, decode_dv, puffin_file
 from icecrypt.table.files.write_io import TableIO
 from icecrypt.table.model.schema import iceberg_schema, schema_to_json, sort_order_to_json, spec_to_json
@@ -742,7 +742,7 @@ def _write_new_data(
     data_files, started = write_data_files(
         io, data, schema=schema, spec=spec, location=base["location"], properties=properties,
         options=options, sort_order_id=base.get("default-sort-order-id", 0), operation_id=operation_id,
-        task_id=task_id,
+        task_id=task_id, sort_order=table_sort_order(base),
     )  # fmt: skip
     return io, data_files, started, spec, schema
 
