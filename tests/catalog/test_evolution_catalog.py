@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from test_refs_catalog import race_once
 
 from icecrypt.catalog import load_catalog
 from icecrypt.table.model.changes import RequirementFailed
@@ -23,9 +22,9 @@ def two(warehouse, kms):
     return catalog, table, catalog.load_table("db.t")
 
 
-def test_spec_and_order_through_the_catalog(two, monkeypatch):
+def test_spec_and_order_through_the_catalog(two, race_once):
     catalog, mine, theirs = two
-    race_once(monkeypatch, lambda: theirs.append(pa.table({"id": [9], "cat": ["c"]}, schema=SCHEMA)))
+    race_once(lambda: theirs.append(pa.table({"id": [9], "cat": ["c"]}, schema=SCHEMA)))
     mine.update_spec().add_identity("cat").commit()  # lost the swap once, replayed on theirs
     mine.replace_sort_order().desc("id").commit()
     mine.append(pa.table({"id": [3, 5, 4], "cat": ["a", "a", "a"]}, schema=SCHEMA))
@@ -38,10 +37,10 @@ def test_spec_and_order_through_the_catalog(two, monkeypatch):
     assert loaded.verify().ok
 
 
-def test_a_spec_change_refused_when_another_landed_first(two, monkeypatch):
+def test_a_spec_change_refused_when_another_landed_first(two, race_once):
     catalog, mine, theirs = two
     update = mine.update_spec().add_field("id", "bucket[4]")
-    race_once(monkeypatch, lambda: theirs.update_spec().add_identity("cat").commit())
+    race_once(lambda: theirs.update_spec().add_identity("cat").commit())
     with pytest.raises(RequirementFailed, match="last partition id changed concurrently"):
         update.commit()
     loaded = catalog.load_table("db.t")
