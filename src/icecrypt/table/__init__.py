@@ -22,12 +22,16 @@ from icecrypt.table.commit.pin import TablePin
 from icecrypt.table.ops.refs import ManageSnapshots, UpdateProperties
 from icecrypt.table.files.read import FileScanTask, TaskFile, read_task
 from icecrypt.table.read.scan import PlanMetrics, TableScan
+from icecrypt.table.read.incremental import ChangelogScan, ChangelogTask, IncrementalAppendScan, read_changelog_task
 from icecrypt.table._table import EncryptedTable
 from icecrypt.table.read.verify import VerifyProblem, VerifyReport
 
 __all__ = [
+    "ChangelogScan",
+    "ChangelogTask",
     "EncryptedTable",
     "FileScanTask",
+    "IncrementalAppendScan",
     "InspectTable",
     "Locations",
     "ManageSnapshots",
@@ -41,5 +45,6 @@ __all__ = [
     "UpdateProperties",
     "VerifyProblem",
     "VerifyReport",
+    "read_changelog_task",
     "read_task",
 ]
