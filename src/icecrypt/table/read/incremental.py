@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from icecrypt.table.commit.state import TableView
 
 __all__ = [
+    "CHANGE_COLUMNS",
     "CHANGE_ORDINAL",
     "CHANGE_TYPE",
     "COMMIT_SNAPSHOT_ID",
@@ -60,6 +61,7 @@ APPEND, REPLACE = "append", "replace"
 INSERT, DELETE = "INSERT", "DELETE"
 #: the changelog's columns (Java's names), after the projected ones
 CHANGE_TYPE, CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID = "_change_type", "_change_ordinal", "_commit_snapshot_id"
+CHANGE_COLUMNS = (CHANGE_TYPE, CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID)
 _CHANGE_FIELDS = (pa.field(CHANGE_TYPE, pa.string(), nullable=False),
                   pa.field(CHANGE_ORDINAL, pa.int32(), nullable=False),
                   pa.field(COMMIT_SNAPSHOT_ID, pa.int64(), nullable=False))
@@ -136,7 +138,7 @@ def _range_text(snapshots: Sequence[Snapshot]) -> str:
 
 
 class _IncrementalBase(TableScan):
-    """A :class:`TableScan` whose plan is the files a range of snapshots added (and, for
+    """A :class:`~icecrypt.table.TableScan` whose plan is the files a range of snapshots added (and, for
     the changelog, deleted); reads with the table's current schema, as Java does."""
 
     def __init__(
@@ -192,8 +194,7 @@ class IncrementalAppendScan(_IncrementalBase):
 
     Create it with ``table.scan(from_snapshot_id=..., to_snapshot_id=...)``; it reads like a
     :class:`TableScan` (``to_arrow``, ``to_batches``, ``plan_files``, ``count``).  Snapshots
-    of other operations in the range are skipped and no delete is applied (see
-    :mod:`icecrypt.table.read.incremental`)."""
+    of other operations in the range are skipped and no delete is applied, as in Java's."""
 
     def plan_tasks(self) -> Iterator[FileScanTask]:
         if self._tasks is not None:
