@@ -281,6 +281,13 @@ def _incremental(table: EncryptedTable, options: Mapping[str, str]) -> dict[str,
     return {"from_snapshot_id": start, "to_snapshot_id": end}
 
 
+def _no_incremental(options: Mapping[str, str], where: str) -> None:
+    """Refuse the incremental-read options where they mean nothing (not ignore them)."""
+    given = [name for name in (*_INCREMENTAL_OPTIONS, OPT_CHANGELOG) if str(options.get(name) or "").strip()]
+    if given and (given != [OPT_CHANGELOG] or _changelog(options)):
+        raise ValueError(f"{NAME}: option(s) {', '.join(given)} (incremental reads) have no meaning {where}")
+
+
 def _kms_options(options: Mapping[str, str]) -> dict[str, str]:
     """The options without this source's own (the rest are KMS and storage properties)."""
     return {k: v for k, v in options.items() if k not in _OWN_OPTIONS and not k.startswith(_CATALOG_PREFIX)}
@@ -767,6 +774,7 @@ class IcebergDataSource(DataSource):
         options = dict(self.options)
         location = _location(options, "load")
         if options.get(OPT_METADATA_TABLE):
+            _no_incremental(options, f"with option {OPT_METADATA_TABLE}")
             return spark_schema(_metadata_table(options, location).schema)
         table = _open_table(options, location)
         try:  # the filter is checked here too, so that load() reports a bad one
@@ -783,4 +791,5 @@ class IcebergDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> IcebergWriter:
         if self.options.get(OPT_METADATA_TABLE):
             raise ValueError(f"{NAME}: metadata tables are read only (option {OPT_METADATA_TABLE})")
+        _no_incremental(self.options, "in a write")
         return IcebergWriter(self.options, schema, overwrite)
