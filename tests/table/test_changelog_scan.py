@@ -107,7 +107,8 @@ def test_errors(table):
 
 def test_java_tables(golden):
     table = golden("enc_parquet_dek16")
-    (s1, n1), (s2, n2) = [(s["snapshot_id"], s["expected_row_count"]) for s in expected("enc_parquet_dek16")["snapshots"]]
+    states = expected("enc_parquet_dek16")["snapshots"]
+    (_, n1), (s2, n2) = [(s["snapshot_id"], s["expected_row_count"]) for s in states]
     got = table.changelog_scan().to_arrow()
     assert got.num_rows == n2
     assert got.filter(pa.compute.equal(got["_commit_snapshot_id"], s2)).num_rows == n2 - n1

@@ -5,11 +5,9 @@ applied), on icecrypt tables and Java-written ones; every file read is authentic
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from tablelib import edit_metadata, expected, flip_byte, table_digest
 

@@ -413,7 +413,8 @@ class EncryptedTable:
             travel = {"snapshot_id": snapshot_id, "as_of_timestamp": as_of_timestamp, "branch": branch, "tag": tag}
             given = [name for name, value in travel.items() if value is not None]
             if given:
-                raise ValueError(f"an incremental read (from_snapshot_id, to_snapshot_id) takes no {' or '.join(given)}")
+                raise ValueError(
+                    f"an incremental read (from_snapshot_id, to_snapshot_id) takes no {' or '.join(given)}")
             from icecrypt.table.read.incremental import IncrementalAppendScan
 
             return IncrementalAppendScan(self, columns, row_filter, from_snapshot_id=from_snapshot_id,

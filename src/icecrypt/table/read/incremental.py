@@ -232,7 +232,9 @@ def changelog_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([*schema, *_CHANGE_FIELDS])
 
 
-def read_changelog_task(task: ChangelogTask, filesystem: Any = None, *, cache: dict | None = None) -> Iterator[pa.RecordBatch]:
+def read_changelog_task(
+    task: ChangelogTask, filesystem: Any = None, *, cache: dict | None = None,
+) -> Iterator[pa.RecordBatch]:
     """The rows of a :class:`ChangelogTask` (authenticated as :func:`read_task` reads them),
     with the changelog columns."""
     for batch in read_task(task.task, filesystem, cache=cache):
