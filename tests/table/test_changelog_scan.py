@@ -121,3 +121,27 @@ def test_java_tables(golden):
     assert deletes.changelog_scan(to_snapshot_id=first["snapshot_id"]).count() == first["expected_row_count"]
     with pytest.raises(NotImplementedError, match="has delete files"):
         deletes.changelog_scan(from_snapshot_id=first["snapshot_id"]).to_arrow()
+
+
+def test_timestamp_range_as_java_spark(table):
+    """start/end timestamps (Spark's changelog options) map to snapshot ids as Java's Spark
+    does: the start excludes a snapshot committed exactly at it, takes in one after it."""
+    import time
+
+    from icecrypt.table.read.incremental import timestamp_range
+
+    snaps = []
+    for i in range(3):  # distinct milliseconds, so each moment names one snapshot
+        while snaps and int(time.time() * 1000) <= table.snapshot(snaps[-1]).timestamp_ms:
+            time.sleep(0.001)
+        snaps.append(table.append(rows([i])))
+    a, b, c = snaps
+    ts = {s: table.snapshot(s).timestamp_ms for s in snaps}
+    assert timestamp_range(table, ts[b]) == (b, None, False)
+    assert timestamp_range(table, ts[b] - 1) == (a, None, False)
+    assert timestamp_range(table, ts[a] - 1) == (None, None, False)  # from the first snapshot
+    assert timestamp_range(table, None, ts[b]) == (None, b, False)
+    assert timestamp_range(table, ts[a], ts[c] - 1) == (a, b, False)
+    assert timestamp_range(table, ts[c] + 1) == (None, None, True)   # nothing after it
+    assert timestamp_range(table, None, ts[a] - 1) == (None, None, True)  # nothing before it
+    assert timestamp_range(table, ts[b], ts[b]) == (None, None, True)
