@@ -28,6 +28,15 @@ Reading — where each step runs (PySpark 4.x Python Data Source API):
   task's data and delete files with the key metadata the task carries.  Executors never
   call the KMS.
 
+Incremental reads, as Iceberg's Spark: ``start-snapshot-id`` (exclusive) and
+``end-snapshot-id`` (inclusive, default the current snapshot) read the rows the ``append``
+snapshots between them added (other operations skipped); ``changelog=true`` reads the
+changelog of the range instead (every snapshot's inserted and deleted rows, with
+``_change_type``, ``_change_ordinal`` and ``_commit_snapshot_id``; Iceberg's
+``<table>.changes``), from the first snapshot when no start is given.  ``start-timestamp`` /
+``end-timestamp`` (ms since the epoch) give the range by moments instead.  They exclude the
+time-travel options.
+
 Tables in a catalog (``icecrypt.catalog``): option ``catalog`` names the catalog and the
 options ``catalog.<property>`` configure it (``catalog.uri``, ``catalog.warehouse``,
 ``catalog.type``, ...); ``load()``/``save()`` then take an identifier (``db.table``).
@@ -107,11 +116,14 @@ from icecrypt.spark._common import (
 )
 from icecrypt.spark._schema import Projection, spark_schema
 from icecrypt.table import (
+    ChangelogScan,
+    ChangelogTask,
     EncryptedTable,
     FileScanTask,
     Locations,
     PlaintextFileError,
     TableScan,
+    read_changelog_task,
     read_task,
 )
 from icecrypt.table.files.io import PathOutsideTableWarning
@@ -156,9 +168,22 @@ _CATALOG_PREFIX = "catalog."
 #: for the per-snapshot ones and ``filter`` for ``partitions``
 OPT_METADATA_TABLE = "metadata-table"
 
+#: reads (incremental, as Iceberg's Spark): the rows appended after this snapshot (exclusive) ...
+OPT_START_SNAPSHOT_ID = "start-snapshot-id"
+#: ... up to this one (inclusive; default the current snapshot)
+OPT_END_SNAPSHOT_ID = "end-snapshot-id"
+#: reads (incremental): the range by moments (ms since the epoch), as Iceberg's Spark changelog
+OPT_START_TIMESTAMP = "start-timestamp"
+OPT_END_TIMESTAMP = "end-timestamp"
+#: reads: ``true`` for the changelog of the range (rows inserted and deleted, with
+#: ``_change_type``, ``_change_ordinal``, ``_commit_snapshot_id``; Iceberg's ``<table>.changes``)
+OPT_CHANGELOG = "changelog"
+_INCREMENTAL_OPTIONS = (OPT_START_SNAPSHOT_ID, OPT_END_SNAPSHOT_ID, OPT_START_TIMESTAMP, OPT_END_TIMESTAMP)
+
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
-                          OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE})
+                          OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE,
+                          *_INCREMENTAL_OPTIONS, OPT_CHANGELOG})
 _KMS_PREFIX = "encryption.kms"
 
 
@@ -210,6 +235,57 @@ def _time_travel(options: Mapping[str, str]) -> dict[str, Any]:
         "as_of_timestamp": _integer_option(options, OPT_AS_OF_TIMESTAMP, "a timestamp (milliseconds since the epoch)"),
         **refs,
     }
+
+
+def _changelog(options: Mapping[str, str]) -> bool:
+    raw = str(options.get(OPT_CHANGELOG) or "false").strip().lower()
+    if raw not in ("true", "false"):
+        raise ValueError(f"{NAME}: option {OPT_CHANGELOG}={options.get(OPT_CHANGELOG)!r} must be true or false")
+    return raw == "true"
+
+
+def _incremental(table: EncryptedTable, options: Mapping[str, str]) -> dict[str, Any] | None:
+    """The range arguments of the incremental options (None: none given and no changelog).
+
+    As Iceberg's Spark: they exclude time travel; ``end-snapshot-id`` alone is refused for
+    an append scan (a changelog starts at the first snapshot); a snapshot id and a
+    timestamp for the same end are refused.  Timestamps select by the current snapshot's
+    ancestors (``icecrypt.table.read.incremental.timestamp_range``)."""
+    from icecrypt.table.read.incremental import timestamp_range
+
+    changelog = _changelog(options)
+    given = [name for name in _INCREMENTAL_OPTIONS if str(options.get(name) or "").strip()]
+    if not given and not changelog:
+        return None
+    travel = [name for name in (OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG) if options.get(name)]
+    if travel:
+        raise ValueError(f"{NAME}: options {', '.join(given) or OPT_CHANGELOG} (an incremental read) cannot be "
+                         f"combined with {', '.join(travel)} (time travel)")
+    for ids, moment in ((OPT_START_SNAPSHOT_ID, OPT_START_TIMESTAMP), (OPT_END_SNAPSHOT_ID, OPT_END_TIMESTAMP)):
+        if ids in given and moment in given:
+            raise ValueError(f"{NAME}: give {ids} or {moment}, not both")
+    if given == [OPT_END_SNAPSHOT_ID] and not changelog:
+        raise ValueError(f"{NAME}: option {OPT_END_SNAPSHOT_ID} alone is not an incremental read: "
+                         f"set {OPT_START_SNAPSHOT_ID} too")
+    start = _integer_option(options, OPT_START_SNAPSHOT_ID, "a snapshot id (an integer)")
+    end = _integer_option(options, OPT_END_SNAPSHOT_ID, "a snapshot id (an integer)")
+    start_ms = _integer_option(options, OPT_START_TIMESTAMP, "a timestamp (milliseconds since the epoch)")
+    end_ms = _integer_option(options, OPT_END_TIMESTAMP, "a timestamp (milliseconds since the epoch)")
+    if start_ms is not None or end_ms is not None:
+        from_id, to_id, empty = timestamp_range(table, start_ms, end_ms)
+        if empty:  # an empty range: the current snapshot to itself
+            current = table.current_snapshot_id
+            return {"from_snapshot_id": current, "to_snapshot_id": current}
+        start = from_id if start_ms is not None else start
+        end = to_id if end_ms is not None else end
+    return {"from_snapshot_id": start, "to_snapshot_id": end}
+
+
+def _no_incremental(options: Mapping[str, str], where: str) -> None:
+    """Refuse the incremental-read options where they mean nothing (not ignore them)."""
+    given = [name for name in (*_INCREMENTAL_OPTIONS, OPT_CHANGELOG) if str(options.get(name) or "").strip()]
+    if given and (given != [OPT_CHANGELOG] or _changelog(options)):
+        raise ValueError(f"{NAME}: option(s) {', '.join(given)} (incremental reads) have no meaning {where}")
 
 
 def _kms_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -287,7 +363,14 @@ def _new_scan(table: EncryptedTable, options: Mapping[str, str], columns: Sequen
     split = split_size(options, default=0, minimum=1)
     batch_size = positive_int(options, OPT_BATCH_SIZE, 1) if options.get(OPT_BATCH_SIZE) else None
     try:
-        return table.scan(columns=columns, row_filter=row_filter, **_time_travel(options),
+        incremental = _incremental(table, options)
+        if incremental is not None and _changelog(options):
+            from icecrypt.table.read.incremental import CHANGE_COLUMNS
+
+            columns = None if columns is None else [c for c in columns if c not in CHANGE_COLUMNS]
+            return table.changelog_scan(columns=columns, row_filter=row_filter, **incremental,
+                                        split_size=split or None, batch_size=batch_size)
+        return table.scan(columns=columns, row_filter=row_filter, **(incremental or _time_travel(options)),
                           split_size=split or None, batch_size=batch_size)
     except KeyError as exc:  # an unknown snapshot id, branch or tag
         raise LookupError(f"{NAME}: {exc.args[0] if exc.args else exc}") from None
@@ -300,12 +383,14 @@ class TaskPartition(InputPartition):
     """One file scan task.  The task holds the key metadata of its files (they travel
     with it to the executor, as in Iceberg Java); its repr never shows them."""
 
-    def __init__(self, index: int, task: FileScanTask) -> None:
+    def __init__(self, index: int, task: FileScanTask | ChangelogTask) -> None:
         super().__init__(index)
         self.task = task
 
     def __repr__(self) -> str:
         task = self.task
+        if isinstance(task, ChangelogTask):
+            return f"TaskPartition({self.value}, {task!r})"
         return (f"TaskPartition({self.value}, {task.file.path}, bytes {task.start}+{task.length}, "
                 f"{len(task.deletes)} delete files)")
 
@@ -335,7 +420,8 @@ class IcebergReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         table = getattr(self, "_table", None) or _open_table(self.options, self.location)
         try:
-            tasks = _new_scan(table, self.options, self.columns, self.row_filter).plan_files()
+            scan = _new_scan(table, self.options, self.columns, self.row_filter)
+            tasks = scan.plan_changes() if isinstance(scan, ChangelogScan) else scan.plan_files()
         except Exception as exc:
             raise file_error(exc, f"{NAME}: planning the scan of table {self.location}") from exc
         return [TaskPartition(index, task) for index, task in enumerate(tasks)]
@@ -344,8 +430,10 @@ class IcebergReader(DataSourceReader):
         if not isinstance(partition, TaskPartition):
             return  # the placeholder partition Spark adds when the scan planned no task
         apply = self.projection.apply
+        task = partition.task
+        read = read_changelog_task if isinstance(task, ChangelogTask) else read_task
         try:
-            for batch in read_task(partition.task, self.filesystem):
+            for batch in read(task, self.filesystem):
                 yield apply(batch)
         except Exception as exc:
             raise file_error(exc, f"{NAME}: task {partition.value} of table {self.location}") from exc
@@ -686,6 +774,7 @@ class IcebergDataSource(DataSource):
         options = dict(self.options)
         location = _location(options, "load")
         if options.get(OPT_METADATA_TABLE):
+            _no_incremental(options, f"with option {OPT_METADATA_TABLE}")
             return spark_schema(_metadata_table(options, location).schema)
         table = _open_table(options, location)
         try:  # the filter is checked here too, so that load() reports a bad one
@@ -702,4 +791,5 @@ class IcebergDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> IcebergWriter:
         if self.options.get(OPT_METADATA_TABLE):
             raise ValueError(f"{NAME}: metadata tables are read only (option {OPT_METADATA_TABLE})")
+        _no_incremental(self.options, "in a write")
         return IcebergWriter(self.options, schema, overwrite)

@@ -26,13 +26,17 @@ from icecrypt.table.read.scan import PlanMetrics, TableScan
 from icecrypt.table.ops.schema import UpdateSchema
 from icecrypt.table.ops.sort_order import ReplaceSortOrder
 from icecrypt.table.ops.spec import UpdateSpec
+from icecrypt.table.read.incremental import ChangelogScan, ChangelogTask, IncrementalAppendScan, read_changelog_task
 from icecrypt.table._table import EncryptedTable
 from icecrypt.table.read.verify import VerifyProblem, VerifyReport
 
 __all__ = [
     "ConvertTableResult",
+    "ChangelogScan",
+    "ChangelogTask",
     "EncryptedTable",
     "FileScanTask",
+    "IncrementalAppendScan",
     "InspectTable",
     "Locations",
     "ManageSnapshots",
@@ -51,5 +55,6 @@ __all__ = [
     "VerifyReport",
     "decrypt_table",
     "encrypt_table",
+    "read_changelog_task",
     "read_task",
 ]

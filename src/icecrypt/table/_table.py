@@ -388,6 +388,9 @@ class EncryptedTable:
         as_of_timestamp: Any = None,
         branch: str | None = None,
         tag: str | None = None,
+        from_snapshot_id: int | None = None,
+        to_snapshot_id: int | None = None,
+        from_inclusive: bool = False,
         **options: Any,
     ) -> TableScan:
         """A scan of the current snapshot: ``columns`` to return (None = all),
@@ -399,9 +402,47 @@ class EncryptedTable:
         epoch or an aware datetime: the snapshot current then, per the snapshot log);
         ``tag``; these read with the snapshot's schema.  ``branch`` reads the branch's
         head with the current schema.  Unknown snapshot or ref: KeyError; a tag given
-        as ``branch`` (or the reverse), a moment before the first snapshot: ValueError."""
+        as ``branch`` (or the reverse), a moment before the first snapshot: ValueError.
+
+        Incremental read: ``from_snapshot_id`` (exclusive; inclusive with
+        ``from_inclusive=True``) and/or ``to_snapshot_id`` (inclusive, default the current
+        snapshot) return an :class:`~icecrypt.table.IncrementalAppendScan` of the rows the
+        ``append`` snapshots between them added (Iceberg's incremental append scan);
+        ``from`` must be an ancestor of ``to`` (ValueError naming both)."""
+        if from_snapshot_id is not None or to_snapshot_id is not None or from_inclusive:
+            travel = {"snapshot_id": snapshot_id, "as_of_timestamp": as_of_timestamp, "branch": branch, "tag": tag}
+            given = [name for name, value in travel.items() if value is not None]
+            if given:
+                raise ValueError(
+                    f"an incremental read (from_snapshot_id, to_snapshot_id) takes no {' or '.join(given)}")
+            from icecrypt.table.read.incremental import IncrementalAppendScan
+
+            return IncrementalAppendScan(self, columns, row_filter, from_snapshot_id=from_snapshot_id,
+                                         to_snapshot_id=to_snapshot_id, from_inclusive=from_inclusive, **options)
         return TableScan(self, columns, row_filter, snapshot_id, as_of_timestamp=as_of_timestamp, branch=branch,
                          tag=tag, **options)
+
+    def changelog_scan(
+        self,
+        columns: Sequence[str] | None = None,
+        row_filter: BooleanExpression | str | None = None,
+        *,
+        from_snapshot_id: int | None = None,
+        to_snapshot_id: int | None = None,
+        from_inclusive: bool = False,
+        **options: Any,
+    ) -> Any:
+        """The rows inserted and deleted by the snapshots between ``from_snapshot_id``
+        (exclusive; inclusive with ``from_inclusive=True``; default from the first) and
+        ``to_snapshot_id`` (inclusive, default the current snapshot), with the columns
+        ``_change_type`` (``INSERT``/``DELETE``), ``_change_ordinal`` and
+        ``_commit_snapshot_id`` (Iceberg's changelog scan): a
+        :class:`~icecrypt.table.ChangelogScan`.  Snapshots with row-level delete files are
+        refused (NotImplementedError), as Iceberg Java refuses them."""
+        from icecrypt.table.read.incremental import ChangelogScan
+
+        return ChangelogScan(self, columns, row_filter, from_snapshot_id=from_snapshot_id,
+                             to_snapshot_id=to_snapshot_id, from_inclusive=from_inclusive, **options)
 
     @property
     def inspect(self) -> Any:

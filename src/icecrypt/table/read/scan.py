@@ -426,16 +426,20 @@ class TableScan:
                 raise FormatError(f"manifest {manifest.path}: {entry.file.file_path} does not match the manifest's content type")
             yield entry
 
-    def _read_manifests(self, manifests: list[ManifestFile]) -> Iterator[tuple[ManifestFile, Iterable[ManifestEntry]]]:
+    def _read_manifests(
+        self, manifests: list[ManifestFile], *, include_deleted: bool = False,
+    ) -> Iterator[tuple[ManifestFile, Iterable[ManifestEntry]]]:
         """``(manifest, entries)`` in order.  Local files: the entries are decoded as they
         are consumed (one entry at a time, however large a merged manifest is).  Object
         stores: up to ``_MANIFEST_THREADS`` manifests are fetched and decoded ahead in the
         shared pool (to hide latency) — a bounded window, so memory stays flat however
-        many manifests the snapshot has."""
+        many manifests the snapshot has.  ``include_deleted``: DELETED entries too (for
+        the changelog)."""
         table = self.table
 
         def read(manifest: ManifestFile) -> Iterator[ManifestEntry]:
-            return read_manifest(manifest, table.locations, table.specs, self.schema, encrypted=table.encrypted)
+            return read_manifest(manifest, table.locations, table.specs, self.schema, encrypted=table.encrypted,
+                                 include_deleted=include_deleted)
 
         def entries(manifest: ManifestFile) -> list[ManifestEntry]:
             return list(read(manifest))
