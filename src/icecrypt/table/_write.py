@@ -8,13 +8,16 @@ wrapped by the KMS master key, when there is none) and stored in ``encryption-ke
 the snapshot's ``key-id`` names that entry.  Nothing is written in plaintext into an
 encrypted table (``_write_io``).
 
-A commit builds the new ``metadata.json`` from the newest committed version and creates
-the next version file exclusively (``_commit``).  When another writer got there first,
-an append is re-applied on top of the new version (its data files and manifest are
-reused; the manifest list, keys and snapshot are rebuilt), up to
-``commit.retry.num-retries`` times; overwrite and delete, whose effect depends on the
-rows they saw, are refused with :class:`~icecrypt.CommitConflictError`; expiry is
-recomputed.  Whatever a failed operation wrote is deleted before the error propagates.
+Every commit goes through the one committer (``_committer``): a snapshot producer
+(:func:`_commit_change`) turns its change into table updates (``add-encryption-key``,
+``add-snapshot``, ``set-snapshot-ref`` of the branch written to) on the newest committed
+version.  When another writer got there first, an append is re-applied on top of the
+new version (its data files and manifest are reused; the manifest list, keys and
+snapshot are rebuilt) until ``commit.retry.total-timeout-ms``; overwrite and delete,
+whose effect depends on the rows they saw, are refused with
+:class:`~icecrypt.CommitConflictError` when their branch moved; expiry is recomputed.
+Whatever a failed operation wrote is deleted before the error propagates, unless a
+catalog could not tell whether the commit landed (then the files are kept).
 """
 
 from __future__ import annotations
