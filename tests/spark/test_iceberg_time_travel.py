@@ -1,11 +1,12 @@
 """``icecrypt.iceberg`` time travel: the read options ``as-of-timestamp``, ``branch`` and
 ``tag`` (beside ``snapshot-id``) on Iceberg Java's table with four snapshots, with refs
 added to a copy's metadata (icecrypt cannot make refs yet); bad options are clear errors,
-and a write to a branch is refused rather than landing on main."""
+and writes to a branch (option ``branch``) and WAP staging (``wap-id``)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -91,12 +92,45 @@ def test_bad_time_travel_options(ispark, tagged):
     edit_metadata(path, lambda metadata: metadata["refs"].pop("ghost") and None)
 
 
-def test_a_write_to_a_branch_is_refused(ispark, tagged):
-    root, _, _ = tagged
-    before = json.loads(metadata_path(NAME, root).read_text(encoding="utf-8"))["current-snapshot-id"]
+def test_writes_to_a_branch_and_wap(ispark, tagged):
+    """Option ``branch`` commits to that branch (main stays); ``wap-id`` stages the
+    append (write.wap.enabled); a tag named as the branch is refused, nothing committed."""
+    root, log, _ = tagged
+    path = metadata_path(NAME, root)
+    before = json.loads(path.read_text(encoding="utf-8"))
     frame = _read(ispark, root).limit(3)
-    options = {**JAVA_KMS, "branch": "dev", "location-map": json.dumps(location_map(NAME, root))}
-    with pytest.raises(Exception, match="writes to a branch other than main are not supported yet"):
-        frame.write.format(FORMAT).options(**options).mode("append").save(str(metadata_path(NAME, root)))
-    after = metadata_path(NAME, root)
-    assert json.loads(after.read_text(encoding="utf-8"))["current-snapshot-id"] == before  # nothing committed
+    rows = frame.count()
+    options = {**JAVA_KMS, "location-map": json.dumps(location_map(NAME, root))}
+
+    def write(**extra: str) -> None:
+        frame.write.format(FORMAT).options(**options, **extra).mode("append").save(str(path))
+
+    def latest() -> str:
+        import pyarrow.fs as pafs
+
+        from icecrypt.table.commit.store import latest_metadata_location
+
+        return latest_metadata_location(pafs.LocalFileSystem(), str(path))
+
+    def current() -> dict:
+        return json.loads(open(latest(), encoding="utf-8").read())
+
+    write(branch="dev")
+    after = current()
+    assert after["current-snapshot-id"] == before["current-snapshot-id"]
+    dev = after["refs"]["dev"]["snapshot-id"]
+    assert dev != log[2][0] and next(s for s in after["snapshots"] if s["snapshot-id"] == dev)[
+        "parent-snapshot-id"] == log[2][0]  # fmt: skip
+    added = next(s for s in after["snapshots"] if s["snapshot-id"] == dev)["summary"]
+    assert added["operation"] == "append" and added["added-records"] == str(rows)
+
+    with pytest.raises(Exception, match="'audit' is a tag, not a branch"):
+        write(branch="audit")
+    with pytest.raises(Exception, match="write.wap.enabled=true"):
+        write(**{"wap-id": "w1"})
+    assert current()["metadata-log"] == after["metadata-log"]  # nothing committed
+    edit_metadata(Path(latest()), lambda metadata: metadata["properties"].update({"write.wap.enabled": "true"}))
+    write(**{"wap-id": "w1"})
+    staged = current()
+    assert staged["current-snapshot-id"] == before["current-snapshot-id"] and staged["refs"] == after["refs"]
+    assert staged["snapshots"][-1]["summary"]["wap.id"] == "w1"

@@ -210,16 +210,24 @@ def test_processes_racing(tmp_path, kms):
 
 
 def test_retries_run_out(tmp_path, kms, monkeypatch):
+    """An append cannot conflict: commit.retry.num-retries does not stop it (it is
+    re-applied on the newer version), commit.retry.total-timeout-ms does."""
     root = tmp_path / "t"
     table = EncryptedTable.create(
         str(root), SCHEMA, kms=kms, table_key_id="keyA", properties={"commit.retry.num-retries": "0"}
     )
     rival = EncryptedTable.load(str(root), kms=kms)
     _race(monkeypatch, lambda: rival.append(make_rows(0, 10)))
-    # with no retries allowed the append gives up, leaving no trace
+    table.append(make_rows(10, 20))  # num-retries 0, yet re-applied on top of the rival's commit
+    assert _versions(root) == ["v1.metadata.json", "v2.metadata.json", "v3.metadata.json"]
+    _snapshot_chain(table)
+    table.update_properties().set("commit.retry.total-timeout-ms", "0").commit()
+    rival.refresh()
+    _race(monkeypatch, lambda: rival.append(make_rows(20, 30)))
+    # with no time to retry in, the append gives up, leaving no trace
     with pytest.raises(CommitConflictError, match="retries exhausted"):
-        table.append(make_rows(10, 20))
-    assert _versions(root) == ["v1.metadata.json", "v2.metadata.json"]
+        table.append(make_rows(30, 40))
+    assert _versions(root)[-1] == "v5.metadata.json" and len(_versions(root)) == 5
     _assert_no_orphans(EncryptedTable.load(str(root), kms=kms), root)
 
 

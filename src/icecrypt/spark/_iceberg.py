@@ -141,8 +141,12 @@ NAME = "icecrypt.iceberg"
 OPT_SNAPSHOT_ID = "snapshot-id"
 #: reads: the snapshot current at this moment (ms since the epoch), by the snapshot log
 OPT_AS_OF_TIMESTAMP = "as-of-timestamp"
-#: reads: the head of this branch (read with the current schema)
+#: reads: the head of this branch (read with the current schema); writes: commit to this
+#: branch (created from main's head when it does not exist)
 OPT_BRANCH = "branch"
+#: writes (append): stage the snapshot for write-audit-publish under this wap id (needs
+#: the table property write.wap.enabled=true; Java's Spark takes it from spark.wap.id)
+OPT_WAP_ID = "wap-id"
 #: reads: the snapshot of this tag
 OPT_TAG = "tag"
 #: reads and writes: JSON object of recorded location prefix -> where the files are now
@@ -183,7 +187,7 @@ _INCREMENTAL_OPTIONS = (OPT_START_SNAPSHOT_ID, OPT_END_SNAPSHOT_ID, OPT_START_TI
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
                           OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE,
-                          *_INCREMENTAL_OPTIONS, OPT_CHANGELOG})
+                           OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG})
 _KMS_PREFIX = "encryption.kms"
 
 
@@ -578,11 +582,11 @@ class IcebergWriter(DataSourceArrowWriter):
             raise ValueError(f"{NAME}: option {OPT_WRITE_FORMAT}={self.file_format!r} must be parquet or avro")
         self.target_file_size = positive_int(self.options, OPT_TARGET_FILE_SIZE, 1) \
             if self.options.get(OPT_TARGET_FILE_SIZE) else None
-        branch = (self.options.get(OPT_BRANCH) or "").strip()
-        if branch and branch != "main":
-            # never silently onto main: the commit model that advances other refs is to come
-            raise ValueError(f"{NAME}: option {OPT_BRANCH}={branch!r}: writes to a branch other than main are not "
-                             "supported yet; remove the option to write to main")
+        self.branch = (self.options.get(OPT_BRANCH) or "").strip() or None
+        self.wap_id = (self.options.get(OPT_WAP_ID) or "").strip() or None
+        if self.wap_id is not None and (overwrite or self.branch is not None):
+            raise ValueError(f"{NAME}: option {OPT_WAP_ID} stages an append; it goes with neither "
+                             f"{OPT_BRANCH} nor an overwrite")
         table, self.created = self._open_or_create(schema)
         # one id for every data file of this job (file names carry it), so the driver
         # finds what attempts that died before reporting left behind
@@ -679,10 +683,13 @@ class IcebergWriter(DataSourceArrowWriter):
         from icecrypt.table.ops.write import append_files, overwrite_files
 
         data_files = [f for message in messages if message is not None for f in message.data_files]
-        commit = overwrite_files if self.overwrite else append_files
         try:
             table = self._table(commit=True)
-            commit(table, data_files)  # deletes the data files if it fails
+            # deletes the data files if it fails (a tag named as branch, WAP not enabled, ...)
+            if self.overwrite:
+                overwrite_files(table, data_files, branch=self.branch)
+            else:
+                append_files(table, data_files, branch=self.branch, wap_id=self.wap_id)
         except Exception as exc:
             raise file_error(exc, f"{NAME}: committing to table {self.location}") from exc
         self._remove_leftovers(table, [f["file_path"] for f in data_files])

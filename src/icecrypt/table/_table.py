@@ -485,22 +485,26 @@ class EncryptedTable:
 
     def append(self, data: Any, **options: Any) -> int | None:
         """Append rows (a pyarrow Table, RecordBatch or iterable of batches); returns the
-        new snapshot id."""
+        new snapshot id.  ``branch=``: commit to that branch (created from main's head
+        when it does not exist); ``wap_id=``: stage the snapshot for write-audit-publish
+        (needs ``write.wap.enabled=true``; publish with ``manage_snapshots().cherry_pick``)."""
         from icecrypt.table.ops import write as _write
 
         return _write.append(self, data, **options)
 
     def overwrite(self, data: Any, **options: Any) -> int | None:
-        """Replace all of the table's rows with ``data`` (one ``overwrite`` snapshot)."""
+        """Replace all of the table's rows with ``data`` (one ``overwrite`` snapshot);
+        ``branch=``: of that branch."""
         from icecrypt.table.ops import write as _write
 
         return _write.overwrite(self, data, **options)
 
-    def delete(self, row_filter: BooleanExpression | str) -> int | None:
-        """Delete the rows matching ``row_filter``; returns the new snapshot id."""
+    def delete(self, row_filter: BooleanExpression | str, *, branch: str | None = None) -> int | None:
+        """Delete the rows matching ``row_filter`` (from ``branch``, default main);
+        returns the new snapshot id."""
         from icecrypt.table.ops import write as _write
 
-        return _write.delete(self, row_filter)
+        return _write.delete(self, row_filter, branch=branch)
 
     def expire_snapshots(self, older_than_ms: int) -> Any:
         """Remove snapshots older than ``older_than_ms`` (never the current one, a ref's

@@ -13,6 +13,7 @@ failed commit leaves nothing behind: a metadata-only change writes no other file
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -23,7 +24,7 @@ from icecrypt.errors import CommitConflictError
 from icecrypt.table.commit import store as _commit
 from icecrypt.table.model import changes as _model
 
-__all__ = ["RetryPolicy", "commit"]
+__all__ = ["RetryPolicy", "Staged", "commit"]
 
 
 @dataclass(frozen=True)
@@ -57,59 +58,113 @@ class RetryPolicy:
         return cls(**values)
 
     def delay_ms(self, attempt: int) -> float:
-        """The wait before retry ``attempt`` (1-based): exponential from ``min_wait_ms``,
-        capped at ``max_wait_ms``, with up to 10% jitter (as Java's Tasks)."""
-        delay = min(self.min_wait_ms * 2.0 ** (attempt - 1), self.max_wait_ms)
-        return delay + random.random() * max(1.0, delay * 0.1)
+        """The wait before retry ``attempt`` (1-based): drawn evenly between
+        ``min_wait_ms`` and a ceiling that doubles per attempt up to ``max_wait_ms``
+        ("full jitter").  Java's Tasks wait the ceiling itself plus 10%: writers that lost
+        together retry together and lose again, and under contention the waits of an
+        append that is retried until it lands grow long; drawn waits spread them."""
+        ceiling = min(self.min_wait_ms * 2.0 ** min(attempt - 1, 60), self.max_wait_ms)
+        return self.min_wait_ms + random.random() * max(0.0, ceiling - self.min_wait_ms)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A change built on one attempt's base, with what the attempt prepared for it: the
+    encryption manager that wrapped its keys (installed in the table object after the
+    commit), the files it wrote (removed when the attempt surely did not land; kept
+    when nobody can tell), whether the base's keys were checked whole, and whether the
+    change can conflict at all (an append cannot: it is retried until
+    ``commit.retry.total-timeout-ms`` rather than ``commit.retry.num-retries`` times)."""
+
+    change: _model.Change
+    manager: Any = None
+    written: tuple[str, ...] = ()
+    keys_whole: bool | None = None
+    conflict_free: bool = False
 
 
 def commit(
     table_or_target: Any,
-    change: _model.Change | Callable[[str, dict[str, Any]], _model.Change | None],
+    change: _model.Change | Callable[[str, dict[str, Any]], _model.Change | Staged | None],
     *,
     policy: RetryPolicy | None = None,
+    on_retry: Callable[[int], None] | None = None,
+    first_base: tuple[str, dict[str, Any]] | None = None,
 ) -> str | None:
     """Commit ``change`` to the table (an EncryptedTable or a ``_write._Target``);
     returns the new metadata location, installed in the table object.
 
     ``change`` may instead be a function of ``(base_location, base)`` that builds the
     change on each attempt's base (an operation whose updates depend on what the base
-    holds, as expiry's); when it returns None there is nothing to do and nothing is
-    committed (None is returned).
+    holds, as expiry's, or a snapshot producer's, which writes a manifest list per
+    attempt and returns it as :class:`Staged`); when it returns None there is nothing
+    to do and nothing is committed (None is returned).
 
     CommitConflictError (its subclass ``RequirementFailed`` when a requirement fails on
     the newest version; nothing committed) when the change no longer fits, or when it
-    kept losing races beyond the retry policy."""
+    kept losing races beyond the retry policy.  ``on_retry(attempt)`` is told of each
+    lost race (benchmarks count them).  ``first_base``: (location, document) of the
+    version the change was planned on, used for the first attempt instead of asking
+    for the newest again (a stale one loses the race and is replaced)."""
     from icecrypt.table.ops.write import _Target
 
     target = table_or_target if isinstance(table_or_target, _Target) else _Target.of(table_or_target)
     started = time.monotonic()
     attempt = 0
     while True:
-        base_location, base = target.latest()
+        if first_base is not None:
+            (base_location, base), first_base = first_base, None
+            target.check_pin(base_location, base)
+            target.base_location = base_location
+        else:
+            base_location, base = target.latest()
         if policy is None:
             policy = RetryPolicy.from_properties(base.get("properties"))
         built = change(base_location, base) if callable(change) else change
         if built is None:
             return None
-        built.validate(base)
-        # a metadata-only commit wraps nothing: no check of the current KEK
-        manager = target.manager(base, check_kek=False)
-        keys_whole = target.check_base_keys(base_location, base, manager)
-        metadata = _model.apply(base, built.updates, base_location=base_location)
-        target.check_pin(base_location, metadata)
+        staged = built if isinstance(built, Staged) else Staged(built)
         try:
+            staged.change.validate(base)
+            manager, keys_whole = staged.manager, staged.keys_whole
+            if manager is None:
+                # a metadata-only commit wraps nothing: no check of the current KEK
+                manager = target.manager(base, check_kek=False)
+            if keys_whole is None:
+                keys_whole = target.check_base_keys(base_location, base, manager)
+            metadata = _model.apply(base, staged.change.updates, base_location=base_location)
+            target.check_pin(base_location, metadata)
             location = target.commit_metadata(base_location, metadata, base=base)
+        except _model.RequirementFailed:
+            _remove(target, staged.written)
+            raise
         except (_commit.VersionExistsError, CommitConflictError) as exc:
+            # another writer's version is there: this attempt surely did not land
+            _remove(target, staged.written)
             attempt += 1
             elapsed_ms = (time.monotonic() - started) * 1000
-            if attempt > policy.num_retries or elapsed_ms >= policy.total_timeout_ms:
+            out_of_tries = attempt > policy.num_retries and not staged.conflict_free
+            if out_of_tries or elapsed_ms >= policy.total_timeout_ms:
                 raise CommitConflictError(
-                    f"{target.metadata_location}: the {built.what} kept losing to concurrent commits "
-                    f"({attempt} attempts); nothing was committed"
+                    f"{target.metadata_location}: the {staged.change.what} kept losing to concurrent commits "
+                    f"({attempt} attempts; retries exhausted); nothing was committed"
                 ) from exc
+            if on_retry is not None:
+                on_retry(attempt)
             time.sleep(min(policy.delay_ms(attempt), max(0.0, policy.total_timeout_ms - elapsed_ms)) / 1000)
             continue
+        except BaseException as exc:
+            if not _commit.outcome_unknown(exc):  # the version may be current: keep what it names
+                _remove(target, staged.written)
+            raise
         target.last_commit = (location, metadata, manager, keys_whole)
         target.committed(location)
         return location
+
+
+def _remove(target: Any, locations: tuple[str, ...]) -> None:
+    """Best-effort removal of files of an attempt that did not land."""
+    io = target.io(None)
+    for location in locations:
+        with contextlib.suppress(Exception):  # the error being handled matters more
+            io.remove(location)

@@ -42,6 +42,7 @@ import json
 import posixpath
 import re
 import secrets
+import sys
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
@@ -540,10 +541,22 @@ def commit_metadata_to_store(
             return path
         if landed is False:
             _remove_quietly(filesystem, path)
-        raise  # landed None: the outcome is unknown, the file is kept (it may be current)
+            raise
+        # landed None: the outcome is unknown, the file is kept (it may be current), and
+        # so is every file the commit references (outcome_unknown tells the committer)
+        exc = sys.exc_info()[1]
+        with contextlib.suppress(AttributeError):
+            exc.icecrypt_commit_outcome_unknown = True  # type: ignore[union-attr]
+        raise
     if base_location is not None:
         _after_commit(filesystem, base_location, metadata, base)
     return path
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether ``exc`` left a commit whose outcome nobody can tell (a catalog that could
+    not say whether its swap landed): the files it references must then be kept."""
+    return bool(getattr(exc, "icecrypt_commit_outcome_unknown", False))
 
 
 def _is_current(store: MetadataStore, path: str) -> bool | None:

@@ -488,11 +488,10 @@ def commit_rewrite(
             return w._Change(operation, new_manifests, kept, list(new_files), gone, len(live.manifests) - len(kept))
 
         _emit(progress, "commit", snapshot_id=snapshot_id)
-        committed = w._commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=True)
-    except BaseException:
-        w._cleanup(io or target.io(None), written)
+        w._commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=True)
+    except BaseException as exc:
+        w._discard(io or target.io(None), written, exc)
         raise
-    target.committed(committed)
     # Manifests written for attempts that lost a race are not in the table: delete them.
     # Best effort only: the commit stands, so nothing after it may fail the operation
     # (what is left is an orphan that remove_orphan_files finds).
@@ -641,11 +640,10 @@ def rewrite_manifests(
                 summary_extra={"entries-processed": str(processed)},
             )  # fmt: skip
 
-        committed = w._commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=True)
-    except BaseException:
-        w._cleanup(io, written)
+        w._commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=True)
+    except BaseException as exc:
+        w._discard(io, written, exc)
         raise
-    target.committed(committed)
     return RewriteManifestsResult(snapshot_id, len(replaced), len(new_manifests), processed)
 
 

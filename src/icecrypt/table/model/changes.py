@@ -258,7 +258,8 @@ for _cls, _name in (
     _cls.__name__ = _cls.__qualname__ = _name
 
 
-def _ref_snapshot(metadata: Mapping[str, Any], name: str) -> int | None:
+def ref_snapshot(metadata: Mapping[str, Any], name: str) -> int | None:
+    """The snapshot ref ``name`` points at (``main``: the current snapshot), or None."""
     ref = (metadata.get("refs") or {}).get(name)
     if ref is not None:
         return ref.get("snapshot-id")
@@ -280,7 +281,7 @@ def requirements_for(base: Mapping[str, Any], updates: Iterable[TableUpdate]) ->
     need(AssertTableUUID(str(base.get("table-uuid"))))
     for update in updates:
         if isinstance(update, (SetSnapshotRef, RemoveSnapshotRef)):
-            need(AssertRefSnapshotId(update.ref_name, _ref_snapshot(base, update.ref_name)), update.ref_name)
+            need(AssertRefSnapshotId(update.ref_name, ref_snapshot(base, update.ref_name)), update.ref_name)
         elif isinstance(update, AddSchema):
             need(AssertLastAssignedFieldId(base.get("last-column-id")))
         elif isinstance(update, SetCurrentSchema):
@@ -412,7 +413,23 @@ def _add_encryption_key(b: _Builder, update: AddEncryptionKey) -> None:
     keys = list(b.metadata.get("encryption-keys") or [])
     if any(k.get("key-id") == update.encryption_key.get("key-id") for k in keys):
         return  # as Java: a key id already there is kept as it is
-    b.replace("encryption-keys", keys + [dict(update.encryption_key)])
+    keys.append(dict(update.encryption_key))
+    if "encryption-keys" in b.metadata:
+        b.replace("encryption-keys", keys)
+        return
+    # a new list goes where Java's TableMetadataParser writes it: right after
+    # next-row-id (else before refs, else before snapshots, else at the end)
+    names = list(b.metadata)
+    if "next-row-id" in b.metadata:
+        index = names.index("next-row-id") + 1
+    elif "refs" in b.metadata:
+        index = names.index("refs")
+    elif "snapshots" in b.metadata:
+        index = names.index("snapshots")
+    else:
+        index = len(names)
+    items = list(b.metadata.items())
+    b.metadata = dict(items[:index] + [("encryption-keys", keys)] + items[index:])
 
 
 def _remove_encryption_key(b: _Builder, update: RemoveEncryptionKey) -> None:
@@ -497,8 +514,14 @@ def apply(
     base's; with ``base_location`` (the base's metadata file) the base is appended to
     ``metadata-log``.  A ``set-snapshot-ref`` of ``main`` moves ``current-snapshot-id``
     and logs it in ``snapshot-log``.  Bad updates (an unknown snapshot, schema, spec or
-    sort order; a duplicate id) raise ValueError."""
-    moment = max(now_ms() if now is None else now, base.get("last-updated-ms", 0))
+    sort order; a duplicate id) raise ValueError.  When ``updates`` add a snapshot and
+    no ``now`` is given, its ``timestamp-ms`` is the moment (as Java's builder: the
+    snapshot's time is the version's ``last-updated-ms`` and its ``snapshot-log`` time)."""
+    updates = tuple(updates)
+    if now is None:
+        added = [u.snapshot.get("timestamp-ms") for u in updates if isinstance(u, AddSnapshot)]
+        now = added[-1] if added and type(added[-1]) is int else now_ms()
+    moment = max(now, base.get("last-updated-ms", 0))
     builder = _Builder(base, moment)
     for update in updates:
         handler = _HANDLERS.get(type(update))

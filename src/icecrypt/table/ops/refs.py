@@ -47,6 +47,12 @@ class _Operation:
         if self._done:
             raise ValueError(f"this {self.what} was already committed; start a new one")
         self._done = True
+        pick = getattr(self, "_pick", None)
+        if pick is not None:  # a cherry-pick that re-applies an append: its own snapshot
+            from icecrypt.table.ops.cherry_pick import cherry_pick
+
+            cherry_pick(self._table, pick)
+            return self._table.metadata_location
         if not self._updates:
             return None
         change = _model.Change.on(self._base, self._updates, what=self.what)
@@ -208,6 +214,36 @@ class ManageSnapshots(_Operation):
             )
         self._add(self._set(branch, target["snapshot-id"], "branch", ref))
         return self
+
+    def cherry_pick(self, snapshot_id: int) -> ManageSnapshots:
+        """Publish snapshot ``snapshot_id`` on main, as Java's cherry-pick: fast-forward
+        main when the snapshot's parent is main's head; otherwise re-apply an append's
+        files as a new snapshot (summary ``source-snapshot-id``, and ``published-wap-id``
+        for a write-audit-publish staged snapshot), which must then be the only change
+        of this operation.  Refused: a snapshot already in main's history or already
+        picked, a wap id already published, other operations."""
+        from icecrypt.table.ops.cherry_pick import check_pick, is_fast_forward
+
+        if getattr(self, "_pick", None) is not None:
+            raise ValueError("a cherry-pick that re-applies an append is committed on its own")
+        snapshot = check_pick(self._view, snapshot_id, self._base_location)
+        if is_fast_forward(self._view, snapshot):
+            self._move_main(snapshot["snapshot-id"])
+            return self
+        if self._updates:
+            raise ValueError(
+                f"cannot cherry-pick snapshot {snapshot_id} here: re-applying an append is its own commit "
+                "(use a separate manage_snapshots())"
+            )
+        if self._done:
+            raise ValueError(f"this {self.what} was already committed; start a new one")
+        self._pick = snapshot_id
+        return self
+
+    def _add(self, *updates: _model.TableUpdate) -> None:
+        if getattr(self, "_pick", None) is not None:
+            raise ValueError("a cherry-pick that re-applies an append is committed on its own")
+        super()._add(*updates)
 
     # --- the current snapshot -------------------------------------------------------------
 

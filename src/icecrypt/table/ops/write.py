@@ -8,13 +8,16 @@ wrapped by the KMS master key, when there is none) and stored in ``encryption-ke
 the snapshot's ``key-id`` names that entry.  Nothing is written in plaintext into an
 encrypted table (``_write_io``).
 
-A commit builds the new ``metadata.json`` from the newest committed version and creates
-the next version file exclusively (``_commit``).  When another writer got there first,
-an append is re-applied on top of the new version (its data files and manifest are
-reused; the manifest list, keys and snapshot are rebuilt), up to
-``commit.retry.num-retries`` times; overwrite and delete, whose effect depends on the
-rows they saw, are refused with :class:`~icecrypt.CommitConflictError`; expiry is
-recomputed.  Whatever a failed operation wrote is deleted before the error propagates.
+Every commit goes through the one committer (``_committer``): a snapshot producer
+(:func:`_commit_change`) turns its change into table updates (``add-encryption-key``,
+``add-snapshot``, ``set-snapshot-ref`` of the branch written to) on the newest committed
+version.  When another writer got there first, an append is re-applied on top of the
+new version (its data files and manifest are reused; the manifest list, keys and
+snapshot are rebuilt) until ``commit.retry.total-timeout-ms``; overwrite and delete,
+whose effect depends on the rows they saw, are refused with
+:class:`~icecrypt.CommitConflictError` when their branch moved; expiry is recomputed.
+Whatever a failed operation wrote is deleted before the error propagates, unless a
+catalog could not tell whether the commit landed (then the files are kept).
 """
 
 from __future__ import annotations
@@ -452,90 +455,106 @@ def _log_previous(metadata: dict[str, Any], base: dict[str, Any], base_location:
     _model.log_previous(metadata, base, base_location)
 
 
-def _apply(
+def _head(metadata: dict[str, Any], branch: str) -> dict[str, Any] | None:
+    """The snapshot a write to ``branch`` builds on: the one it points at, or for a
+    branch that does not exist yet main's current snapshot (Java's
+    ``SnapshotUtil.latestSnapshot``); None for an empty table."""
+    ref = (metadata.get("refs") or {}).get(branch)
+    if branch == _model.MAIN_BRANCH or ref is None:
+        return _current_snapshot(metadata)
+    for snapshot in metadata.get("snapshots") or ():
+        if snapshot["snapshot-id"] == ref["snapshot-id"]:
+            return snapshot
+    raise FormatError(f"ref {branch!r} points at snapshot {ref['snapshot-id']}, which is not in the table metadata")
+
+
+def _snapshot_updates(
     target: _Target,
-    base_location: str,
     base: dict[str, Any],
-    manager: EncryptionManager | None,
-    change: _Change,
-    snapshot_id: int,
-    commit_id: str,
-    attempt: int,
-) -> tuple[dict[str, Any], str]:
-    """Write the manifest list of ``change`` on top of ``base``; returns the new table
-    metadata (base fields kept in place, Java's order for new ones) and the manifest
-    list's location."""
-    parent = _current_snapshot(base)
-    list_location = f"{base['location'].rstrip('/')}/metadata/snap-{snapshot_id}-{attempt}-{commit_id}.avro"
-    key, next_row_id = write_manifest_list(
-        target.io(manager), list_location, change.new_manifests, change.kept_manifests,
-        snapshot_id=snapshot_id, parent_snapshot_id=parent["snapshot-id"] if parent else None,
-        sequence_number=base.get("last-sequence-number", 0) + 1, first_row_id=base.get("next-row-id", 0),
-        ordered=change.order,
-    )  # fmt: skip
-    try:
-        metadata = _snapshot_metadata(base, base_location, manager, change, snapshot_id, list_location, key, next_row_id)
-    except BaseException:
-        target.io(None).remove(list_location)
-        raise
-    return metadata, list_location
-
-
-def _snapshot_metadata(
-    base: dict[str, Any],
-    base_location: str,
     manager: EncryptionManager | None,
     change: _Change,
     snapshot_id: int,
     list_location: str,
-    list_key: StandardKeyMetadata | None,
-    next_row_id: int,
-) -> dict[str, Any]:
-    """The table metadata with the new snapshot: its manifest-list key wrapped (a KEK
-    created if none is current), refs, logs and ``encryption-keys`` updated."""
-    parent = _current_snapshot(base)
+    *,
+    branch: str,
+    stage_only: bool,
+) -> list[_model.TableUpdate]:
+    """Write the manifest list of ``change`` as the next snapshot of ``branch`` on top of
+    ``base``; returns the table updates that commit it: the keys the wrap of its
+    manifest-list key added (a KEK created if none is current), the snapshot, and the
+    branch moved to it (unless ``stage_only``: a write-audit-publish snapshot).  The
+    manifest list is removed if this raises."""
+    parent = _head(base, branch)
     sequence_number = base.get("last-sequence-number", 0) + 1
     first_row_id = base.get("next-row-id", 0)
-    now = max(_now_ms(), base.get("last-updated-ms", 0))
-    snapshot: dict[str, Any] = {"sequence-number": sequence_number, "snapshot-id": snapshot_id}
-    if parent is not None:
-        snapshot["parent-snapshot-id"] = parent["snapshot-id"]
-    snapshot["timestamp-ms"] = now
-    snapshot["summary"] = _summary(change, parent)
-    snapshot["manifest-list"] = list_location
-    snapshot["schema-id"] = base.get("current-schema-id", 0)
-    snapshot["first-row-id"] = first_row_id
-    snapshot["added-rows"] = next_row_id - first_row_id
-    if manager is not None:
-        snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(list_key).key_id
-
-    # A copy of the top level only: every container changed below is replaced, never
-    # edited in place, so ``base`` stays as read (a deep copy costs O(snapshots) per commit).
-    metadata = dict(base)
-    metadata["last-sequence-number"] = sequence_number
-    metadata["last-updated-ms"] = now
-    metadata["current-snapshot-id"] = snapshot_id
-    metadata["next-row-id"] = next_row_id
-    refs = dict(metadata.get("refs") or {})
-    refs["main"] = {"snapshot-id": snapshot_id, "type": "branch"}
-    metadata["refs"] = refs
-    metadata["snapshots"] = list(metadata.get("snapshots") or []) + [snapshot]
-    metadata["snapshot-log"] = list(metadata.get("snapshot-log") or []) + [
-        {"timestamp-ms": now, "snapshot-id": snapshot_id}
-    ]
-    _log_previous(metadata, base, base_location)
-    if manager is not None:
-        metadata = manager.apply_to_metadata(metadata)
-    return metadata
+    key, next_row_id = write_manifest_list(
+        target.io(manager), list_location, change.new_manifests, change.kept_manifests,
+        snapshot_id=snapshot_id, parent_snapshot_id=parent["snapshot-id"] if parent else None,
+        sequence_number=sequence_number, first_row_id=first_row_id, ordered=change.order,
+    )  # fmt: skip
+    try:
+        snapshot: dict[str, Any] = {"sequence-number": sequence_number, "snapshot-id": snapshot_id}
+        if parent is not None:
+            snapshot["parent-snapshot-id"] = parent["snapshot-id"]
+        snapshot["timestamp-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
+        snapshot["summary"] = _summary(change, parent)
+        snapshot["manifest-list"] = list_location
+        snapshot["schema-id"] = base.get("current-schema-id", 0)
+        snapshot["first-row-id"] = first_row_id
+        snapshot["added-rows"] = next_row_id - first_row_id
+        updates: list[_model.TableUpdate] = []
+        if manager is not None:
+            snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(key).key_id
+            known = {entry.get("key-id") for entry in base.get("encryption-keys") or ()}
+            updates += [_model.AddEncryptionKey(k.to_json()) for k in manager.encryption_keys if k.key_id not in known]
+    except BaseException:
+        target.io(None).remove(list_location)
+        raise
+    updates.append(_model.AddSnapshot(snapshot))
+    if not stage_only:
+        updates.append(_branch_update(base, branch, snapshot_id))
+    return updates
 
 
-def _retries(metadata: dict[str, Any]) -> int:
-    raw = (metadata.get("properties") or {}).get("commit.retry.num-retries")
-    return DEFAULT_COMMIT_RETRIES if raw is None else max(0, int(raw))
+def _head_id(metadata: dict[str, Any], branch: str) -> int | None:
+    head = _head(metadata, branch)
+    return None if head is None else head["snapshot-id"]
 
 
-def _backoff(attempt: int) -> None:
-    time.sleep(min(1.0, 0.005 * 2**attempt) * (0.5 + random.random()))
+WAP_ENABLED = "write.wap.enabled"
+WAP_ID = "wap.id"  # the summary property of a staged snapshot (Java's STAGED_WAP_ID_PROP)
+
+
+def _write_ref(base: dict[str, Any], branch: str | None, wap_id: str | None) -> tuple[str, bool, dict[str, str]]:
+    """(branch, stage only, summary properties) of a write: ``branch`` (default main)
+    must not be a tag; a ``wap_id`` needs ``write.wap.enabled=true`` and stages the
+    snapshot (no branch moves) with summary ``wap.id``, as Java's Spark writes do."""
+    if branch is not None and (not isinstance(branch, str) or not branch):
+        raise ValueError(f"branch must be a non-empty string, not {branch!r}")
+    name = branch or _model.MAIN_BRANCH
+    ref = (base.get("refs") or {}).get(name)
+    if ref is not None and ref.get("type") != "branch":
+        raise ValueError(f"{name!r} is a tag, not a branch: a write cannot commit to it")
+    if wap_id is None:
+        return name, False, {}
+    if not isinstance(wap_id, str) or not wap_id:
+        raise ValueError(f"wap_id must be a non-empty string, not {wap_id!r}")
+    if str((base.get("properties") or {}).get(WAP_ENABLED, "false")).lower() != "true":
+        raise ValueError(f"wap_id {wap_id!r}: write-audit-publish needs the table property {WAP_ENABLED}=true")
+    if branch is not None:
+        raise ValueError(f"wap_id {wap_id!r} and branch {branch!r}: a write either stages (WAP) or commits to a branch")
+    return name, True, {WAP_ID: wap_id}
+
+
+def _branch_update(base: dict[str, Any], branch: str, snapshot_id: int) -> _model.SetSnapshotRef:
+    """``branch`` moved to ``snapshot_id``, its retention kept (a new branch has none)."""
+    ref = (base.get("refs") or {}).get(branch) or {}
+    if ref.get("type", "branch") != "branch":
+        raise ValueError(f"{branch!r} is a tag, not a branch: a write cannot move it")
+    return _model.SetSnapshotRef(
+        branch, snapshot_id, "branch", ref.get("min-snapshots-to-keep"), ref.get("max-snapshot-age-ms"),
+        ref.get("max-ref-age-ms"),
+    )  # fmt: skip
 
 
 def _commit_change(
@@ -546,41 +565,64 @@ def _commit_change(
     *,
     snapshot_id: int,
     retry: bool,
+    conflict_free: bool = False,
+    branch: str = _model.MAIN_BRANCH,
+    stage_only: bool = False,
+    on_retry: Callable[[int], None] | None = None,
 ) -> str:
-    """Commit the change ``build`` makes of a table version as snapshot ``snapshot_id``;
-    returns the new metadata location (the caller then refreshes the table).
+    """Commit the change ``build`` makes of a table version as snapshot ``snapshot_id``
+    of ``branch``, through the one committer (``_committer``); returns the new metadata
+    location (installed in the table object).
 
-    On a concurrent commit: with ``retry`` (appends) the change is rebuilt on the newer
-    version, up to ``commit.retry.num-retries`` times; otherwise, or when retries run
-    out, CommitConflictError.  The manifest lists of failed attempts are deleted; if
-    this raises, nothing was committed.
+    Each attempt builds on the newest version: ``build`` (validations of a rewrite
+    included), then a new manifest list, its key wrapped, and the updates that add the
+    snapshot and move the branch (whose requirement, derived as Java derives it, is
+    that the branch still points where the attempt found it).  The first attempt uses
+    ``base``.  With ``retry`` the change is rebuilt on a newer version when another
+    writer committed first: an append (``conflict_free``: it cannot conflict) until
+    ``commit.retry.total-timeout-ms``, others up to ``commit.retry.num-retries`` times;
+    without ``retry`` (overwrite, delete: their effect depends on the rows they saw) a
+    version whose branch moved refuses the change (CommitConflictError), while one
+    where only metadata changed (properties, other refs) takes it as planned.  A lost
+    attempt's manifest list is deleted; if this raises, nothing was committed (or, on a
+    catalog that cannot tell whether its swap landed, nobody knows: nothing is deleted).
     """
+    from icecrypt.table.commit import committer as _committer
+
     commit_id = str(uuid.uuid4())
-    attempts = _retries(base) + 1 if retry else 1
-    for attempt in range(1, attempts + 1):
-        manager = target.manager(base)
-        base_keys_whole = target.check_base_keys(base_location, base, manager)
-        change = build(base, manager)
-        metadata, list_location = _apply(target, base_location, base, manager, change, snapshot_id, commit_id, attempt)
-        try:
-            location = target.commit_metadata(base_location, metadata, base=base)
-            target.last_commit = (location, metadata, manager, base_keys_whole)
-            return location
-        except (_commit.VersionExistsError, CommitConflictError) as exc:
-            target.io(None).remove(list_location)
-            if attempt == attempts:
-                why = "retries exhausted" if retry else f"a {change.operation} is not re-applied to a newer version"
-                raise CommitConflictError(
-                    f"{target.metadata_location}: another writer committed first ({why}); nothing was committed"
-                ) from exc
-        except BaseException:
-            target.io(None).remove(list_location)
-            raise
-        _backoff(attempt)
-        base_location, base = target.latest()
-        if any(s["snapshot-id"] == snapshot_id for s in base.get("snapshots") or ()):
+    planned = _head_id(base, branch)  # where the branch was when the change was planned
+    attempts = iter(range(1, 1 << 62))
+
+    def attempt(version_location: str, version: dict[str, Any]) -> _committer.Staged:
+        n = next(attempts)
+        if any(s["snapshot-id"] == snapshot_id for s in version.get("snapshots") or ()):
             raise CommitConflictError(f"snapshot id {snapshot_id} was taken by a concurrent commit; nothing was committed")
-    raise AssertionError("unreachable")
+        head = _head_id(version, branch)
+        if not retry and head != planned:
+            raise CommitConflictError(
+                f"{target.metadata_location}: another writer committed first (branch {branch!r} moved from snapshot "
+                f"{planned} to {head}; this change is not re-applied to a newer version); nothing was committed"
+            )
+        manager = target.manager(version)
+        keys_whole = target.check_base_keys(version_location, version, manager)
+        change = build(version, manager)
+        list_location = f"{version['location'].rstrip('/')}/metadata/snap-{snapshot_id}-{n}-{commit_id}.avro"
+        updates = _snapshot_updates(
+            target, version, manager, change, snapshot_id, list_location, branch=branch, stage_only=stage_only
+        )
+        what = f"{change.operation} (snapshot {snapshot_id})"
+        return _committer.Staged(
+            _model.Change.on(version, updates, what=what), manager=manager, written=(list_location,),
+            keys_whole=keys_whole, conflict_free=retry and conflict_free,
+        )  # fmt: skip
+
+    location = _committer.commit(target, attempt, first_base=(base_location, base), on_retry=on_retry)
+    assert location is not None
+    return location
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(1.0, 0.005 * 2**attempt) * (0.5 + random.random()))
 
 
 def _cleanup(io: TableIO, locations: list[str]) -> None:
@@ -588,6 +630,24 @@ def _cleanup(io: TableIO, locations: list[str]) -> None:
     for location in locations:
         with contextlib.suppress(Exception):  # the error being propagated matters more
             io.remove(location)
+
+
+def _discard(io: TableIO, locations: list[str], exc: BaseException) -> None:
+    """Remove what an operation that failed with ``exc`` wrote, unless a catalog could
+    not tell whether its commit landed: that version may be current, and names them."""
+    if not _commit.outcome_unknown(exc):
+        _cleanup(io, locations)
+
+
+def _commit_planned(
+    target: _Target, base_location: str, base: dict[str, Any], change: _Change, snapshot_id: int, branch: str
+) -> str:
+    """Commit ``change``, planned on ``base`` from the rows it saw (an overwrite, a
+    delete): never rebuilt, refused when ``branch`` moved meanwhile."""
+    return _commit_change(
+        target, base_location, base, lambda _version, _manager: change, snapshot_id=snapshot_id, retry=False,
+        branch=branch,
+    )  # fmt: skip
 
 
 # --- create -----------------------------------------------------------------------------------
@@ -818,10 +878,21 @@ def remove_job_leftovers(
     return removed
 
 
-def append_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
+def append_files(
+    table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None, wap_id: str | None = None,
+    on_retry: Callable[[int], None] | None = None,
+) -> int | None:
     """Commit data files written by :func:`write_files` as one append snapshot; returns
     its id (the current one if there are none).  A concurrent commit is not lost: the
-    append is re-applied on top of it.  If this raises, the data files are deleted."""
+    append is re-applied on top of it (retried until ``commit.retry.total-timeout-ms``:
+    an append cannot conflict).  If this raises, the data files are deleted (unless a
+    catalog could not tell whether the commit landed: then they are kept).
+
+    ``branch``: the branch to commit to (default ``main``; one that does not exist is
+    created at the new snapshot, whose parent is then main's head, as Java's writes to a
+    new branch).  ``wap_id``: with ``write.wap.enabled=true``, stage the snapshot for
+    write-audit-publish (summary ``wap.id``; no branch moves; publish it with
+    ``manage_snapshots().cherry_pick(id)``)."""
     target = _Target.of(table)
     io: TableIO | None = None
     written = [f["file_path"] for f in data_files]
@@ -829,8 +900,9 @@ def append_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
     try:
         base_location, base = target.latest()
         io = target.io(target.manager(base))
+        branch, stage_only, extra = _write_ref(base, branch, wap_id)
         if not data_files:
-            return base.get("current-snapshot-id")
+            return _model.ref_snapshot(base, branch)
         _check_data_files(io, data_files)
         snapshot_id = _new_snapshot_id(base)
         manifest_location = f"{base['location'].rstrip('/')}/metadata/{uuid.uuid4()}-m0.avro"
@@ -843,24 +915,27 @@ def append_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
         last: list[_Change] = []
 
         def build(version: dict[str, Any], manager: EncryptionManager | None) -> _Change:
-            parent = _current_snapshot(version)
+            parent = _head(version, branch)
             kept = []
             if parent is not None:
                 kept = [m for m in _read_manifest_list(target.io(manager), manager, parent) if _has_live_files(m)]
             change = _merge_append(target.io(manager), version, manifest, kept, data_files, snapshot_id, merged_written)
+            change.summary_extra.update(extra)
             last[:] = [change]
             return change
 
-        location = _commit_change(target, base_location, base, build, snapshot_id=snapshot_id, retry=True)
-    except BaseException:
-        _cleanup(io or target.io(None), written + merged_written)
+        _commit_change(
+            target, base_location, base, build, snapshot_id=snapshot_id, retry=True, conflict_free=True,
+            branch=branch, stage_only=stage_only, on_retry=on_retry,
+        )  # fmt: skip
+    except BaseException as exc:
+        _discard(io or target.io(None), written + merged_written, exc)
         raise
     # manifests this commit wrote that its manifest list does not hold: the new manifest
     # when it was merged, merges of attempts that lost a race (Java's cleanUncommitted)
     referenced = {(m.record if isinstance(m, WrittenManifest) else m)["manifest_path"]
                   for m in (*last[0].new_manifests, *last[0].kept_manifests)}  # fmt: skip
     _cleanup(io, [p for p in (manifest_location, *merged_written) if p not in referenced])
-    target.committed(location)
     return snapshot_id
 
 
@@ -914,48 +989,62 @@ def _check_data_files(io: TableIO, data_files: list[dict[str, Any]]) -> None:
             raise FormatError(f"{location}: key metadata file_length differs from file_size_in_bytes")
 
 
-def append(table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None) -> int | None:
+def append(
+    table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None,
+    branch: str | None = None, wap_id: str | None = None,
+) -> int | None:
     """Append rows (a pyarrow Table, RecordBatch, RecordBatchReader or iterable of
     batches) as a new snapshot; returns its id (the current one if ``data`` is empty).
 
     ``file_format``: "parquet" (default, or ``write.format.default``) or "avro";
     ``target_file_size``: bytes of Arrow data per file (``write.target-file-size-bytes``).
-    A concurrent commit is not lost: the append is re-applied on top of it.  Whatever a
-    failed append wrote is deleted.
+    ``branch`` and ``wap_id`` as for :func:`append_files`.  A concurrent commit is not
+    lost: the append is re-applied on top of it.  Whatever a failed append wrote is
+    deleted.
     """
+    if wap_id is not None or branch is not None:
+        _, base = _Target.of(table).latest()
+        _write_ref(base, branch, wap_id)  # refused before any file is written
     data_files = write_files(table, data, file_format=file_format, target_file_size=target_file_size)
-    return append_files(table, data_files)
+    return append_files(table, data_files, branch=branch, wap_id=wap_id)
 
 
 def overwrite(
-    table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None
+    table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None,
+    branch: str | None = None,
 ) -> int | None:
-    """Replace all rows of the table with ``data`` in one snapshot (operation
-    "overwrite"): every live data and delete file is marked DELETED and the new data
-    files are added.  Refused with CommitConflictError if another commit lands first.
-    Returns the new snapshot id (None for an empty table overwritten with nothing)."""
+    """Replace all rows of the table (of ``branch``, default main) with ``data`` in one
+    snapshot (operation "overwrite"): every live data and delete file is marked DELETED
+    and the new data files are added.  Refused with CommitConflictError if another
+    commit moves the branch first.  Returns the new snapshot id (None for an empty
+    table overwritten with nothing)."""
     target = _Target.of(table)
     base_location, base = target.latest()
+    name, _, _ = _write_ref(base, branch, None)
     io, data_files, written, spec, schema = _write_new_data(target, base, data, file_format, target_file_size)
-    return _commit_overwrite(target, base_location, base, io, data_files, written, spec, schema)
+    return _commit_overwrite(target, base_location, base, io, data_files, written, spec, schema, branch=name)
 
 
-def overwrite_files(table: Any, data_files: list[dict[str, Any]]) -> int | None:
+def overwrite_files(table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None) -> int | None:
     """Commit data files written by :func:`write_files` as one overwrite snapshot that
-    replaces every row of the table: the distributed form of :func:`overwrite` (workers
-    write, the driver commits once).  If this raises, the data files are deleted."""
+    replaces every row of the table (of ``branch``): the distributed form of
+    :func:`overwrite` (workers write, the driver commits once).  If this raises, the
+    data files are deleted."""
     target = _Target.of(table)
     written = [f["file_path"] for f in data_files]
     io: TableIO | None = None
     try:
         base_location, base = target.latest()
+        name, _, _ = _write_ref(base, branch, None)
         io = target.io(target.manager(base))
         _check_data_files(io, data_files)
     except BaseException:
         _cleanup(io or target.io(None), written)
         raise
     spec = _specs(base)[base.get("default-spec-id", 0)]
-    return _commit_overwrite(target, base_location, base, io, list(data_files), written, spec, _schema(base))
+    return _commit_overwrite(
+        target, base_location, base, io, list(data_files), written, spec, _schema(base), branch=name
+    )
 
 
 def _commit_overwrite(
@@ -967,16 +1056,18 @@ def _commit_overwrite(
     written: list[str],
     spec: PartitionSpec,
     schema: Schema,
+    *,
+    branch: str = _model.MAIN_BRANCH,
 ) -> int | None:
     """The commit half of an overwrite on top of ``base``: ``data_files`` added, every
-    live file of the current snapshot marked DELETED.  Whatever ``written`` lists (the
+    live file of the branch's head snapshot marked DELETED.  Whatever ``written`` lists (the
     new data files; the manifests written here join it) is deleted if this raises."""
     location = base["location"].rstrip("/")
     commit_id = str(uuid.uuid4())
     snapshot_id = _new_snapshot_id(base)
     try:
         manager = target.manager(base)
-        parent = _current_snapshot(base)
+        parent = _head(base, branch)
         if parent is None and not data_files:
             return None
         removed: list[dict[str, Any]] = []
@@ -1010,13 +1101,10 @@ def _commit_overwrite(
                     io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=content
                 ))  # fmt: skip
         change = _Change("overwrite", new_manifests, [], data_files, removed, replaced)
-        committed = _commit_change(
-            target, base_location, base, lambda _version, _manager: change, snapshot_id=snapshot_id, retry=False
-        )
-    except BaseException:
-        _cleanup(io, written)
+        _commit_planned(target, base_location, base, change, snapshot_id, branch)
+    except BaseException as exc:
+        _discard(io, written, exc)
         raise
-    target.committed(committed)
     return snapshot_id
 
 
@@ -1100,7 +1188,7 @@ class _Vector:
     positions: np.ndarray
 
 
-def delete(table: Any, row_filter: Any) -> int | None:
+def delete(table: Any, row_filter: Any, *, branch: str | None = None) -> int | None:
     """Delete the rows matching ``row_filter``; returns the new snapshot id, or None when
     no row matched (nothing is committed then).
 
@@ -1110,13 +1198,16 @@ def delete(table: Any, row_filter: Any) -> int | None:
     (a Puffin file in AGS1, one blob per data file) that replaces the old one.  Rows
     hidden by equality deletes count as live here (a DV on them is harmless); a table
     with v2 position-delete files is refused (ValueError).  Refused with
-    CommitConflictError if another commit lands first.
+    CommitConflictError if another commit moves the branch first.  ``branch``: the
+    branch to delete from (default main; one that does not exist starts from main's
+    current snapshot and is created).
     """
     from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator, _StrictMetricsEvaluator
 
     target = _Target.of(table)
     base_location, base = target.latest()
-    parent = _current_snapshot(base)
+    branch, _, _ = _write_ref(base, branch, None)
+    parent = _head(base, branch)
     if parent is None:
         return None
     schema = _schema(base)
@@ -1169,7 +1260,7 @@ def delete(table: Any, row_filter: Any) -> int | None:
                 dropped.add(_entry_key(old))
     if not dropped and not vectors:
         return None
-    return _commit_delete(target, base_location, base, io, schema, manifests, live, dropped, vectors)
+    return _commit_delete(target, base_location, base, io, schema, manifests, live, dropped, vectors, branch)
 
 
 def _dv_record(location: str, length: int, key: StandardKeyMetadata | None, vector: _Vector, placement: Any) -> dict:
@@ -1195,6 +1286,7 @@ def _commit_delete(
     live: dict[str, list[dict[str, Any]]],
     dropped: set[tuple[str, int | None]],
     vectors: list[_Vector],
+    branch: str = _model.MAIN_BRANCH,
 ) -> int:
     location = base["location"].rstrip("/")
     commit_id = str(uuid.uuid4())
@@ -1246,13 +1338,10 @@ def _commit_delete(
                 ))  # fmt: skip
         replaced = len(manifests) - len(kept)
         change = _Change("delete", new_manifests, kept, added, removed, replaced)
-        committed = _commit_change(
-            target, base_location, base, lambda _version, _manager: change, snapshot_id=snapshot_id, retry=False
-        )
-    except BaseException:
-        _cleanup(io, written)
+        _commit_planned(target, base_location, base, change, snapshot_id, branch)
+    except BaseException as exc:
+        _discard(io, written, exc)
         raise
-    target.committed(committed)
     return snapshot_id
 
 
