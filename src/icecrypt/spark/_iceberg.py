@@ -187,7 +187,7 @@ _INCREMENTAL_OPTIONS = (OPT_START_SNAPSHOT_ID, OPT_END_SNAPSHOT_ID, OPT_START_TI
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
                           OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE,
-                           OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG})
+                          OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG})
 _KMS_PREFIX = "encryption.kms"
 
 

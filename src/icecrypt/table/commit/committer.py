@@ -91,7 +91,7 @@ def commit(
     on_retry: Callable[[int], None] | None = None,
     first_base: tuple[str, dict[str, Any]] | None = None,
 ) -> str | None:
-    """Commit ``change`` to the table (an EncryptedTable or a ``_write._Target``);
+    """Commit ``change`` to the table (an EncryptedTable or a ``commit.target._Target``);
     returns the new metadata location, installed in the table object.
 
     ``change`` may instead be a function of ``(base_location, base)`` that builds the
@@ -106,7 +106,7 @@ def commit(
     lost race (benchmarks count them).  ``first_base``: (location, document) of the
     version the change was planned on, used for the first attempt instead of asking
     for the newest again (a stale one loses the race and is replaced)."""
-    from icecrypt.table.ops.write import _Target
+    from icecrypt.table.commit.target import _Target
 
     target = table_or_target if isinstance(table_or_target, _Target) else _Target.of(table_or_target)
     started = time.monotonic()

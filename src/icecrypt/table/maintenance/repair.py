@@ -446,7 +446,7 @@ def _commit(table: TableView, base_location: str, base: dict[str, Any], metadata
     """Commit ``metadata`` as the version after ``base_location`` through the table's
     write path; returns the new metadata file."""
     from icecrypt.table.commit import store as commit_mod
-    from icecrypt.table.ops.write import _Target
+    from icecrypt.table.commit.target import _Target
 
     target = _Target.of(table)
     # a catalog table commits by compare-and-swap of the catalog's metadata location;
@@ -516,7 +516,7 @@ def _check_pinned(table: TableView, base_location: str, base: dict[str, Any]) ->
     """Refuse (TableIdentityError) to repair a version, or to commit beside a newer one,
     that differs from the table object's pin (encryption removed, key id or UUID changed)."""
     from icecrypt.table.files.metadata import read_metadata_file
-    from icecrypt.table.ops.write import _Target
+    from icecrypt.table.commit.target import _Target
 
     from icecrypt.errors import TableVersionError
 
@@ -539,7 +539,7 @@ def repair_keys(table: TableView, *, dry_run: bool = False) -> RepairReport:
     ambiguous, missing or does not authenticate."""
     from icecrypt.keys.encrypted_key import EncryptedKey
     from icecrypt.keys.manager import with_snapshot_key_id, write_encryption_keys
-    from icecrypt.table.ops.write import _log_previous
+    from icecrypt.table.model.changes import log_previous as _log_previous
 
     base_location, base = table.metadata_location, table.metadata
     store = getattr(table, "metadata_store", None)

@@ -26,7 +26,7 @@ class _Operation:
     what = "table change"
 
     def __init__(self, table: Any) -> None:
-        from icecrypt.table.ops.write import _Target
+        from icecrypt.table.commit.target import _Target
 
         self._table = table
         self._target = _Target.of(table)
