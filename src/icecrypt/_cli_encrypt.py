@@ -12,12 +12,12 @@ from typing import Any
 from icecrypt._cli_table import _add_common, _kms, _load
 from icecrypt._cli_text import safe
 
-__all__ = ["register_encrypt"]
+__all__ = ["register"]
 
 _KMS = "--kms-type local --kms-property encryption.kms.local.keystore=keys.json"
 
 
-def register_encrypt(sub: Any) -> None:
+def register(sub: Any) -> None:
     """Add ``encrypt`` and ``decrypt`` to ``icecrypt table``'s subparsers."""
     for kind in ("encrypt", "decrypt"):
         old = "plaintext" if kind == "encrypt" else "encrypted"

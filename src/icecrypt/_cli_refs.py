@@ -13,7 +13,7 @@ from typing import Any
 from icecrypt._cli_table import _add_common, _kms, _load, parse_time
 from icecrypt._cli_text import safe
 
-__all__ = ["register_refs"]
+__all__ = ["register"]
 
 _RETENTION = ("min-snapshots-to-keep", "max-snapshot-age-ms", "max-ref-age-ms")
 
@@ -26,7 +26,7 @@ def _parser(sub: Any, name: str, help_text: str, examples: list[str]) -> argpars
     return p
 
 
-def register_refs(sub: Any) -> None:
+def register(sub: Any) -> None:
     """Add the ref and property commands to ``icecrypt table``'s subparsers."""
     p = _parser(sub, "refs", "list the table's branches and tags", [
         "icecrypt table refs warehouse/db/orders", "icecrypt table refs warehouse/db/orders --json"])

@@ -13,10 +13,10 @@ from icecrypt._cli_refs import _parser
 from icecrypt._cli_table import _add_common, _kms, _load
 from icecrypt._cli_text import safe
 
-__all__ = ["register_schema"]
+__all__ = ["register"]
 
 
-def register_schema(sub: Any) -> None:
+def register(sub: Any) -> None:
     """Add ``schema`` to ``icecrypt table``'s subparsers."""
     p = _parser(sub, "schema", "print the table's schema, or add, rename, drop, make optional or widen columns", [
         "icecrypt table schema warehouse/db/orders",

@@ -14,10 +14,10 @@ from icecrypt._cli_refs import _parser
 from icecrypt._cli_table import _add_common, _kms, _load
 from icecrypt._cli_text import safe
 
-__all__ = ["register_spec"]
+__all__ = ["register"]
 
 
-def register_spec(sub: Any) -> None:
+def register(sub: Any) -> None:
     """Add the spec and sort commands to ``icecrypt table``'s subparsers."""
     p = _parser(sub, "spec", "show the partition spec, or add, remove and rename partition fields in one commit", [
         "icecrypt table spec warehouse/db/orders",

@@ -27,7 +27,7 @@ __all__ = ["register"]
 VERIFY_EXIT = {"damaged": 2, "unencrypted": 3, "key-missing": 4, "missing": 1, "error": 1}
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any) -> Any:
     """Add the ``table`` command group to an argparse subparsers object."""
     table = subparsers.add_parser("table", help="encrypted Iceberg tables: create, append, scan, verify ...")
     sub = table.add_subparsers(dest="table_command", metavar="COMMAND", required=True)
@@ -119,16 +119,7 @@ def register(subparsers: Any) -> None:
     _add_common(p)
     p.set_defaults(func=_repair)
     _register_maintenance(sub)
-
-    from icecrypt._cli_refs import register_refs
-    from icecrypt._cli_encrypt import register_encrypt
-    from icecrypt._cli_schema import register_schema
-    from icecrypt._cli_spec import register_spec
-
-    register_refs(sub)
-    register_schema(sub)
-    register_spec(sub)
-    register_encrypt(sub)
+    return sub
 
 
 def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:

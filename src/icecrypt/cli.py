@@ -37,6 +37,9 @@ class _Parser(argparse.ArgumentParser):
 
 # Modules that define register(subparsers); imported lazily so `icecrypt --help` is quick.
 COMMAND_MODULES = ("icecrypt._cli_ags1", "icecrypt._cli_keys", "icecrypt._cli_table")
+# Commands of `icecrypt table` kept in modules of their own: each defines register(sub),
+# ``sub`` being what icecrypt._cli_table's register returns (the table group's subparsers).
+TABLE_COMMAND_MODULES = ("icecrypt._cli_refs", "icecrypt._cli_schema", "icecrypt._cli_spec", "icecrypt._cli_encrypt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"icecrypt {__version__} ({openssl_version()}, {OPENSSL_LINKAGE})",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    groups = {name: importlib.import_module(name).register(subparsers) for name in COMMAND_MODULES}
+    for name in TABLE_COMMAND_MODULES:
+        importlib.import_module(name).register(groups["icecrypt._cli_table"])
     return parser
 
 
