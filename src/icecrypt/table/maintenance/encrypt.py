@@ -469,8 +469,8 @@ def _build(
         change = w._Change("replace", manifests, [], added_files=data_files, removed_files=removed,
                            summary_extra={CONVERTED_FROM: _marker(base, base_location),
                                           CONVERSION: "encrypt" if manager is not None else "decrypt"})  # fmt: skip
-        metadata = w._snapshot_metadata(new_base, base_location, manager, change, snapshot_id, list_location, key,
-                                        next_row_id)  # fmt: skip
+        metadata = _snapshot_metadata(new_base, base_location, manager, change, snapshot_id, list_location, key,
+                                      next_row_id)  # fmt: skip
         if not in_place:  # a new table: no history
             metadata["metadata-log"] = []
         stats.update(added_data_files=len(data_files), records=sum(f["record_count"] for f in data_files))
@@ -487,6 +487,32 @@ def _build(
     if expire:
         metadata["metadata-log"] = []  # the older versions go with the files they name
     return metadata, stats
+
+
+def _snapshot_metadata(
+    base: dict[str, Any], base_location: str, manager: EncryptionManager | None, change: Any, snapshot_id: int,
+    list_location: str, list_key: Any, next_row_id: int,
+) -> dict[str, Any]:
+    """``base`` with the converted snapshot added and ``main`` moved to it (the table
+    updates ``add-snapshot`` and ``set-snapshot-ref``), its manifest-list key wrapped under
+    the table's current KEK (a KEK created if none) and ``encryption-keys`` written."""
+    parent = w._current_snapshot(base)
+    sequence_number = base.get("last-sequence-number", 0) + 1
+    first_row_id = base.get("next-row-id", 0)
+    snapshot: dict[str, Any] = {"sequence-number": sequence_number, "snapshot-id": snapshot_id}
+    if parent is not None:
+        snapshot["parent-snapshot-id"] = parent["snapshot-id"]
+    snapshot["timestamp-ms"] = max(_model.now_ms(), base.get("last-updated-ms", 0))
+    snapshot["summary"] = w._summary(change, parent)
+    snapshot["manifest-list"] = list_location
+    snapshot["schema-id"] = base.get("current-schema-id", 0)
+    snapshot["first-row-id"] = first_row_id
+    snapshot["added-rows"] = next_row_id - first_row_id
+    if manager is not None:
+        snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(list_key).key_id
+    updates = [_model.AddSnapshot(snapshot), _model.SetSnapshotRef(_model.MAIN_BRANCH, snapshot_id, "branch")]
+    metadata = _model.apply(base, updates, base_location=base_location)
+    return manager.apply_to_metadata(metadata) if manager is not None else metadata
 
 
 def _live_file_records(table: Any) -> list[dict[str, Any]]:
