@@ -43,6 +43,7 @@ __all__ = [
     "SetCurrentSchema",
     "SetDefaultSortOrder",
     "SetDefaultSpec",
+    "SetEncryptionKeys",
     "SetProperties",
     "SetSnapshotRef",
     "UpgradeFormatVersion",
@@ -132,6 +133,17 @@ class AddEncryptionKey(TableUpdate):
 class RemoveEncryptionKey(TableUpdate):
     action: ClassVar[str] = "remove-encryption-key"
     key_id: str
+
+
+@dataclass(frozen=True)
+class SetEncryptionKeys(TableUpdate):
+    """The whole ``encryption-keys`` list, in this order (icecrypt's own update, not in the
+    REST vocabulary): a key rotation puts the new KEK first, where Java's writers pick
+    it, and a master-key rotation replaces every KEK's wrapped bytes; through REST the
+    same list is reached by removing the entries and adding them back in order."""
+
+    action: ClassVar[str] = "set-encryption-keys"
+    encryption_keys: tuple[Mapping[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -413,12 +425,31 @@ def _add_encryption_key(b: _Builder, update: AddEncryptionKey) -> None:
     keys = list(b.metadata.get("encryption-keys") or [])
     if any(k.get("key-id") == update.encryption_key.get("key-id") for k in keys):
         return  # as Java: a key id already there is kept as it is
-    keys.append(dict(update.encryption_key))
+    _put_encryption_keys(b, [*keys, dict(update.encryption_key)])
+
+
+def _remove_encryption_key(b: _Builder, update: RemoveEncryptionKey) -> None:
+    _put_encryption_keys(b, [k for k in b.metadata.get("encryption-keys") or [] if k.get("key-id") != update.key_id])
+
+
+def _set_encryption_keys(b: _Builder, update: SetEncryptionKeys) -> None:
+    ids = [k.get("key-id") for k in update.encryption_keys]
+    if len(set(ids)) != len(ids):
+        raise ValueError("set-encryption-keys: a key id is listed twice")
+    _put_encryption_keys(b, [dict(k) for k in update.encryption_keys])
+
+
+def _put_encryption_keys(b: _Builder, keys: list[dict[str, Any]]) -> None:
+    """``encryption-keys`` becomes ``keys``: an existing list replaced where it stands, an
+    empty one removed (as Java writes it: only when non-empty), a new one put where
+    Java's TableMetadataParser writes it: right after next-row-id (else before refs,
+    else before snapshots, else at the end)."""
+    if not keys:
+        b.metadata.pop("encryption-keys", None)
+        return
     if "encryption-keys" in b.metadata:
         b.replace("encryption-keys", keys)
         return
-    # a new list goes where Java's TableMetadataParser writes it: right after
-    # next-row-id (else before refs, else before snapshots, else at the end)
     names = list(b.metadata)
     if "next-row-id" in b.metadata:
         index = names.index("next-row-id") + 1
@@ -430,14 +461,6 @@ def _add_encryption_key(b: _Builder, update: AddEncryptionKey) -> None:
         index = len(names)
     items = list(b.metadata.items())
     b.metadata = dict(items[:index] + [("encryption-keys", keys)] + items[index:])
-
-
-def _remove_encryption_key(b: _Builder, update: RemoveEncryptionKey) -> None:
-    kept = [k for k in b.metadata.get("encryption-keys") or [] if k.get("key-id") != update.key_id]
-    if kept:
-        b.replace("encryption-keys", kept)
-    else:  # as Java writes it: only when non-empty
-        b.metadata.pop("encryption-keys", None)
 
 
 def _add_entry(key: str, id_key: str, last_key: str | None, value: Mapping[str, Any], b: _Builder) -> None:
@@ -489,6 +512,7 @@ _HANDLERS: dict[type, Any] = {
     RemoveProperties: _remove_properties,
     AddEncryptionKey: _add_encryption_key,
     RemoveEncryptionKey: _remove_encryption_key,
+    SetEncryptionKeys: _set_encryption_keys,
     AddSchema: lambda b, u: _add_entry("schemas", "schema-id", "last-column-id", u.schema, b),
     SetCurrentSchema: lambda b, u: (b.by_id("schemas", "schema-id", u.schema_id, "schema"),
                                     b.replace("current-schema-id", u.schema_id)),
