@@ -40,6 +40,7 @@ __all__ = [
     "RemoveSnapshotRef",
     "RemoveSnapshots",
     "RequirementFailed",
+    "ResetMetadataLog",
     "SetCurrentSchema",
     "SetDefaultSortOrder",
     "SetDefaultSpec",
@@ -144,6 +145,15 @@ class SetEncryptionKeys(TableUpdate):
 
     action: ClassVar[str] = "set-encryption-keys"
     encryption_keys: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class ResetMetadataLog(TableUpdate):
+    """An empty ``metadata-log``, the base not logged either (icecrypt's own update, not in
+    the REST vocabulary): a re-key's cleanup, after which the older metadata files,
+    which hold the leaked keys, are deleted."""
+
+    action: ClassVar[str] = "reset-metadata-log"
 
 
 @dataclass(frozen=True)
@@ -345,6 +355,7 @@ class _Builder:
     base: Mapping[str, Any]
     now: int
     metadata: dict[str, Any] = field(init=False)
+    log_base: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
         self.metadata = dict(self.base)
@@ -513,6 +524,7 @@ _HANDLERS: dict[type, Any] = {
     AddEncryptionKey: _add_encryption_key,
     RemoveEncryptionKey: _remove_encryption_key,
     SetEncryptionKeys: _set_encryption_keys,
+    ResetMetadataLog: lambda b, u: (b.replace("metadata-log", []), setattr(b, "log_base", False)),
     AddSchema: lambda b, u: _add_entry("schemas", "schema-id", "last-column-id", u.schema, b),
     SetCurrentSchema: lambda b, u: (b.by_id("schemas", "schema-id", u.schema_id, "schema"),
                                     b.replace("current-schema-id", u.schema_id)),
@@ -553,7 +565,7 @@ def apply(
             raise TypeError(f"not a table update: {update!r}")
         handler(builder, update)
     builder.metadata["last-updated-ms"] = moment
-    if base_location is not None:
+    if base_location is not None and builder.log_base:
         log_previous(builder.metadata, base, base_location)
     return builder.metadata
 

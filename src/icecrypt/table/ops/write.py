@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
-import random
 import secrets
 import time
 import types
@@ -80,7 +79,6 @@ __all__ = [
     "write_files",
 ]
 
-DEFAULT_COMMIT_RETRIES = 4  # commit.retry.num-retries, as in Java
 MAX_PREVIOUS_VERSIONS = 100  # write.metadata.previous-versions-max, as in Java
 
 
@@ -421,10 +419,6 @@ def _commit_change(
     location = _committer.commit(target, attempt, first_base=(base_location, base), on_retry=on_retry)
     assert location is not None
     return location
-
-
-def _backoff(attempt: int) -> None:
-    time.sleep(min(1.0, 0.005 * 2**attempt) * (0.5 + random.random()))
 
 
 def _cleanup(io: TableIO, locations: list[str]) -> None:
