@@ -74,13 +74,23 @@ class Staged:
     commit), the files it wrote (removed when the attempt surely did not land; kept
     when nobody can tell), whether the base's keys were checked whole, and whether the
     change can conflict at all (an append cannot: it is retried until
-    ``commit.retry.total-timeout-ms`` rather than ``commit.retry.num-retries`` times)."""
+    ``commit.retry.total-timeout-ms`` rather than ``commit.retry.num-retries`` times).
+
+    A master-key rotation changes what the table object pinned: ``pin_change`` is the
+    pin after the change (the built version is checked against it, a catalog records
+    the new master key id in the same transaction), ``kms`` the KMS client that holds
+    the new master key, ``retired`` the (KEK id, digest) pairs the rotation retired (a
+    catalog keeps them in the same transaction).  The table object takes the new pin
+    and KMS only once the commit landed."""
 
     change: _model.Change
     manager: Any = None
     written: tuple[str, ...] = ()
     keys_whole: bool | None = None
     conflict_free: bool = False
+    pin_change: Any = None
+    kms: Any = None
+    retired: Any = None
 
 
 def commit(
@@ -133,8 +143,10 @@ def commit(
             if keys_whole is None:
                 keys_whole = target.check_base_keys(base_location, base, manager)
             metadata = _model.apply(base, staged.change.updates, base_location=base_location)
-            target.check_pin(base_location, metadata)
-            location = target.commit_metadata(base_location, metadata, base=base)
+            target.check_pin(base_location, metadata, staged.pin_change)
+            location = target.commit_metadata(
+                base_location, metadata, base=base, pin=staged.pin_change, retired=staged.retired
+            )
         except _model.RequirementFailed:
             _remove(target, staged.written)
             raise
@@ -157,9 +169,24 @@ def commit(
             if not _commit.outcome_unknown(exc):  # the version may be current: keep what it names
                 _remove(target, staged.written)
             raise
+        _take_identity(target, staged)
         target.last_commit = (location, metadata, manager, keys_whole)
         target.committed(location)
         return location
+
+
+def _take_identity(target: Any, staged: Staged) -> None:
+    """After a commit that landed: the table object follows its own rotation (new KMS
+    client first: reading the new version back unwraps its KEKs through it)."""
+    table = target.table
+    if staged.kms is not None:
+        target.kms = staged.kms
+        if table is not None:
+            table.kms = staged.kms
+    if staged.pin_change is not None:
+        target.pin = staged.pin_change
+        if table is not None:
+            table.pin = staged.pin_change
 
 
 def _remove(target: Any, locations: tuple[str, ...]) -> None:

@@ -16,7 +16,6 @@ only orphans, which :func:`remove_orphan_files` finds.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 import os
@@ -42,6 +41,7 @@ from icecrypt.errors import (
 )
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.table.commit import store as _commit
+from icecrypt.table.model import changes as _model
 from icecrypt.table.ops import write as w
 from icecrypt.table.files.io import _SCHEME, Deletions, fingerprint
 from icecrypt.table.files.manifest_write import (
@@ -862,10 +862,13 @@ def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> Deletions
     """One metadata commit that removes retired KEKs (and key entries no snapshot uses)
     and empties the metadata log; then the older metadata files are deleted."""
     from icecrypt.keys.manager import referenced_keys
+    from icecrypt.table.commit import committer as _committer
 
     target = w._Target.of(table)
-    for attempt in range(1, w.DEFAULT_COMMIT_RETRIES + 2):
-        base_location, base = target.latest()
+    old_log: list[str] = []
+    landed_base = [""]  # the base of the last attempt: the one that landed
+
+    def build(base_location: str, base: dict[str, Any]) -> _committer.Staged:
         check_unambiguous(target.store, target.filesystem, base_location, base)  # it deletes metadata files
         manager = target.manager(base, check_kek=False)  # a metadata-only commit
         used = set().union(*referenced_keys(base).values()) if base.get("snapshots") else set()
@@ -878,32 +881,30 @@ def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> Deletions
                 continue  # an unused, unleaked KEK may be chosen by a concurrent writer
             drop.add(key.key_id)
         manager.remove_keys(drop)
-        metadata = manager.apply_to_metadata(copy.deepcopy(base))
-        old_log = [e["metadata-file"] for e in base.get("metadata-log") or ()]
-        metadata["metadata-log"] = []
-        metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
-        try:
-            location = target.commit_metadata(base_location, metadata, base=base)
-        except (_commit.VersionExistsError, CommitConflictError):
-            if attempt > w.DEFAULT_COMMIT_RETRIES:
-                raise CommitConflictError(f"{target.metadata_location}: re-key cleanup kept losing to concurrent commits") from None
-            w._backoff(attempt)
+        old_log[:] = [e["metadata-file"] for e in base.get("metadata-log") or ()]
+        landed_base[0] = base_location
+        updates = [*w._key_updates(base, manager), _model.ResetMetadataLog()]
+        # the pruned manager is the table object's once the commit landed
+        return _committer.Staged(
+            _model.Change.on(base, updates, what="re-key cleanup"),
+            manager=manager,
+            keys_whole=False,  # keys were dropped: installing the new version checks the rest
+        )
+
+    _committer.commit(target, build)
+    # the metadata log is storage's word: only metadata files under the table's
+    # pinned roots are deleted (never through a link); anything else is reported
+    deletions = Deletions(table.locations, f"rekey of {table.pin.location}")
+    for recorded in old_log:
+        if not _is_metadata_name(recorded):
+            deletions.skipped.append((recorded, f"metadata-log entry {recorded} is not a metadata file"))
             continue
-        target.committed(location)
-        # the metadata log is storage's word: only metadata files under the table's
-        # pinned roots are deleted (never through a link); anything else is reported
-        deletions = Deletions(table.locations, f"rekey of {table.pin.location}")
-        for recorded in old_log:
-            if not _is_metadata_name(recorded):
-                deletions.skipped.append((recorded, f"metadata-log entry {recorded} is not a metadata file"))
-                continue
-            with contextlib.suppress(OSError):
-                deletions.location(recorded, what="metadata-log entry")
         with contextlib.suppress(OSError):
-            deletions.path(base_location)
-        deletions.warn()
-        return deletions
-    raise AssertionError("unreachable")
+            deletions.location(recorded, what="metadata-log entry")
+    with contextlib.suppress(OSError):
+        deletions.path(landed_base[0])
+    deletions.warn()
+    return deletions
 
 
 def _is_metadata_name(location: str) -> bool:

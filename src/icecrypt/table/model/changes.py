@@ -40,9 +40,11 @@ __all__ = [
     "RemoveSnapshotRef",
     "RemoveSnapshots",
     "RequirementFailed",
+    "ResetMetadataLog",
     "SetCurrentSchema",
     "SetDefaultSortOrder",
     "SetDefaultSpec",
+    "SetEncryptionKeys",
     "SetProperties",
     "SetSnapshotRef",
     "UpgradeFormatVersion",
@@ -132,6 +134,26 @@ class AddEncryptionKey(TableUpdate):
 class RemoveEncryptionKey(TableUpdate):
     action: ClassVar[str] = "remove-encryption-key"
     key_id: str
+
+
+@dataclass(frozen=True)
+class SetEncryptionKeys(TableUpdate):
+    """The whole ``encryption-keys`` list, in this order (icecrypt's own update, not in the
+    REST vocabulary): a key rotation puts the new KEK first, where Java's writers pick
+    it, and a master-key rotation replaces every KEK's wrapped bytes; through REST the
+    same list is reached by removing the entries and adding them back in order."""
+
+    action: ClassVar[str] = "set-encryption-keys"
+    encryption_keys: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class ResetMetadataLog(TableUpdate):
+    """An empty ``metadata-log``, the base not logged either (icecrypt's own update, not in
+    the REST vocabulary): a re-key's cleanup, after which the older metadata files,
+    which hold the leaked keys, are deleted."""
+
+    action: ClassVar[str] = "reset-metadata-log"
 
 
 @dataclass(frozen=True)
@@ -333,6 +355,7 @@ class _Builder:
     base: Mapping[str, Any]
     now: int
     metadata: dict[str, Any] = field(init=False)
+    log_base: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
         self.metadata = dict(self.base)
@@ -413,12 +436,31 @@ def _add_encryption_key(b: _Builder, update: AddEncryptionKey) -> None:
     keys = list(b.metadata.get("encryption-keys") or [])
     if any(k.get("key-id") == update.encryption_key.get("key-id") for k in keys):
         return  # as Java: a key id already there is kept as it is
-    keys.append(dict(update.encryption_key))
+    _put_encryption_keys(b, [*keys, dict(update.encryption_key)])
+
+
+def _remove_encryption_key(b: _Builder, update: RemoveEncryptionKey) -> None:
+    _put_encryption_keys(b, [k for k in b.metadata.get("encryption-keys") or [] if k.get("key-id") != update.key_id])
+
+
+def _set_encryption_keys(b: _Builder, update: SetEncryptionKeys) -> None:
+    ids = [k.get("key-id") for k in update.encryption_keys]
+    if len(set(ids)) != len(ids):
+        raise ValueError("set-encryption-keys: a key id is listed twice")
+    _put_encryption_keys(b, [dict(k) for k in update.encryption_keys])
+
+
+def _put_encryption_keys(b: _Builder, keys: list[dict[str, Any]]) -> None:
+    """``encryption-keys`` becomes ``keys``: an existing list replaced where it stands, an
+    empty one removed (as Java writes it: only when non-empty), a new one put where
+    Java's TableMetadataParser writes it: right after next-row-id (else before refs,
+    else before snapshots, else at the end)."""
+    if not keys:
+        b.metadata.pop("encryption-keys", None)
+        return
     if "encryption-keys" in b.metadata:
         b.replace("encryption-keys", keys)
         return
-    # a new list goes where Java's TableMetadataParser writes it: right after
-    # next-row-id (else before refs, else before snapshots, else at the end)
     names = list(b.metadata)
     if "next-row-id" in b.metadata:
         index = names.index("next-row-id") + 1
@@ -430,14 +472,6 @@ def _add_encryption_key(b: _Builder, update: AddEncryptionKey) -> None:
         index = len(names)
     items = list(b.metadata.items())
     b.metadata = dict(items[:index] + [("encryption-keys", keys)] + items[index:])
-
-
-def _remove_encryption_key(b: _Builder, update: RemoveEncryptionKey) -> None:
-    kept = [k for k in b.metadata.get("encryption-keys") or [] if k.get("key-id") != update.key_id]
-    if kept:
-        b.replace("encryption-keys", kept)
-    else:  # as Java writes it: only when non-empty
-        b.metadata.pop("encryption-keys", None)
 
 
 def _add_entry(key: str, id_key: str, last_key: str | None, value: Mapping[str, Any], b: _Builder) -> None:
@@ -489,6 +523,8 @@ _HANDLERS: dict[type, Any] = {
     RemoveProperties: _remove_properties,
     AddEncryptionKey: _add_encryption_key,
     RemoveEncryptionKey: _remove_encryption_key,
+    SetEncryptionKeys: _set_encryption_keys,
+    ResetMetadataLog: lambda b, u: (b.replace("metadata-log", []), setattr(b, "log_base", False)),
     AddSchema: lambda b, u: _add_entry("schemas", "schema-id", "last-column-id", u.schema, b),
     SetCurrentSchema: lambda b, u: (b.by_id("schemas", "schema-id", u.schema_id, "schema"),
                                     b.replace("current-schema-id", u.schema_id)),
@@ -529,7 +565,7 @@ def apply(
             raise TypeError(f"not a table update: {update!r}")
         handler(builder, update)
     builder.metadata["last-updated-ms"] = moment
-    if base_location is not None:
+    if base_location is not None and builder.log_base:
         log_previous(builder.metadata, base, base_location)
     return builder.metadata
 

@@ -23,9 +23,7 @@ catalog could not tell whether the commit landed (then the files are kept).
 from __future__ import annotations
 
 import contextlib
-import copy
 import posixpath
-import random
 import secrets
 import time
 import types
@@ -81,7 +79,6 @@ __all__ = [
     "write_files",
 ]
 
-DEFAULT_COMMIT_RETRIES = 4  # commit.retry.num-retries, as in Java
 MAX_PREVIOUS_VERSIONS = 100  # write.metadata.previous-versions-max, as in Java
 
 
@@ -422,10 +419,6 @@ def _commit_change(
     location = _committer.commit(target, attempt, first_base=(base_location, base), on_retry=on_retry)
     assert location is not None
     return location
-
-
-def _backoff(attempt: int) -> None:
-    time.sleep(min(1.0, 0.005 * 2**attempt) * (0.5 + random.random()))
 
 
 def _cleanup(io: TableIO, locations: list[str]) -> None:
@@ -1272,40 +1265,43 @@ def rotate_keys(
     """
     if not new_kek and new_master_key_id is None:
         raise ValueError("nothing to rotate: pass new_kek=True and/or new_master_key_id")
+    from icecrypt.table.commit import committer as _committer
+
     target = _Target.of(table)
-    for attempt in range(1, DEFAULT_COMMIT_RETRIES + 2):
-        base_location, base = target.latest()
+    summary: dict[str, Any] = {}
+
+    def build(base_location: str, base: dict[str, Any]) -> _committer.Staged:
         # no check of the current KEK: a rotation is how a refused one is replaced
         manager = target.manager(base, check_kek=False)
         if manager is None:
             raise ValueError(f"{base_location}: the table is not encrypted (no encryption.key-id); no keys to rotate")
-        summary: dict[str, Any] = {"kek_id": None, "rewrapped_kek_ids": [], "table_key_id": manager.table_key_id}
+        summary.clear()
+        summary.update(kek_id=None, rewrapped_kek_ids=[], table_key_id=manager.table_key_id)
         # Re-wrap first: the new KEK is then created directly under the new master key.
         if new_master_key_id is not None:
             summary["rewrapped_kek_ids"] = [e.key_id for e in manager.rotate_master_key(new_master_key_id, new_kms)]
             summary["table_key_id"] = new_master_key_id
         if new_kek:
             summary["kek_id"] = manager.rotate_kek().key_id
-        metadata = manager.apply_to_metadata(copy.deepcopy(base))
-        metadata["last-updated-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
-        _log_previous(metadata, base, base_location)
-        # the explicit change of a pinned value: this object's pin follows its own rotation
-        pin = target.pin.rotated(new_master_key_id) if new_master_key_id is not None and target.pin is not None else None
-        try:
+        return _committer.Staged(
+            _model.Change.on(base, _key_updates(base, manager), what="key rotation"),
+            manager=manager,
+            keys_whole=False,  # not checked here: installing the new version checks them
+            # the explicit change of a pinned value: this object's pin follows its own rotation
+            pin_change=target.pin.rotated(new_master_key_id) if new_master_key_id and target.pin else None,
+            kms=new_kms,  # the new version's KEKs are read back through the new KMS
             # a catalog remembers the KEKs the rotation retired (every process refuses them)
-            retired = manager.retired_kek_digests if new_kek else None
-            location = target.commit_metadata(base_location, metadata, base=base, pin=pin, retired=retired)
-        except (_commit.VersionExistsError, CommitConflictError):
-            if attempt > DEFAULT_COMMIT_RETRIES:
-                raise CommitConflictError(
-                    f"{target.metadata_location}: key rotation kept losing to concurrent commits"
-                ) from None
-            _backoff(attempt)
-            continue
-        if new_kms is not None:
-            table.kms = new_kms  # the refresh below unwraps the KEKs through the new KMS
-        if pin is not None:
-            table.pin = target.pin = pin
-        target.committed(location)
-        return summary
-    raise AssertionError("unreachable")
+            retired=manager.retired_kek_digests if new_kek else None,
+        )
+
+    _committer.commit(target, build)
+    return summary
+
+
+def _key_updates(base: dict[str, Any], manager: Any) -> list[Any]:
+    """The updates that make ``base`` carry ``manager``'s keys: its ``encryption-keys``
+    in its order (a new KEK first) and, when it changed, ``encryption.key-id``."""
+    updates: list[Any] = [_model.SetEncryptionKeys(tuple(k.to_json() for k in manager.encryption_keys))]
+    if (base.get("properties") or {}).get(ENCRYPTION_TABLE_KEY) != manager.table_key_id:
+        updates.append(_model.SetProperties({ENCRYPTION_TABLE_KEY: manager.table_key_id}))
+    return updates
