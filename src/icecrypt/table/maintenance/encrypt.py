@@ -496,18 +496,7 @@ def _snapshot_metadata(
     """``base`` with the converted snapshot added and ``main`` moved to it (the table
     updates ``add-snapshot`` and ``set-snapshot-ref``), its manifest-list key wrapped under
     the table's current KEK (a KEK created if none) and ``encryption-keys`` written."""
-    parent = w._current_snapshot(base)
-    sequence_number = base.get("last-sequence-number", 0) + 1
-    first_row_id = base.get("next-row-id", 0)
-    snapshot: dict[str, Any] = {"sequence-number": sequence_number, "snapshot-id": snapshot_id}
-    if parent is not None:
-        snapshot["parent-snapshot-id"] = parent["snapshot-id"]
-    snapshot["timestamp-ms"] = max(_model.now_ms(), base.get("last-updated-ms", 0))
-    snapshot["summary"] = w._summary(change, parent)
-    snapshot["manifest-list"] = list_location
-    snapshot["schema-id"] = base.get("current-schema-id", 0)
-    snapshot["first-row-id"] = first_row_id
-    snapshot["added-rows"] = next_row_id - first_row_id
+    snapshot = w._new_snapshot(base, w._current_snapshot(base), change, snapshot_id, list_location, next_row_id)
     if manager is not None:
         snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(list_key).key_id
     updates = [_model.AddSnapshot(snapshot), _model.SetSnapshotRef(_model.MAIN_BRANCH, snapshot_id, "branch")]

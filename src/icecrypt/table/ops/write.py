@@ -268,6 +268,26 @@ def _head(metadata: dict[str, Any], branch: str) -> dict[str, Any] | None:
     raise FormatError(f"ref {branch!r} points at snapshot {ref['snapshot-id']}, which is not in the table metadata")
 
 
+def _new_snapshot(
+    base: dict[str, Any], parent: dict[str, Any] | None, change: _Change, snapshot_id: int, list_location: str,
+    next_row_id: int,
+) -> dict[str, Any]:
+    """The snapshot entry (Java's field order, no ``key-id`` yet) of ``change`` committed
+    on ``base`` after ``parent``, its manifest list at ``list_location`` having assigned
+    row ids up to ``next_row_id``."""
+    first_row_id = base.get("next-row-id", 0)
+    snapshot: dict[str, Any] = {"sequence-number": base.get("last-sequence-number", 0) + 1, "snapshot-id": snapshot_id}
+    if parent is not None:
+        snapshot["parent-snapshot-id"] = parent["snapshot-id"]
+    snapshot["timestamp-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
+    snapshot["summary"] = _summary(change, parent)
+    snapshot["manifest-list"] = list_location
+    snapshot["schema-id"] = base.get("current-schema-id", 0)
+    snapshot["first-row-id"] = first_row_id
+    snapshot["added-rows"] = next_row_id - first_row_id
+    return snapshot
+
+
 def _snapshot_updates(
     target: _Target,
     base: dict[str, Any],
@@ -293,15 +313,7 @@ def _snapshot_updates(
         sequence_number=sequence_number, first_row_id=first_row_id, ordered=change.order,
     )  # fmt: skip
     try:
-        snapshot: dict[str, Any] = {"sequence-number": sequence_number, "snapshot-id": snapshot_id}
-        if parent is not None:
-            snapshot["parent-snapshot-id"] = parent["snapshot-id"]
-        snapshot["timestamp-ms"] = max(_now_ms(), base.get("last-updated-ms", 0))
-        snapshot["summary"] = _summary(change, parent)
-        snapshot["manifest-list"] = list_location
-        snapshot["schema-id"] = base.get("current-schema-id", 0)
-        snapshot["first-row-id"] = first_row_id
-        snapshot["added-rows"] = next_row_id - first_row_id
+        snapshot = _new_snapshot(base, parent, change, snapshot_id, list_location, next_row_id)
         updates: list[_model.TableUpdate] = []
         if manager is not None:
             snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(key).key_id
