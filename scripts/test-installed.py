@@ -4,8 +4,10 @@
 
 Copies ROOT/tests (and the wheel checker) into a temporary directory, writes pytest's
 settings from ROOT/pyproject.toml there, proves that `import icecrypt` finds the installed
-package and not ROOT, then runs pytest on the AGS1, keys, Parquet, Avro and table suites
-and the packaging checks (or on the given arguments). Used by `make wheel-test` and by
+package and not ROOT, then runs pytest on the AGS1, keys, Parquet, Avro suites, the table
+tests that read and write real files (Java's tables, round trips, deletes, damage) and the
+packaging checks (or on the given arguments). The table suite's logic tests (schema, refs,
+commit model, CLI) are the same pure Python as in the tree and run there, in `make test`. Used by `make wheel-test` and by
 cibuildwheel's test-command.
 """
 
@@ -19,7 +21,17 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-SUITES = ["tests/test_packaging.py", "tests/ags1", "tests/keys", "tests/parquet", "tests/avro", "tests/table"]
+SUITES = [
+    "tests/test_packaging.py",
+    "tests/ags1",
+    "tests/keys",
+    "tests/parquet",
+    "tests/avro",
+    *(
+        f"tests/table/test_{name}.py"
+        for name in ("java_tables", "write_java_tables", "write_roundtrip", "write_format", "deletes", "damage", "verify")
+    ),
+]
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Test the wheel in dist/ as a user gets it: installed into a new virtual environment in
-# which the source tree is not importable, with the AGS1, keys, Parquet, Avro and table
+# which the source tree is not importable, with the AGS1, keys, Parquet, Avro and file-level table
 # suites (and the packaging checks) run from a copy of tests/ outside the tree.
 #
 #   scripts/wheel-test.sh [VENV]          (make wheel-test; VENV defaults to build/wheel-venv)
