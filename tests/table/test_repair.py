@@ -300,6 +300,55 @@ def test_refused_when_a_newer_version_does_not_follow(broken_table, kms):
     _refused(table, table_dir, "does not follow it", dry_runs=(False,))
 
 
+def test_a_repair_that_loses_the_race_refuses(broken_table, kms, monkeypatch):
+    """Another writer commits the next version after the repair checked that none
+    exists and before it commits: the repair (on the one committer, without retries)
+    refuses with CommitConflictError, is built once, and commits nothing."""
+    from icecrypt.errors import CommitConflictError
+    from icecrypt.table.maintenance import repair
+
+    table, table_dir = broken_table
+    checked = []
+    real_check = repair._check_newest
+
+    def check_then_lose(target, location):
+        real_check(target, location)
+        checked.append(location)
+        healthy = EncryptedTable.load(str(table_dir / "metadata" / "v3.metadata.json"), kms=kms)
+        healthy.append(_rows(100, 3))  # v4: the name the repair commits under
+
+    monkeypatch.setattr(repair, "_check_newest", check_then_lose)
+    before = _listing(table_dir)
+    with pytest.raises(CommitConflictError, match="another commit landed while the keys were being restored"):
+        table.repair_keys()
+    assert checked == [table.metadata_location]  # built once, on the damaged version
+    after = _listing(table_dir)
+    assert set(after) - set(before) == {"v4.metadata.json"}
+    assert all("key-id" in s for s in json.loads(after["v4.metadata.json"])["snapshots"])  # the other writer's
+    assert {k: v for k, v in after.items() if k in before} == before
+
+
+def test_restored_key_ids_never_replace_and_stay_local():
+    """The repair's own update restores a missing key-id (as the last field), refuses to
+    replace another one or to name a snapshot not in the table, and like the other
+    icecrypt-only updates is marked local (never sent to a REST catalog)."""
+    from icecrypt.table.model import changes
+
+    base = {"snapshots": [{"snapshot-id": 1, "key-id": "a", "manifest-list": "m1"},
+                          {"snapshot-id": 2, "manifest-list": "m2"}]}  # fmt: skip
+    done = changes.apply(base, [changes.RestoreSnapshotKeyIds({2: "b", 1: "a"})], now=5)
+    assert [list(s) for s in done["snapshots"]] == [["snapshot-id", "key-id", "manifest-list"],
+                                                    ["snapshot-id", "manifest-list", "key-id"]]  # fmt: skip
+    assert done["snapshots"][1]["key-id"] == "b" and "key-id" not in base["snapshots"][1]
+    with pytest.raises(ValueError, match="another key-id"):
+        changes.apply(base, [changes.RestoreSnapshotKeyIds({1: "z"})])
+    with pytest.raises(ValueError, match="not in the table"):
+        changes.apply(base, [changes.RestoreSnapshotKeyIds({3: "c"})])
+    local = {u.action for u in vars(changes).values() if isinstance(u, type) and issubclass(u, changes.TableUpdate)
+             and u is not changes.TableUpdate and u.local}  # fmt: skip
+    assert local == {"set-encryption-keys", "reset-metadata-log", "restore-snapshot-key-ids"}
+
+
 # --- no false alarms ---------------------------------------------------------------------------------
 
 
