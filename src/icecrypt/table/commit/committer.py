@@ -104,6 +104,7 @@ def commit(
     policy: RetryPolicy | None = None,
     on_retry: Callable[[int], None] | None = None,
     first_base: tuple[str, dict[str, Any]] | None = None,
+    any_format_version: bool = False,
 ) -> str | None:
     """Commit ``change`` to the table (an EncryptedTable or a ``commit.target._Target``);
     returns the new metadata location, installed in the table object.
@@ -119,8 +120,10 @@ def commit(
     kept losing races beyond the retry policy.  ``on_retry(attempt)`` is told of each
     lost race (benchmarks count them).  ``first_base``: (location, document) of the
     version the change was planned on, used for the first attempt instead of asking
-    for the newest again (a stale one loses the race and is replaced)."""
-    from icecrypt.table.commit.target import _Target
+    for the newest again (a stale one loses the race and is replaced).  A base not of
+    format v3 is refused (ValueError) unless ``any_format_version``: a change whose
+    updates upgrade it (``encrypt_table``)."""
+    from icecrypt.table.commit.target import _Target, check_format_version
 
     target = table_or_target if isinstance(table_or_target, _Target) else _Target.of(table_or_target)
     started = time.monotonic()
@@ -130,8 +133,10 @@ def commit(
             (base_location, base), first_base = first_base, None
             target.check_pin(base_location, base)
             target.base_location = base_location
+            if not any_format_version:
+                check_format_version(base_location, base)
         else:
-            base_location, base = target.latest()
+            base_location, base = target.latest(any_format_version=any_format_version)
         if policy is None:
             policy = RetryPolicy.from_properties(base.get("properties"))
         built = change(base_location, base) if callable(change) else change

@@ -542,11 +542,36 @@ def _set_default_spec(b: _Builder, update: SetDefaultSpec) -> None:
 
 
 def _upgrade(b: _Builder, update: UpgradeFormatVersion) -> None:
+    """The document as the new format version writes it (Java's parser reads v1's
+    fields into the lists v2 writes): v1's single ``schema`` and ``partition-spec``
+    become ``schemas`` / ``partition-specs`` (with ``last-partition-id`` and an unsorted
+    ``sort-orders`` where missing) and are dropped; v2 starts ``last-sequence-number``
+    at 0, v3 ``next-row-id`` at 0."""
     current = b.metadata.get("format-version", 1)
     if update.format_version < current:
         raise ValueError(f"cannot downgrade format-version {current} to {update.format_version}")
     if update.format_version > 3:
         raise ValueError(f"unsupported format-version {update.format_version}")
+    if update.format_version >= 2:
+        m = b.metadata
+        if "schemas" not in m:
+            schema = {**m["schema"], "schema-id": m["schema"].get("schema-id", 0)}
+            b.replace("schemas", [schema])
+            b.replace("current-schema-id", schema["schema-id"])
+        if "partition-specs" not in m:
+            b.replace("partition-specs", [{"spec-id": 0, "fields": list(m.get("partition-spec") or [])}])
+            b.replace("default-spec-id", 0)
+        if "last-partition-id" not in m:
+            ids = [f.get("field-id", 999) for spec in m["partition-specs"] for f in spec.get("fields") or ()]
+            b.replace("last-partition-id", max([999, *ids]))
+        if "sort-orders" not in m:
+            b.replace("sort-orders", [{"order-id": 0, "fields": []}])
+            b.replace("default-sort-order-id", 0)
+        for legacy in ("schema", "partition-spec"):
+            m.pop(legacy, None)
+        m.setdefault("last-sequence-number", 0)
+    if update.format_version >= 3:
+        b.metadata.setdefault("next-row-id", 0)
     b.replace("format-version", update.format_version)
 
 
