@@ -565,3 +565,43 @@ def test_catalog_table_broken_by_pyiceberg_is_detected_and_repaired(tmp_path, km
         assert _digest(repaired) == digest and repaired.properties["owner"] == "carol" and repaired.verify().ok
     finally:
         theirs.engine.dispose()
+
+
+def test_a_catalog_repair_that_loses_the_swap_refuses(tmp_path, kms, monkeypatch, v3_writing_pyiceberg):
+    """Through icecrypt's SQL catalog: PyIceberg commits again between the repair's check
+    and its compare-and-swap. The swap is lost, the repair refuses (CommitConflictError),
+    and its metadata file is removed; the catalog keeps PyIceberg's version."""
+    from icecrypt.catalog import load_catalog
+    from icecrypt.errors import CommitConflictError
+    from icecrypt.table.maintenance import repair
+
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    ours = load_catalog("shared", warehouse=str(warehouse), kms=kms)
+    theirs = pyiceberg_sql.SqlCatalog("shared", uri=ours.uri, warehouse=f"file://{warehouse}")
+    try:
+        ours.create_namespace("db")
+        table = ours.create_table("db.t", _schema(), table_key_id="keyA")
+        table.append(_rows(0, 10))
+        with theirs.load_table("db.t").transaction() as tx:
+            tx.set_properties(owner="carol")
+        damaged = ours.load_table("db.t", check_keys=False)
+        real_check = repair._check_newest
+
+        def check_then_lose(target, location):
+            real_check(target, location)
+            with theirs.load_table("db.t").transaction() as tx:
+                tx.set_properties(owner="dave")
+
+        monkeypatch.setattr(repair, "_check_newest", check_then_lose)
+        metadata_dir = Path(damaged.metadata_location).parent
+        with pytest.raises(CommitConflictError, match="another commit landed while the keys were being restored"):
+            damaged.repair_keys()
+        current = theirs.load_table("db.t")
+        assert current.properties["owner"] == "dave"
+        names = sorted(p.name for p in metadata_dir.glob("*.metadata.json"))
+        # create, append, PyIceberg's two commits; the repair's 00003-<uuid> was removed
+        assert [n[:5] for n in names] == ["00000", "00001", "00002", "00003"]
+        assert current.metadata_location.removeprefix("file://") == str(metadata_dir / names[-1])
+    finally:
+        theirs.engine.dispose()
