@@ -520,88 +520,86 @@ def test_cli_repair(tmp_path, kms, capfd, sql_catalog, v3_writing_pyiceberg):
 # --- through icecrypt's catalog ----------------------------------------------------------------------
 
 
-def test_catalog_table_broken_by_pyiceberg_is_detected_and_repaired(tmp_path, kms, capfd, v3_writing_pyiceberg):
+@pytest.fixture
+def shared_catalogs(tmp_path, kms):
+    """(icecrypt's SQL catalog, PyIceberg's SqlCatalog) on one SQLite database, namespace
+    ``db``, and the warehouse directory."""
+    from icecrypt.catalog import load_catalog
+
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    ours = load_catalog("shared", warehouse=str(warehouse), kms=kms)
+    theirs = pyiceberg_sql.SqlCatalog("shared", uri=ours.uri, warehouse=f"file://{warehouse}")
+    ours.create_namespace("db")
+    yield ours, theirs, warehouse
+    theirs.engine.dispose()
+
+
+def test_catalog_table_broken_by_pyiceberg_is_detected_and_repaired(shared_catalogs, capfd, v3_writing_pyiceberg):
     """icecrypt's SQL catalog and PyIceberg's SqlCatalog on one SQLite database: PyIceberg's
     commit is detected by load_table and refresh(); the repair commits through the
     catalog (compare-and-swap of its metadata location), and PyIceberg sees it."""
-    from icecrypt.catalog import load_catalog
+    ours, theirs, warehouse = shared_catalogs
+    table = ours.create_table("db.t", _schema(), table_key_id="keyA")
+    table.append(_rows(0, 40))
+    table.append(_rows(40, 2))
+    digest = _digest(table)
+    with theirs.load_table("db.t").transaction() as tx:
+        tx.set_properties(owner="carol")
+    broken = theirs.load_table("db.t").metadata_location.removeprefix("file://")
 
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    ours = load_catalog("shared", warehouse=str(warehouse), kms=kms)
-    theirs = pyiceberg_sql.SqlCatalog("shared", uri=ours.uri, warehouse=f"file://{warehouse}")
-    try:
-        ours.create_namespace("db")
-        table = ours.create_table("db.t", _schema(), table_key_id="keyA")
-        table.append(_rows(0, 40))
-        table.append(_rows(40, 2))
-        digest = _digest(table)
-        with theirs.load_table("db.t").transaction() as tx:
-            tx.set_properties(owner="carol")
-        broken = theirs.load_table("db.t").metadata_location.removeprefix("file://")
+    with pytest.raises(KeysLostError) as caught:
+        ours.load_table("db.t")
+    assert caught.value.metadata_location == broken
+    with pytest.raises(KeysLostError):
+        table.refresh()
 
-        with pytest.raises(KeysLostError) as caught:
-            ours.load_table("db.t")
-        assert caught.value.metadata_location == broken
-        with pytest.raises(KeysLostError):
-            table.refresh()
-
-        damaged = ours.load_table("db.t", check_keys=False)
-        assert damaged.metadata_location == broken
-        dry = damaged.repair_keys(dry_run=True)
-        assert dry.metadata_location == broken and len(dry.restored_key_ids) == 2
-        capfd.readouterr()
-        cli = ["table", "repair", "db.t", "--dry-run", "--catalog", f"warehouse={warehouse}", "--catalog-name", "shared"]
-        assert main([*cli, *MEMORY_KMS]) == 0
-        assert "dry run: nothing committed" in capfd.readouterr().out
-        assert theirs.load_table("db.t").metadata_location.removeprefix("file://") == broken
-        # the table object from before PyIceberg's commit repairs the catalog's current version too
-        report = table.repair_keys()
-        assert report.committed_location == table.metadata_location
-        assert Path(report.committed_location).name.startswith("00004-")  # 00000-00002 ours, 00003 PyIceberg's
-        current = theirs.load_table("db.t").metadata_location.removeprefix("file://")
-        assert current == report.committed_location  # the catalog points at the repair
-        repaired = ours.load_table("db.t")
-        assert _digest(repaired) == digest and repaired.properties["owner"] == "carol" and repaired.verify().ok
-    finally:
-        theirs.engine.dispose()
+    damaged = ours.load_table("db.t", check_keys=False)
+    assert damaged.metadata_location == broken
+    dry = damaged.repair_keys(dry_run=True)
+    assert dry.metadata_location == broken and len(dry.restored_key_ids) == 2
+    capfd.readouterr()
+    cli = ["table", "repair", "db.t", "--dry-run", "--catalog", f"warehouse={warehouse}", "--catalog-name", "shared"]
+    assert main([*cli, *MEMORY_KMS]) == 0
+    assert "dry run: nothing committed" in capfd.readouterr().out
+    assert theirs.load_table("db.t").metadata_location.removeprefix("file://") == broken
+    # the table object from before PyIceberg's commit repairs the catalog's current version too
+    report = table.repair_keys()
+    assert report.committed_location == table.metadata_location
+    assert Path(report.committed_location).name.startswith("00004-")  # 00000-00002 ours, 00003 PyIceberg's
+    current = theirs.load_table("db.t").metadata_location.removeprefix("file://")
+    assert current == report.committed_location  # the catalog points at the repair
+    repaired = ours.load_table("db.t")
+    assert _digest(repaired) == digest and repaired.properties["owner"] == "carol" and repaired.verify().ok
 
 
-def test_a_catalog_repair_that_loses_the_swap_refuses(tmp_path, kms, monkeypatch, v3_writing_pyiceberg):
+def test_a_catalog_repair_that_loses_the_swap_refuses(shared_catalogs, monkeypatch, v3_writing_pyiceberg):
     """Through icecrypt's SQL catalog: PyIceberg commits again between the repair's check
     and its compare-and-swap. The swap is lost, the repair refuses (CommitConflictError),
     and its metadata file is removed; the catalog keeps PyIceberg's version."""
-    from icecrypt.catalog import load_catalog
     from icecrypt.errors import CommitConflictError
     from icecrypt.table.maintenance import repair
 
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    ours = load_catalog("shared", warehouse=str(warehouse), kms=kms)
-    theirs = pyiceberg_sql.SqlCatalog("shared", uri=ours.uri, warehouse=f"file://{warehouse}")
-    try:
-        ours.create_namespace("db")
-        table = ours.create_table("db.t", _schema(), table_key_id="keyA")
-        table.append(_rows(0, 10))
+    ours, theirs, _ = shared_catalogs
+    table = ours.create_table("db.t", _schema(), table_key_id="keyA")
+    table.append(_rows(0, 10))
+    with theirs.load_table("db.t").transaction() as tx:
+        tx.set_properties(owner="carol")
+    damaged = ours.load_table("db.t", check_keys=False)
+    real_check = repair._check_newest
+
+    def check_then_lose(target, location):
+        real_check(target, location)
         with theirs.load_table("db.t").transaction() as tx:
-            tx.set_properties(owner="carol")
-        damaged = ours.load_table("db.t", check_keys=False)
-        real_check = repair._check_newest
+            tx.set_properties(owner="dave")
 
-        def check_then_lose(target, location):
-            real_check(target, location)
-            with theirs.load_table("db.t").transaction() as tx:
-                tx.set_properties(owner="dave")
-
-        monkeypatch.setattr(repair, "_check_newest", check_then_lose)
-        metadata_dir = Path(damaged.metadata_location).parent
-        with pytest.raises(CommitConflictError, match="another commit landed while the keys were being restored"):
-            damaged.repair_keys()
-        current = theirs.load_table("db.t")
-        assert current.properties["owner"] == "dave"
-        names = sorted(p.name for p in metadata_dir.glob("*.metadata.json"))
-        # create, append, PyIceberg's two commits; the repair's 00003-<uuid> was removed
-        assert [n[:5] for n in names] == ["00000", "00001", "00002", "00003"]
-        assert current.metadata_location.removeprefix("file://") == str(metadata_dir / names[-1])
-    finally:
-        theirs.engine.dispose()
+    monkeypatch.setattr(repair, "_check_newest", check_then_lose)
+    metadata_dir = Path(damaged.metadata_location).parent
+    with pytest.raises(CommitConflictError, match="another commit landed while the keys were being restored"):
+        damaged.repair_keys()
+    current = theirs.load_table("db.t")
+    assert current.properties["owner"] == "dave"
+    names = sorted(p.name for p in metadata_dir.glob("*.metadata.json"))
+    # create, append, PyIceberg's two commits; the repair's 00003-<uuid> was removed
+    assert [n[:5] for n in names] == ["00000", "00001", "00002", "00003"]
+    assert current.metadata_location.removeprefix("file://") == str(metadata_dir / names[-1])
