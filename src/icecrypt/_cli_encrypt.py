@@ -75,6 +75,8 @@ def _convert(args: argparse.Namespace) -> int:
           f"{result.rewritten_delete_files} delete file(s) into {result.added_data_files} file(s); "
           f"snapshot {result.snapshot_id}; removed {len(result.removed_snapshot_ids)} old snapshot(s)")
     print(f"metadata: {safe(result.metadata_location)}")
+    if result.dropped_refs:
+        print(f"dropped branches and tags: {', '.join(safe(name) for name in result.dropped_refs)}", file=sys.stderr)
     if result.deleted_files:
         print(f"deleted {len(result.deleted_files)} old file(s)", file=sys.stderr)
     for path in result.skipped_files:

@@ -234,3 +234,24 @@ def test_expiry_is_rebuilt_on_the_newer_version(tables, monkeypatch):
     assert sorted(expired) == sorted(ids)
     assert [s.snapshot_id for s in mine.snapshots()] == [theirs.current_snapshot_id]
     assert sorted(mine.scan().to_arrow().column("id").to_pylist()) == [0, 1, 2, 99] and mine.verify().ok
+
+
+def test_upgrading_a_v1_document_writes_the_lists_v2_and_v3_write():
+    """upgrade-format-version of a v1 document with only the legacy single schema and
+    partition spec (an old writer's): the result has schemas, partition-specs,
+    last-partition-id, sort-orders, last-sequence-number and (v3) next-row-id, the legacy
+    fields gone, and the base untouched."""
+    schema = {"type": "struct", "fields": [{"id": 1, "name": "id", "required": True, "type": "long"}]}
+    spec = [{"name": "id_b", "transform": "bucket[4]", "source-id": 1, "field-id": 1000}]
+    base = {"format-version": 1, "table-uuid": "u", "location": "/t", "last-updated-ms": 5, "last-column-id": 1,
+            "schema": schema, "partition-spec": spec, "properties": {}}  # fmt: skip
+    frozen = copy.deepcopy(base)
+    new = _model.apply(base, [UpgradeFormatVersion(3)], now=7)
+    assert base == frozen
+    assert "schema" not in new and "partition-spec" not in new and new["format-version"] == 3
+    assert new["schemas"] == [{**schema, "schema-id": 0}] and new["current-schema-id"] == 0
+    assert new["partition-specs"] == [{"spec-id": 0, "fields": spec}] and new["default-spec-id"] == 0
+    assert new["last-partition-id"] == 1000 and new["sort-orders"] == [{"order-id": 0, "fields": []}]
+    assert new["last-sequence-number"] == 0 and new["next-row-id"] == 0
+    v2 = _model.apply(base, [UpgradeFormatVersion(2)], now=7)
+    assert "next-row-id" not in v2 and v2["last-sequence-number"] == 0 and "schema" not in v2

@@ -198,3 +198,64 @@ def test_a_swap_that_surely_failed_leaves_nothing(tmp_path, operation):
         _write_once(table, operation)
     assert _files(tmp_path / "wh") == before
     assert len(catalog.load_table("db.t").snapshots()) == 1
+
+
+# --- an interrupt once the version landed ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["path", "catalog"])
+@pytest.mark.parametrize("operation", ["append", "overwrite", "delete"])
+def test_an_interrupt_after_the_version_landed_keeps_every_file(tmp_path, monkeypatch, kind, operation):
+    """A KeyboardInterrupt raised right after the new version file is in place (here:
+    in the metadata housekeeping that follows every commit, path table or catalog) is
+    no failed commit: the version is current, so neither the committer nor the
+    operation deletes the manifest list, manifests or data files it names."""
+    from icecrypt.table.commit import store
+
+    if kind == "path":
+        table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=MemoryKms.with_iceberg_test_keys(),
+                                      table_key_id="keyA")  # fmt: skip
+        table.append(pa.table({"id": [1, 2, 3], "writer": [0, 0, 0]}))
+
+        def reload():
+            return EncryptedTable.load(str(tmp_path / "t"), kms=MemoryKms.with_iceberg_test_keys())
+    else:
+        catalog, table = _catalog_table(tmp_path)
+
+        def reload():
+            return catalog.load_table("db.t")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "_after_commit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _write_once(table, operation)
+    monkeypatch.undo()
+    after = reload()
+    assert len(after.snapshots()) == 2
+    assert after.verify().ok
+    expected = {"append": [1, 2, 3, 4], "overwrite": [9], "delete": [1, 3]}[operation]
+    assert sorted(after.scan().to_arrow()["id"].to_pylist()) == expected
+    after.append(pa.table({"id": [5], "writer": [2]}))  # the table takes the next commit
+    assert len(reload().snapshots()) == 3
+
+
+def test_an_interrupt_before_the_version_landed_leaves_nothing(tmp_path, monkeypatch):
+    """The same interrupt before the version file is written: nothing of the append is left."""
+    from icecrypt.table.commit import store
+
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=MemoryKms.with_iceberg_test_keys(),
+                                  table_key_id="keyA")  # fmt: skip
+    table.append(pa.table({"id": [1, 2, 3], "writer": [0, 0, 0]}))
+    before = _files(tmp_path / "t")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "_create_exclusive", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        table.append(pa.table({"id": [4], "writer": [1]}))
+    monkeypatch.undo()
+    assert _files(tmp_path / "t") == before
+    assert len(EncryptedTable.load(str(tmp_path / "t"), kms=MemoryKms.with_iceberg_test_keys()).snapshots()) == 1

@@ -204,7 +204,8 @@ def test_refusals_write_nothing(plain, kms):
     with pytest.raises(ValueError, match=r"refs other than main \(v1\).*drop_refs=True"):
         encrypt_table(table, kms=kms, table_key_id=KEY)
     assert all_files(root) == listing and not table.encrypted
-    result = encrypt_table(table, kms=kms, table_key_id=KEY, drop_refs=True)
+    with pytest.warns(UserWarning, match=r"branches and tags v1 dropped from the table \(drop_refs=True\)"):
+        result = encrypt_table(table, kms=kms, table_key_id=KEY, drop_refs=True)
     assert result.dropped_refs == ["v1"] and set(table.metadata["refs"]) == {"main"}
     with pytest.raises(ValueError, match="already encrypted; nothing to encrypt"):
         table.append(rows(300_000, 2))
@@ -435,6 +436,12 @@ def test_cli_encrypt_and_decrypt(tmp_path, capfd):
     encrypted.refresh().append(rows(200, 1))
     status, out, err = run("table", "decrypt", location, "--target", tmp_path / "leaving", *kms)
     assert status == 1 and "a table exists there" in err  # the source changed since: another conversion
+    encrypted.refresh().manage_snapshots().create_tag("audit", encrypted.current_snapshot_id).commit()
+    status, out, err = run("table", "decrypt", location, "--target", tmp_path / "leaving2", *kms)
+    assert status == 1 and "refs other than main (audit)" in err
+    status, out, err = run("table", "decrypt", location, "--target", tmp_path / "leaving2", "--drop-refs", *kms)
+    assert status == 0 and "dropped branches and tags: audit" in err, err
+    assert list(EncryptedTable.load(str(tmp_path / "leaving2")).metadata["refs"]) == ["main"]
 
 
 def _add_delete_files(table: EncryptedTable, positions: list[int], deleted_ids: list[int]) -> None:
@@ -529,6 +536,42 @@ def test_a_concurrent_commit_refuses_the_conversion_and_nothing_is_left(plain, k
     assert reloaded.verify().ok
     encrypt_table(reloaded, kms=kms, table_key_id=KEY)  # run again: now it goes through
     assert sorted_rows(reloaded).num_rows == sorted_rows(other).num_rows
+
+
+def test_an_interrupt_after_the_conversion_landed_keeps_every_file(plain, kms, monkeypatch):
+    """A KeyboardInterrupt right after the encrypted version's file is in place (in the
+    housekeeping after the commit): the version is current, so none of the files it
+    names is deleted; the table reads, verifies, and a rerun finds the conversion done."""
+    from icecrypt.table.commit import store
+
+    table, root = plain
+    before = sorted_rows(table)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "_after_commit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        encrypt_table(table, kms=kms, table_key_id=KEY)
+    monkeypatch.undo()
+    loaded = EncryptedTable.load(str(root), kms=kms, location_map=table.location_map)
+    assert loaded.encrypted and sorted_rows(loaded).equals(before)
+    assert loaded.verify().ok
+    assert encrypt_table(loaded, kms=kms, table_key_id=KEY).already_done
+
+
+def test_the_committer_refuses_a_base_below_v3_unless_told(plain, kms):
+    """Only encrypt_table's commit (``any_format_version``) builds on a v1/v2 version."""
+    from icecrypt.table.ops import write as w
+
+    table, root = plain
+    target = w._Target.of(table)
+    older = {**table.metadata, "format-version": 2}
+    change = _model.Change.on(older, [_model.SetProperties({"owner": "x"})])
+    listing = all_files(root)
+    with pytest.raises(ValueError, match="format-version 3 tables only"):
+        _committer.commit(target, change, first_base=(table.metadata_location, older))
+    assert all_files(root) == listing
 
 
 def test_a_tampered_target_is_not_taken_for_a_finished_conversion(plain, kms, tmp_path):

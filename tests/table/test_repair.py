@@ -300,6 +300,55 @@ def test_refused_when_a_newer_version_does_not_follow(broken_table, kms):
     _refused(table, table_dir, "does not follow it", dry_runs=(False,))
 
 
+def test_a_repair_that_loses_the_race_refuses(broken_table, kms, monkeypatch):
+    """Another writer commits the next version after the repair checked that none
+    exists and before it commits: the repair (on the one committer, without retries)
+    refuses with CommitConflictError, is built once, and commits nothing."""
+    from icecrypt.errors import CommitConflictError
+    from icecrypt.table.maintenance import repair
+
+    table, table_dir = broken_table
+    checked = []
+    real_check = repair._check_newest
+
+    def check_then_lose(target, location):
+        real_check(target, location)
+        checked.append(location)
+        healthy = EncryptedTable.load(str(table_dir / "metadata" / "v3.metadata.json"), kms=kms)
+        healthy.append(_rows(100, 3))  # v4: the name the repair commits under
+
+    monkeypatch.setattr(repair, "_check_newest", check_then_lose)
+    before = _listing(table_dir)
+    with pytest.raises(CommitConflictError, match="another commit landed while the keys were being restored"):
+        table.repair_keys()
+    assert checked == [table.metadata_location]  # built once, on the damaged version
+    after = _listing(table_dir)
+    assert set(after) - set(before) == {"v4.metadata.json"}
+    assert all("key-id" in s for s in json.loads(after["v4.metadata.json"])["snapshots"])  # the other writer's
+    assert {k: v for k, v in after.items() if k in before} == before
+
+
+def test_restored_key_ids_never_replace_and_stay_local():
+    """The repair's own update restores a missing key-id (as the last field), refuses to
+    replace another one or to name a snapshot not in the table, and like the other
+    icecrypt-only updates is marked local (never sent to a REST catalog)."""
+    from icecrypt.table.model import changes
+
+    base = {"snapshots": [{"snapshot-id": 1, "key-id": "a", "manifest-list": "m1"},
+                          {"snapshot-id": 2, "manifest-list": "m2"}]}  # fmt: skip
+    done = changes.apply(base, [changes.RestoreSnapshotKeyIds({2: "b", 1: "a"})], now=5)
+    assert [list(s) for s in done["snapshots"]] == [["snapshot-id", "key-id", "manifest-list"],
+                                                    ["snapshot-id", "manifest-list", "key-id"]]  # fmt: skip
+    assert done["snapshots"][1]["key-id"] == "b" and "key-id" not in base["snapshots"][1]
+    with pytest.raises(ValueError, match="another key-id"):
+        changes.apply(base, [changes.RestoreSnapshotKeyIds({1: "z"})])
+    with pytest.raises(ValueError, match="not in the table"):
+        changes.apply(base, [changes.RestoreSnapshotKeyIds({3: "c"})])
+    local = {u.action for u in vars(changes).values() if isinstance(u, type) and issubclass(u, changes.TableUpdate)
+             and u is not changes.TableUpdate and u.local}  # fmt: skip
+    assert local == {"set-encryption-keys", "reset-metadata-log", "restore-snapshot-key-ids"}
+
+
 # --- no false alarms ---------------------------------------------------------------------------------
 
 
@@ -471,48 +520,86 @@ def test_cli_repair(tmp_path, kms, capfd, sql_catalog, v3_writing_pyiceberg):
 # --- through icecrypt's catalog ----------------------------------------------------------------------
 
 
-def test_catalog_table_broken_by_pyiceberg_is_detected_and_repaired(tmp_path, kms, capfd, v3_writing_pyiceberg):
-    """icecrypt's SQL catalog and PyIceberg's SqlCatalog on one SQLite database: PyIceberg's
-    commit is detected by load_table and refresh(); the repair commits through the
-    catalog (compare-and-swap of its metadata location), and PyIceberg sees it."""
+@pytest.fixture
+def shared_catalogs(tmp_path, kms):
+    """(icecrypt's SQL catalog, PyIceberg's SqlCatalog) on one SQLite database, namespace
+    ``db``, and the warehouse directory."""
     from icecrypt.catalog import load_catalog
 
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
     ours = load_catalog("shared", warehouse=str(warehouse), kms=kms)
     theirs = pyiceberg_sql.SqlCatalog("shared", uri=ours.uri, warehouse=f"file://{warehouse}")
-    try:
-        ours.create_namespace("db")
-        table = ours.create_table("db.t", _schema(), table_key_id="keyA")
-        table.append(_rows(0, 40))
-        table.append(_rows(40, 2))
-        digest = _digest(table)
+    ours.create_namespace("db")
+    yield ours, theirs, warehouse
+    theirs.engine.dispose()
+
+
+def test_catalog_table_broken_by_pyiceberg_is_detected_and_repaired(shared_catalogs, capfd, v3_writing_pyiceberg):
+    """icecrypt's SQL catalog and PyIceberg's SqlCatalog on one SQLite database: PyIceberg's
+    commit is detected by load_table and refresh(); the repair commits through the
+    catalog (compare-and-swap of its metadata location), and PyIceberg sees it."""
+    ours, theirs, warehouse = shared_catalogs
+    table = ours.create_table("db.t", _schema(), table_key_id="keyA")
+    table.append(_rows(0, 40))
+    table.append(_rows(40, 2))
+    digest = _digest(table)
+    with theirs.load_table("db.t").transaction() as tx:
+        tx.set_properties(owner="carol")
+    broken = theirs.load_table("db.t").metadata_location.removeprefix("file://")
+
+    with pytest.raises(KeysLostError) as caught:
+        ours.load_table("db.t")
+    assert caught.value.metadata_location == broken
+    with pytest.raises(KeysLostError):
+        table.refresh()
+
+    damaged = ours.load_table("db.t", check_keys=False)
+    assert damaged.metadata_location == broken
+    dry = damaged.repair_keys(dry_run=True)
+    assert dry.metadata_location == broken and len(dry.restored_key_ids) == 2
+    capfd.readouterr()
+    cli = ["table", "repair", "db.t", "--dry-run", "--catalog", f"warehouse={warehouse}", "--catalog-name", "shared"]
+    assert main([*cli, *MEMORY_KMS]) == 0
+    assert "dry run: nothing committed" in capfd.readouterr().out
+    assert theirs.load_table("db.t").metadata_location.removeprefix("file://") == broken
+    # the table object from before PyIceberg's commit repairs the catalog's current version too
+    report = table.repair_keys()
+    assert report.committed_location == table.metadata_location
+    assert Path(report.committed_location).name.startswith("00004-")  # 00000-00002 ours, 00003 PyIceberg's
+    current = theirs.load_table("db.t").metadata_location.removeprefix("file://")
+    assert current == report.committed_location  # the catalog points at the repair
+    repaired = ours.load_table("db.t")
+    assert _digest(repaired) == digest and repaired.properties["owner"] == "carol" and repaired.verify().ok
+
+
+def test_a_catalog_repair_that_loses_the_swap_refuses(shared_catalogs, monkeypatch, v3_writing_pyiceberg):
+    """Through icecrypt's SQL catalog: PyIceberg commits again between the repair's check
+    and its compare-and-swap. The swap is lost, the repair refuses (CommitConflictError),
+    and its metadata file is removed; the catalog keeps PyIceberg's version."""
+    from icecrypt.errors import CommitConflictError
+    from icecrypt.table.maintenance import repair
+
+    ours, theirs, _ = shared_catalogs
+    table = ours.create_table("db.t", _schema(), table_key_id="keyA")
+    table.append(_rows(0, 10))
+    with theirs.load_table("db.t").transaction() as tx:
+        tx.set_properties(owner="carol")
+    damaged = ours.load_table("db.t", check_keys=False)
+    real_check = repair._check_newest
+
+    def check_then_lose(target, location):
+        real_check(target, location)
         with theirs.load_table("db.t").transaction() as tx:
-            tx.set_properties(owner="carol")
-        broken = theirs.load_table("db.t").metadata_location.removeprefix("file://")
+            tx.set_properties(owner="dave")
 
-        with pytest.raises(KeysLostError) as caught:
-            ours.load_table("db.t")
-        assert caught.value.metadata_location == broken
-        with pytest.raises(KeysLostError):
-            table.refresh()
-
-        damaged = ours.load_table("db.t", check_keys=False)
-        assert damaged.metadata_location == broken
-        dry = damaged.repair_keys(dry_run=True)
-        assert dry.metadata_location == broken and len(dry.restored_key_ids) == 2
-        capfd.readouterr()
-        cli = ["table", "repair", "db.t", "--dry-run", "--catalog", f"warehouse={warehouse}", "--catalog-name", "shared"]
-        assert main([*cli, *MEMORY_KMS]) == 0
-        assert "dry run: nothing committed" in capfd.readouterr().out
-        assert theirs.load_table("db.t").metadata_location.removeprefix("file://") == broken
-        # the table object from before PyIceberg's commit repairs the catalog's current version too
-        report = table.repair_keys()
-        assert report.committed_location == table.metadata_location
-        assert Path(report.committed_location).name.startswith("00004-")  # 00000-00002 ours, 00003 PyIceberg's
-        current = theirs.load_table("db.t").metadata_location.removeprefix("file://")
-        assert current == report.committed_location  # the catalog points at the repair
-        repaired = ours.load_table("db.t")
-        assert _digest(repaired) == digest and repaired.properties["owner"] == "carol" and repaired.verify().ok
-    finally:
-        theirs.engine.dispose()
+    monkeypatch.setattr(repair, "_check_newest", check_then_lose)
+    metadata_dir = Path(damaged.metadata_location).parent
+    with pytest.raises(CommitConflictError, match="another commit landed while the keys were being restored"):
+        damaged.repair_keys()
+    current = theirs.load_table("db.t")
+    assert current.properties["owner"] == "dave"
+    names = sorted(p.name for p in metadata_dir.glob("*.metadata.json"))
+    # create, append, PyIceberg's two commits; the repair's 00003-<uuid> was removed
+    assert [n[:5] for n in names] == ["00000", "00001", "00002", "00003"]
+    assert current.metadata_location.removeprefix("file://") == str(metadata_dir / names[-1])

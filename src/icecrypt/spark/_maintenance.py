@@ -59,6 +59,6 @@ def rewrite_data_files(
     new_files = [f for files in rdd.map(run).collect() for f in files]
     try:
         return _maintenance.commit_rewrite(table, plan, new_files)
-    except BaseException:
-        w._cleanup(w._Target.of(table).io(None), [f["file_path"] for f in new_files])
+    except BaseException as exc:  # kept when the commit landed or may have (the version names them)
+        w._discard(w._Target.of(table).io(None), [f["file_path"] for f in new_files], exc)
         raise

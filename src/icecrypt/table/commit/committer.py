@@ -8,7 +8,11 @@ compare-and-swap).  When another writer committed first the attempt is repeated 
 newer version after a jittered exponential backoff bounded by the table's
 ``commit.retry.*`` properties (Java's names and defaults); a requirement that no longer
 holds there refuses the change (:class:`~icecrypt.errors.CommitConflictError`).  A
-failed commit leaves nothing behind: a metadata-only change writes no other file.
+failed commit leaves nothing behind: a metadata-only change writes no other file.  An
+error once the version file may be in place (an interrupt during the housekeeping after
+it, a catalog that cannot say whether its swap landed) deletes nothing unless no version
+follows the base: the exception is marked (``store.files_needed``) so that the
+operation keeps its files too.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ def commit(
     policy: RetryPolicy | None = None,
     on_retry: Callable[[int], None] | None = None,
     first_base: tuple[str, dict[str, Any]] | None = None,
+    any_format_version: bool = False,
 ) -> str | None:
     """Commit ``change`` to the table (an EncryptedTable or a ``commit.target._Target``);
     returns the new metadata location, installed in the table object.
@@ -115,8 +120,10 @@ def commit(
     kept losing races beyond the retry policy.  ``on_retry(attempt)`` is told of each
     lost race (benchmarks count them).  ``first_base``: (location, document) of the
     version the change was planned on, used for the first attempt instead of asking
-    for the newest again (a stale one loses the race and is replaced)."""
-    from icecrypt.table.commit.target import _Target
+    for the newest again (a stale one loses the race and is replaced).  A base not of
+    format v3 is refused (ValueError) unless ``any_format_version``: a change whose
+    updates upgrade it (``encrypt_table``)."""
+    from icecrypt.table.commit.target import _Target, check_format_version
 
     target = table_or_target if isinstance(table_or_target, _Target) else _Target.of(table_or_target)
     started = time.monotonic()
@@ -126,14 +133,17 @@ def commit(
             (base_location, base), first_base = first_base, None
             target.check_pin(base_location, base)
             target.base_location = base_location
+            if not any_format_version:
+                check_format_version(base_location, base)
         else:
-            base_location, base = target.latest()
+            base_location, base = target.latest(any_format_version=any_format_version)
         if policy is None:
             policy = RetryPolicy.from_properties(base.get("properties"))
         built = change(base_location, base) if callable(change) else change
         if built is None:
             return None
         staged = built if isinstance(built, Staged) else Staged(built)
+        committing = False
         try:
             staged.change.validate(base)
             manager, keys_whole = staged.manager, staged.keys_whole
@@ -144,6 +154,7 @@ def commit(
                 keys_whole = target.check_base_keys(base_location, base, manager)
             metadata = _model.apply(base, staged.change.updates, base_location=base_location)
             target.check_pin(base_location, metadata, staged.pin_change)
+            committing = True
             location = target.commit_metadata(
                 base_location, metadata, base=base, pin=staged.pin_change, retired=staged.retired
             )
@@ -166,13 +177,35 @@ def commit(
             time.sleep(min(policy.delay_ms(attempt), max(0.0, policy.total_timeout_ms - elapsed_ms)) / 1000)
             continue
         except BaseException as exc:
-            if not _commit.outcome_unknown(exc):  # the version may be current: keep what it names
+            # an error (an interrupt, say) once the version file may be in place: the
+            # version may be current and name what the attempt wrote
+            if committing and not _commit.files_needed(exc) and _landed(target, base_location, staged) is not False:
+                _commit.mark_files_needed(exc)
+            if not _commit.files_needed(exc):
                 _remove(target, staged.written)
             raise
         _take_identity(target, staged)
         target.last_commit = (location, metadata, manager, keys_whole)
         target.committed(location)
         return location
+
+
+def _landed(target: Any, base_location: str, staged: Staged) -> bool | None:
+    """Whether the attempt that failed while committing landed anyway: the newest
+    version holds a snapshot it adds (True), or no version follows its base (False);
+    None when that cannot be told (the newest version unreadable, or a change that adds
+    no snapshot under a newer version)."""
+    added = {u.snapshot.get("snapshot-id") for u in staged.change.updates if isinstance(u, _model.AddSnapshot)}
+    try:
+        current = target.current_location()
+        if current == base_location:
+            return False
+        if not added:
+            return None
+        newest = _commit.read_metadata(target.filesystem, current)
+    except Exception:  # noqa: BLE001 - nobody can tell: keep the files
+        return None
+    return any(s.get("snapshot-id") in added for s in newest.get("snapshots") or ())
 
 
 def _take_identity(target: Any, staged: Staged) -> None:

@@ -559,6 +559,20 @@ def outcome_unknown(exc: BaseException) -> bool:
     return bool(getattr(exc, "icecrypt_commit_outcome_unknown", False))
 
 
+def mark_files_needed(exc: BaseException) -> None:
+    """Record on ``exc`` that the commit it interrupted landed, or may have (the
+    committer found its version current, or could not tell): whoever handles it keeps
+    the files that commit references."""
+    with contextlib.suppress(AttributeError):
+        exc.icecrypt_commit_files_needed = True  # type: ignore[attr-defined]
+
+
+def files_needed(exc: BaseException) -> bool:
+    """Whether the files of the commit ``exc`` interrupted must be kept: its outcome is
+    unknown (:func:`outcome_unknown`) or it landed (:func:`mark_files_needed`)."""
+    return outcome_unknown(exc) or bool(getattr(exc, "icecrypt_commit_files_needed", False))
+
+
 def _is_current(store: MetadataStore, path: str) -> bool | None:
     try:
         return store.current() == path

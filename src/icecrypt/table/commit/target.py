@@ -24,6 +24,15 @@ __all__ = ["FORMAT_VERSION"]
 FORMAT_VERSION = 3
 
 
+def check_format_version(location: str, metadata: dict[str, Any]) -> None:
+    """Refuse (ValueError) to write on a version not of the format icecrypt writes."""
+    if metadata.get("format-version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{location}: icecrypt writes format-version {FORMAT_VERSION} tables only "
+            f"(this one is {metadata.get('format-version')})"
+        )
+
+
 @dataclass
 class _Target:
     """What the write path needs of a table: where its metadata is, how recorded paths
@@ -109,12 +118,14 @@ class _Target:
             self.filesystem, self.store, base_location, metadata, base=base, rotate_to=rotation, retired=retired
         )
 
-    def latest(self) -> tuple[str, dict[str, Any]]:
+    def latest(self, *, any_format_version: bool = False) -> tuple[str, dict[str, Any]]:
         """The newest committed metadata file and its content.
 
         When the table object already holds that version, its parsed document is
         returned (version files are created once and never change; the write path
-        replaces containers rather than editing them), so a commit parses no JSON."""
+        replaces containers rather than editing them), so a commit parses no JSON.
+        A version not of format v3 is refused (ValueError) unless ``any_format_version``
+        (a change that upgrades it: ``encrypt_table``)."""
         location = self.current_location()
         if self.table is not None and location == self.table.metadata_location:
             metadata = self.table.metadata
@@ -122,11 +133,8 @@ class _Target:
             metadata = _commit.read_metadata(self.filesystem, location)
         self.check_pin(location, metadata)  # before any key is read through it or file written
         self.base_location = location
-        if metadata.get("format-version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{location}: icecrypt writes format-version {FORMAT_VERSION} tables only "
-                f"(this one is {metadata.get('format-version')})"
-            )
+        if not any_format_version:
+            check_format_version(location, metadata)
         return location, metadata
 
     def manager(self, metadata: dict[str, Any], *, check_kek: bool = True) -> EncryptionManager | None:

@@ -13,14 +13,21 @@ the table UUID stay; rows keep their row ids (v3 sources) or get the ids an upgr
 v3 gives them (``first_row_id`` assigned from 0 over the data files in manifest-list
 order, ``_last_updated_sequence_number`` the file's data sequence number).
 
-This is the one commit that changes what a table object pins (``TablePin``: encrypted or
-not): the object's pin, and a catalog's record (``icecrypt.table-key-id``, in the same
-transaction as the metadata swap), follow it explicitly.
+In place, the commit goes through the one committer as table updates on the source
+version (``upgrade-format-version``, ``set-properties`` / ``remove-properties``,
+``add-snapshot``, ``set-snapshot-ref``, ``remove-snapshots``, ``set-encryption-keys``,
+and with the expiry ``reset-metadata-log``), built once: a concurrent commit refuses
+the conversion.  It is the one commit that changes what a table object pins
+(``TablePin``: encrypted or not): the object's pin, and a catalog's record
+(``icecrypt.table-key-id``, in the same transaction as the metadata swap), follow it
+explicitly (``Staged.pin_change``).  Branches and tags other than ``main`` are not
+converted: refused, or dropped on request (``drop_refs=True``, with a warning).
 
 Restartable: the files of one conversion of one table version are named after a run id
 derived from that version, so a rerun after a killed run first deletes what the killed
 run left; a run that fails with an exception deletes what it wrote before the error
-propagates.  The source stays at its old version until the one commit lands.
+propagates (unless its commit landed, or may have).  The source stays at its old version
+until the one commit lands.
 """
 
 from __future__ import annotations
@@ -115,8 +122,9 @@ def encrypt_table(
     plaintext snapshots are no longer in it, and with ``expire_plaintext=True`` their
     files and the older (plaintext) metadata files are deleted.  With ``target`` (a new
     table location on the same filesystem) a new path table is created there and the
-    source is left untouched.  Refs other than ``main`` point at plaintext snapshots:
-    refused unless ``drop_refs=True``.  ``data_key_length``: ``encryption.data-key-length``
+    source is left untouched.  Refs other than ``main`` (branches, tags) point at
+    plaintext snapshots, which are not converted: refused unless ``drop_refs=True``,
+    which drops them (a UserWarning and ``ConvertTableResult.dropped_refs`` name them).  ``data_key_length``: ``encryption.data-key-length``
     (16, 24 or 32; default the table's property or 16).
 
     Refused (nothing written): an encrypted source (ValueError), a master key the KMS
@@ -222,8 +230,8 @@ def _convert(
                 return done
             raise FileExistsError(f"{target}: a table exists there ({found}); refused, nothing written")
     run = _run_id(kind, base, base_location, target)
-    new_base, row_ids = _upgraded(table, base, encrypt=encrypt, table_key_id=table_key_id,
-                                  data_key_length=data_key_length, target=recorded if target else None)  # fmt: skip
+    kind_updates = _kind_updates(encrypt=encrypt, table_key_id=table_key_id, data_key_length=data_key_length)
+    new_base, row_ids = _upgraded(table, base, kind_updates, target=recorded if target else None)
     if encrypt:
         manager = EncryptionManager.from_table_metadata(kms, new_base)
     io = TableIO(fs, to_fs_path, manager)
@@ -233,27 +241,32 @@ def _convert(
     old_files = _old_files(table, base, base_location) if expire and target is None else None
     written: list[str] = []
     try:
-        metadata, stats = _build(table, base, base_location, new_base, io, manager, recorded, run, row_ids,
-                                 target_file_size, written, expire=expire and target is None,
-                                 in_place=target is None)  # fmt: skip
+        updates, stats = _build(table, base, base_location, new_base, io, manager, recorded, run, row_ids,
+                                target_file_size, written, in_place=target is None)  # fmt: skip
         if target is None:
-            location = w._Target.of(table).commit_metadata(base_location, metadata, base=base)
+            updates = [*kind_updates, *updates]
+            if expire:
+                updates.append(_model.ResetMetadataLog())  # the older versions go with the files they name
+            location = _commit_in_place(table, base_location, base, new_base, updates, manager, kms if encrypt else None)
         else:
             metadata_dir = to_fs_path(f"{recorded}/metadata")
-            location = _commit.create_table_metadata(fs, metadata_dir, metadata)
+            location = _commit.create_table_metadata(fs, metadata_dir, _model.apply(new_base, updates))
     except (_commit.VersionExistsError, CommitConflictError) as exc:
-        w._cleanup(io, written)
+        w._discard(io, written, exc)
         raise CommitConflictError(f"{base_location}: another writer committed while the table was being "
                                   f"{kind}ed; nothing was committed (run it again)") from exc  # fmt: skip
-    except BaseException:
-        w._cleanup(io, written)
+    except BaseException as exc:
+        w._discard(io, written, exc)  # kept when the commit landed (an interrupt after it) or may have
         raise
     # committed: nothing below may undo it
-    result = ConvertTableResult(None, metadata.get("current-snapshot-id"), location, target is None, **stats)
+    snapshot_id = next((u.snapshot_id for u in updates if isinstance(u, _model.SetSnapshotRef)), None)
+    result = ConvertTableResult(None, snapshot_id, location, target is None, **stats)
+    if stats["dropped_refs"]:
+        where = "dropped from the table" if target is None else f"not carried into {location}"
+        warnings.warn(f"{base_location}: branches and tags {', '.join(stats['dropped_refs'])} {where} (drop_refs=True): "
+                      f"they point at snapshots of the old kind, which the {kind}ion does not convert", UserWarning,
+                      stacklevel=3)  # fmt: skip
     if target is None:
-        table.kms = kms if encrypt else table.kms
-        table.pin = dataclasses.replace(TablePin.from_metadata(metadata), source=table.pin.source if table.pin else "caller")
-        _refresh(table, location)
         result.table = table
         if old_files is not None:
             _expire_old(table, base_location, old_files, result)
@@ -265,15 +278,36 @@ def _convert(
     return result
 
 
-def _refresh(table: Any, location: str) -> None:
-    for attempt in range(3):
-        try:
-            table.refresh()
-            return
-        except OSError as exc:
-            failure = exc
-    warnings.warn(f"{location}: committed, but reading it back failed ({failure}); call refresh() before using this "
-                  "table object again", RuntimeWarning, stacklevel=3)  # fmt: skip
+def _commit_in_place(
+    table: Any, base_location: str, base: dict[str, Any], new_base: dict[str, Any], updates: list[Any],
+    manager: EncryptionManager | None, new_kms: Any,
+) -> str:
+    """Commit ``updates`` on ``base`` through the one committer: once, on that version
+    (whose rows were rewritten; no retry: a concurrent commit refuses the conversion),
+    which may be of format v1 or v2 (the updates upgrade it).  The commit changes what
+    the table object pins (encrypted or not, the key id): the new pin, taken from the
+    version before its snapshot, is the commit's explicit ``pin_change`` (a catalog
+    records the key id in the same transaction); the object takes it, and ``new_kms``,
+    once the commit landed."""
+    from icecrypt.table.commit import committer as _committer
+
+    target = w._Target.of(table)
+    pin = dataclasses.replace(TablePin.from_metadata(new_base), source=table.pin.source if table.pin else "caller")
+    kind = "encryption" if manager is not None else "decryption"
+
+    def build(location: str, version: dict[str, Any]) -> _committer.Staged:
+        return _committer.Staged(
+            _model.Change.on(version, updates, what=f"table {kind}"), manager=manager,
+            keys_whole=False,  # the new version's keys are checked when it is installed
+            pin_change=pin, kms=new_kms,
+        )  # fmt: skip
+
+    location = _committer.commit(
+        target, build, first_base=(base_location, base), policy=_committer.RetryPolicy(num_retries=0),
+        any_format_version=True,  # a v1 or v2 source: the updates upgrade it
+    )
+    assert location is not None
+    return location
 
 
 def _finished(table: Any, kind: str, expire: bool, target: str | None) -> ConvertTableResult | None:
@@ -325,54 +359,40 @@ def _target_done(
     return ConvertTableResult(table, snapshot.snapshot_id, table.metadata_location, False, already_done=True)
 
 
-def _upgraded(
-    table: Any, base: Mapping[str, Any], *, encrypt: bool, table_key_id: str | None, data_key_length: int | None,
-    target: str | None,
-) -> tuple[dict[str, Any], dict[str, int] | None]:
-    """``base`` as a format-v3 document of the new kind, before the new snapshot: v1
-    fields made v2/v3 ones, the encryption properties set or removed, and for a new
-    table a new UUID and location without the source's history.  For a source below v3
-    also the ``first_row_id`` an upgrade gives each live data file (by path)."""
-    doc = dict(base)
-    version = int(doc.get("format-version", 1))
-    if "schemas" not in doc:
-        schema = dict(doc["schema"])
-        schema.setdefault("schema-id", 0)
-        doc["schemas"], doc["current-schema-id"] = [schema], schema["schema-id"]
-    if "partition-specs" not in doc:
-        doc["partition-specs"] = [{"spec-id": 0, "fields": list(doc.get("partition-spec") or [])}]
-        doc["default-spec-id"] = 0
-    if "last-partition-id" not in doc:
-        ids = [f.get("field-id", 999) for spec in doc["partition-specs"] for f in spec.get("fields") or ()]
-        doc["last-partition-id"] = max([999, *ids])
-    if "sort-orders" not in doc:
-        doc["sort-orders"], doc["default-sort-order-id"] = [{"order-id": 0, "fields": []}], 0
-    for legacy in ("schema", "partition-spec"):
-        doc.pop(legacy, None)
-    doc.setdefault("last-sequence-number", 0)
-    row_ids = None
-    if version < 3:
-        row_ids, doc["next-row-id"] = _upgrade_row_ids(table)
-    doc.setdefault("next-row-id", 0)
-    doc["format-version"] = 3
-    properties = dict(doc.get("properties") or {})
+def _kind_updates(*, encrypt: bool, table_key_id: str | None, data_key_length: int | None) -> list[Any]:
+    """The updates that make a table of the other kind, before its new snapshot: format
+    v3, and ``encryption.key-id`` (with ``encryption.data-key-length``) set, or removed
+    with every ``encryption-keys`` entry."""
+    updates: list[Any] = [_model.UpgradeFormatVersion(3)]
     if encrypt:
-        properties[ENCRYPTION_TABLE_KEY] = str(table_key_id)
+        properties = {ENCRYPTION_TABLE_KEY: str(table_key_id)}
         if data_key_length is not None:
             properties[ENCRYPTION_DEK_LENGTH] = str(data_key_length)
+        updates.append(_model.SetProperties(properties))
     else:
-        for name in _ENCRYPTION_PROPERTIES:
-            properties.pop(name, None)
-        doc.pop("encryption-keys", None)
+        updates += [_model.RemoveProperties(_ENCRYPTION_PROPERTIES), _model.SetEncryptionKeys(())]
+    return updates
+
+
+def _upgraded(
+    table: Any, base: Mapping[str, Any], kind_updates: list[Any], *, target: str | None
+) -> tuple[dict[str, Any], dict[str, int] | None]:
+    """``base`` as a format-v3 document of the new kind, before the new snapshot
+    (``kind_updates`` applied), and for a new table a new UUID and location without the
+    source's history.  For a source below v3 also the ``first_row_id`` an upgrade gives
+    each live data file (by path), and the ``next-row-id`` after them."""
+    doc = _model.apply(base, kind_updates)
+    row_ids = None
+    if int(base.get("format-version", 1)) < 3:
+        row_ids, doc["next-row-id"] = _upgrade_row_ids(table)
     if target is not None:
-        for name in _SOURCE_PATHS:
-            properties.pop(name, None)
+        properties = {k: v for k, v in (doc.get("properties") or {}).items() if k not in _SOURCE_PATHS}
         doc.update({
             "table-uuid": str(uuid.uuid4()), "location": target, "current-snapshot-id": -1, "refs": {},
             "snapshots": [], "snapshot-log": [], "metadata-log": [], "statistics": [], "partition-statistics": [],
         })  # fmt: skip
         doc.pop("encryption-keys", None)
-    doc["properties"] = properties
+        doc["properties"] = properties
     return doc, row_ids
 
 
@@ -431,17 +451,19 @@ def _lineage_batches(table: Any, row_ids: dict[str, int] | None) -> tuple[Iterat
 def _build(
     table: Any, base: Mapping[str, Any], base_location: str, new_base: dict[str, Any], io: TableIO,
     manager: EncryptionManager | None, recorded: str, run: str, row_ids: dict[str, int] | None,
-    target_file_size: int | None, written: list[str], *, expire: bool, in_place: bool,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    target_file_size: int | None, written: list[str], *, in_place: bool,
+) -> tuple[list[Any], dict[str, Any]]:
     """Write the new files (each name recorded in ``written`` before it is created) and
-    return the new metadata document."""
+    return the updates that commit them on ``new_base``: the converted snapshot added
+    and ``main`` moved to it, the snapshots of the old kind removed (in place), and the
+    ``encryption-keys`` of ``manager`` (which wrapped the manifest-list key)."""
     schema = w._schema(new_base)
     specs = w._specs(new_base)
     spec = specs[new_base.get("default-spec-id", 0)]
     properties = new_base.get("properties") or {}
     stats: dict[str, Any] = {}
     snapshot_id = w._new_snapshot_id(base)
-    metadata = new_base
+    updates: list[Any] = []
     old_ids = [s["snapshot-id"] for s in base.get("snapshots") or ()] if in_place else []
     if table.current_snapshot() is not None:
         batches, lineage, counts = _lineage_batches(table, row_ids)
@@ -469,39 +491,18 @@ def _build(
         change = w._Change("replace", manifests, [], added_files=data_files, removed_files=removed,
                            summary_extra={CONVERTED_FROM: _marker(base, base_location),
                                           CONVERSION: "encrypt" if manager is not None else "decrypt"})  # fmt: skip
-        metadata = _snapshot_metadata(new_base, base_location, manager, change, snapshot_id, list_location, key,
-                                      next_row_id)  # fmt: skip
-        if not in_place:  # a new table: no history
-            metadata["metadata-log"] = []
+        snapshot = w._new_snapshot(new_base, parent, change, snapshot_id, list_location, next_row_id)
+        if manager is not None:  # wrapped under the table's current KEK (created if none)
+            snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(key).key_id
+        updates += [_model.AddSnapshot(snapshot), _model.SetSnapshotRef(_model.MAIN_BRANCH, snapshot_id, "branch")]
         stats.update(added_data_files=len(data_files), records=sum(f["record_count"] for f in data_files))
-    else:
-        metadata = dict(new_base)
-        if in_place:
-            w._log_previous(metadata, base, base_location)
-        if manager is not None:
-            metadata = manager.apply_to_metadata(metadata)
+    if manager is not None:
+        updates.append(_model.SetEncryptionKeys(tuple(k.to_json() for k in manager.encryption_keys)))
     if old_ids:
-        metadata = _model.apply(metadata, [_model.RemoveSnapshots(tuple(old_ids))])
+        updates.append(_model.RemoveSnapshots(tuple(old_ids)))
         stats["removed_snapshot_ids"] = old_ids
     stats["dropped_refs"] = sorted(n for n in (base.get("refs") or {}) if n != _model.MAIN_BRANCH)
-    if expire:
-        metadata["metadata-log"] = []  # the older versions go with the files they name
-    return metadata, stats
-
-
-def _snapshot_metadata(
-    base: dict[str, Any], base_location: str, manager: EncryptionManager | None, change: Any, snapshot_id: int,
-    list_location: str, list_key: Any, next_row_id: int,
-) -> dict[str, Any]:
-    """``base`` with the converted snapshot added and ``main`` moved to it (the table
-    updates ``add-snapshot`` and ``set-snapshot-ref``), its manifest-list key wrapped under
-    the table's current KEK (a KEK created if none) and ``encryption-keys`` written."""
-    snapshot = w._new_snapshot(base, w._current_snapshot(base), change, snapshot_id, list_location, next_row_id)
-    if manager is not None:
-        snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(list_key).key_id
-    updates = [_model.AddSnapshot(snapshot), _model.SetSnapshotRef(_model.MAIN_BRANCH, snapshot_id, "branch")]
-    metadata = _model.apply(base, updates, base_location=base_location)
-    return manager.apply_to_metadata(metadata) if manager is not None else metadata
+    return updates, stats
 
 
 def _live_file_records(table: Any) -> list[dict[str, Any]]:

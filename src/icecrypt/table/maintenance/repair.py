@@ -34,11 +34,9 @@ other writer's change (its properties, its schema) is kept.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import posixpath
-import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -403,9 +401,10 @@ def _recover_key_id(snapshot_id: int, history: _History) -> str:
     return next(iter(found))
 
 
-def _authenticate(table: TableView, location: str, metadata: dict[str, Any], restored: list[LostKey]) -> None:
+def _authenticate(table: TableView, location: str, metadata: dict[str, Any], restored: list[LostKey]) -> Any:
     """Unwrap each restored snapshot's manifest-list key through the KMS and read its
-    manifest list with it (the AGS1 tags authenticate the recovered key)."""
+    manifest list with it (the AGS1 tags authenticate the recovered key); returns the
+    encryption manager of ``metadata``."""
     from icecrypt.keys import EncryptionManager
     from icecrypt.table.files.manifest import read_manifest_list
 
@@ -427,6 +426,7 @@ def _authenticate(table: TableView, location: str, metadata: dict[str, Any], res
                 f"{location}: the recovered key {key_id!r} of snapshot {item.snapshot_id} does not "
                 f"authenticate its manifest list {item.manifest_list} ({type(exc).__name__}: {exc}); nothing committed"
             ) from None
+    return manager
 
 
 def _ordered_additions(added: Mapping[str, Any], history: _History) -> list[str]:
@@ -442,90 +442,71 @@ def _ordered_additions(added: Mapping[str, Any], history: _History) -> list[str]
     return order + [key_id for key_id in added if key_id not in order]
 
 
-def _commit(table: TableView, base_location: str, base: dict[str, Any], metadata: dict[str, Any]) -> str:
-    """Commit ``metadata`` as the version after ``base_location`` through the table's
-    write path; returns the new metadata file."""
-    from icecrypt.table.commit import store as commit_mod
+def _commit(table: TableView, base_location: str, base: dict[str, Any], updates: list[Any], manager: Any) -> str:
+    """Commit ``updates`` on the damaged version ``base_location`` (``base``) through the
+    one committer; returns the new metadata file.
+
+    Built once, on that version only (no retry): a repair that lost a race refuses
+    rather than re-plan on a version it did not check.  A path table's next version
+    follows the newest ``v<N>`` in the base's log when the base is named otherwise
+    (``store.next_version``); a catalog table swaps from the base."""
+    from icecrypt.table.commit import committer as _committer
     from icecrypt.table.commit.target import _Target
+    from icecrypt.table.model import changes as _model
 
     target = _Target.of(table)
-    # a catalog table commits by compare-and-swap of the catalog's metadata location;
-    # a path table after the newest Hadoop version (see _path_commit_base)
-    catalog = getattr(target, "store", None) is not None
-    after = base_location if catalog else _path_commit_base(table, base_location, base)
+
+    def build(location: str, version: dict[str, Any]) -> Any:
+        _check_newest(target, location)
+        return _committer.Staged(
+            _model.Change.on(version, updates, what="key repair"),
+            manager=manager,
+            keys_whole=False,  # never the base's (damaged) keys; the new version is checked on install
+        )
+
     try:
-        location = target.commit_metadata(after, metadata, base=base)
-    except commit_mod.VersionExistsError:
+        location = _committer.commit(
+            target, build, first_base=(base_location, base), policy=_committer.RetryPolicy(num_retries=0)
+        )
+    except CommitConflictError as exc:
         raise CommitConflictError(
             f"{base_location}: another commit landed while the keys were being restored; "
             "load the table again and repeat the repair"
-        ) from None
-    target.committed(location)
+        ) from exc
+    assert location is not None
     return location
 
 
-def _path_commit_base(table: TableView, base_location: str, base: Mapping[str, Any]) -> str:
-    """The version to commit after, for a table without a catalog.
+def _check_newest(target: Any, base_location: str) -> None:
+    """Refuse (RepairError) to commit a repair of ``base_location`` when a newer version
+    exists (one that follows it: repair that one; or one beside it that does not)."""
+    from icecrypt.errors import TableVersionError
 
-    A writer numbering its files ``<NNNNN>-<uuid>.metadata.json`` (PyIceberg, Java's
-    catalogs) after ``v<N>.metadata.json`` versions starts again at ``00000``, below the
-    Hadoop versions already in the directory: the repair is then committed after the
-    newest ``v<N>`` version, provided that one is older than the damaged file (listed in
-    its metadata-log).  A version numbered above the damaged file and not in its log is
-    another writer's newer commit: refused."""
-    import pyarrow.fs as pafs
-
-    from icecrypt.table.commit import store as commit_mod
-
-    metadata_dir, own_name = posixpath.split(base_location)
     try:
-        own = commit_mod.version_of(base_location)
-    except ValueError:
-        own = 0
-    logged = {posixpath.basename(f) for f in _History(base, base_location, table.locations).recorded}
-    newest_hadoop = None
-    for info in table.filesystem.get_file_info(pafs.FileSelector(metadata_dir, allow_not_found=True)):
-        name = info.base_name
-        if name == own_name or info.type != pafs.FileType.File or info.size == 0:
-            continue  # (an empty file: what a writer that failed while serializing leaves)
-        try:
-            version = commit_mod.version_of(name)
-        except ValueError:
-            continue
-        if name == commit_mod.metadata_file_name(version):
-            newest_hadoop = max(version, newest_hadoop or 0)
-        elif version > own and name not in logged:
-            _newer(base_location, posixpath.join(metadata_dir, name))
-    if newest_hadoop is None or newest_hadoop <= own:
-        return base_location
-    # only the newest v<N> matters: older ones precede it (and may have left a trimmed log)
-    newest = commit_mod.metadata_file_name(newest_hadoop)
-    if newest not in logged:
-        _newer(base_location, posixpath.join(metadata_dir, newest))
-    return posixpath.join(metadata_dir, newest)
-
-
-def _newer(base_location: str, newer: str) -> None:
-    raise RepairError(
-        f"{base_location}: a newer version {newer} exists that does not follow it (it is not in its "
-        "metadata-log); load the newest version and repair that"
-    )
+        newest = target.current_location()
+    except TableVersionError as exc:
+        others = [p for p in exc.metadata_locations if p != base_location]
+        raise RepairError(
+            f"{base_location}: a newer version {', '.join(others)} exists that does not follow it (it is not in its "
+            "metadata-log); load the newest version and repair that"
+        ) from None
+    if newest != base_location:
+        raise RepairError(f"{base_location}: a newer version {newest} follows it; load the newest version and repair that")
 
 
 def _check_pinned(table: TableView, base_location: str, base: dict[str, Any]) -> None:
     """Refuse (TableIdentityError) to repair a version, or to commit beside a newer one,
     that differs from the table object's pin (encryption removed, key id or UUID changed)."""
-    from icecrypt.table.files.metadata import read_metadata_file
-    from icecrypt.table.commit.target import _Target
-
     from icecrypt.errors import TableVersionError
+    from icecrypt.table.commit.target import _Target
+    from icecrypt.table.files.metadata import read_metadata_file
 
     target = _Target.of(table)
     target.check_pin(base_location, base)
     try:
         newest = target.current_location()
     except TableVersionError:
-        return  # a fork: _path_commit_base refuses to commit beside it
+        return  # a fork: the commit refuses it (_check_newest)
     if newest != base_location:
         target.check_pin(newest, read_metadata_file(table.filesystem, newest))
 
@@ -538,8 +519,7 @@ def repair_keys(table: TableView, *, dry_run: bool = False) -> RepairReport:
     :class:`~icecrypt.errors.RepairError` (nothing committed) when anything is
     ambiguous, missing or does not authenticate."""
     from icecrypt.keys.encrypted_key import EncryptedKey
-    from icecrypt.keys.manager import with_snapshot_key_id, write_encryption_keys
-    from icecrypt.table.model.changes import log_previous as _log_previous
+    from icecrypt.table.model import changes as _model
 
     base_location, base = table.metadata_location, table.metadata
     store = getattr(table, "metadata_store", None)
@@ -584,21 +564,18 @@ def repair_keys(table: TableView, *, dry_run: bool = False) -> RepairReport:
         keys += [EncryptedKey.from_json(added[key_id][0]) for key_id in _ordered_additions(added, history)]
     except (ValueError, TypeError) as exc:
         raise RepairError(f"{base_location}: a recovered encryption-keys entry is malformed: {exc}") from None
-    metadata = write_encryption_keys(copy.deepcopy(base), keys)
-    metadata["snapshots"] = [
-        with_snapshot_key_id(raw, restored_ids[raw["snapshot-id"]]) if raw.get("snapshot-id") in restored_ids else raw
-        for raw in metadata.get("snapshots") or ()
-    ]
+    updates = [_model.SetEncryptionKeys(tuple(key.to_json() for key in keys))]
+    if restored_ids:
+        updates.append(_model.RestoreSnapshotKeyIds(restored_ids))
+    metadata = _model.apply(base, updates)  # what the commit holds (bar its log and time)
     still = find_lost_keys(metadata, table.locations, cache=getattr(table, "_repair_cache", None))
     if still:
         raise RepairError(f"{base_location}: keys still missing after the repair: {still[0].describe()}")
-    _authenticate(table, base_location, metadata, lost)
+    manager = _authenticate(table, base_location, metadata, lost)
     report = RepairReport(
         base_location, restored_ids, {key_id: source for key_id, (_, source) in added.items()}, dropper, dry_run
     )
     if dry_run:
         return report
-    metadata["last-updated-ms"] = max(time.time_ns() // 1_000_000, int(base.get("last-updated-ms") or 0))
-    _log_previous(metadata, base, base_location)
-    location = _commit(table, base_location, base, metadata)
+    location = _commit(table, base_location, base, updates, manager)
     return dataclasses.replace(report, committed_location=location)

@@ -41,6 +41,7 @@ __all__ = [
     "RemoveSnapshots",
     "RequirementFailed",
     "ResetMetadataLog",
+    "RestoreSnapshotKeyIds",
     "SetCurrentSchema",
     "SetDefaultSortOrder",
     "SetDefaultSpec",
@@ -66,9 +67,12 @@ def now_ms() -> int:
 
 
 class TableUpdate:
-    """One table update; ``action`` is its REST name."""
+    """One table update; ``action`` is its REST name.  ``local``: icecrypt's own update,
+    not in the REST vocabulary (a REST catalog is never sent one: the committer applies
+    it to the document it commits)."""
 
     action: ClassVar[str]
+    local: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,21 @@ class SetEncryptionKeys(TableUpdate):
     same list is reached by removing the entries and adding them back in order."""
 
     action: ClassVar[str] = "set-encryption-keys"
+    local: ClassVar[bool] = True
     encryption_keys: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class RestoreSnapshotKeyIds(TableUpdate):
+    """Snapshots get back the ``key-id`` a writer that does not know encryption dropped
+    (icecrypt's own update, not in the REST vocabulary: ``repair_keys``).  ``key_ids``:
+    snapshot id -> key id; a missing one is written as the snapshot's last field, where
+    Java writes it.  A snapshot not in the table, or one that carries another
+    ``key-id``, is refused (ValueError): this restores, it never replaces."""
+
+    action: ClassVar[str] = "restore-snapshot-key-ids"
+    local: ClassVar[bool] = True
+    key_ids: Mapping[int, str]
 
 
 @dataclass(frozen=True)
@@ -154,6 +172,7 @@ class ResetMetadataLog(TableUpdate):
     which hold the leaked keys, are deleted."""
 
     action: ClassVar[str] = "reset-metadata-log"
+    local: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -443,6 +462,23 @@ def _remove_encryption_key(b: _Builder, update: RemoveEncryptionKey) -> None:
     _put_encryption_keys(b, [k for k in b.metadata.get("encryption-keys") or [] if k.get("key-id") != update.key_id])
 
 
+def _restore_snapshot_key_ids(b: _Builder, update: RestoreSnapshotKeyIds) -> None:
+    missing = set(update.key_ids) - b.snapshot_ids()
+    if missing:
+        raise ValueError(f"restore-snapshot-key-ids: snapshot(s) {sorted(missing)} not in the table")
+    snapshots = []
+    for snapshot in b.metadata.get("snapshots") or ():
+        key_id = update.key_ids.get(snapshot["snapshot-id"])
+        if key_id is not None and snapshot.get("key-id") != key_id:
+            if snapshot.get("key-id") is not None:
+                raise ValueError(
+                    f"restore-snapshot-key-ids: snapshot {snapshot['snapshot-id']} has another key-id; not replaced"
+                )
+            snapshot = {**snapshot, "key-id": key_id}
+        snapshots.append(snapshot)
+    b.replace("snapshots", snapshots)
+
+
 def _set_encryption_keys(b: _Builder, update: SetEncryptionKeys) -> None:
     ids = [k.get("key-id") for k in update.encryption_keys]
     if len(set(ids)) != len(ids):
@@ -506,11 +542,36 @@ def _set_default_spec(b: _Builder, update: SetDefaultSpec) -> None:
 
 
 def _upgrade(b: _Builder, update: UpgradeFormatVersion) -> None:
+    """The document as the new format version writes it (Java's parser reads v1's
+    fields into the lists v2 writes): v1's single ``schema`` and ``partition-spec``
+    become ``schemas`` / ``partition-specs`` (with ``last-partition-id`` and an unsorted
+    ``sort-orders`` where missing) and are dropped; v2 starts ``last-sequence-number``
+    at 0, v3 ``next-row-id`` at 0."""
     current = b.metadata.get("format-version", 1)
     if update.format_version < current:
         raise ValueError(f"cannot downgrade format-version {current} to {update.format_version}")
     if update.format_version > 3:
         raise ValueError(f"unsupported format-version {update.format_version}")
+    if update.format_version >= 2:
+        m = b.metadata
+        if "schemas" not in m:
+            schema = {**m["schema"], "schema-id": m["schema"].get("schema-id", 0)}
+            b.replace("schemas", [schema])
+            b.replace("current-schema-id", schema["schema-id"])
+        if "partition-specs" not in m:
+            b.replace("partition-specs", [{"spec-id": 0, "fields": list(m.get("partition-spec") or [])}])
+            b.replace("default-spec-id", 0)
+        if "last-partition-id" not in m:
+            ids = [f.get("field-id", 999) for spec in m["partition-specs"] for f in spec.get("fields") or ()]
+            b.replace("last-partition-id", max([999, *ids]))
+        if "sort-orders" not in m:
+            b.replace("sort-orders", [{"order-id": 0, "fields": []}])
+            b.replace("default-sort-order-id", 0)
+        for legacy in ("schema", "partition-spec"):
+            m.pop(legacy, None)
+        m.setdefault("last-sequence-number", 0)
+    if update.format_version >= 3:
+        b.metadata.setdefault("next-row-id", 0)
     b.replace("format-version", update.format_version)
 
 
@@ -524,6 +585,7 @@ _HANDLERS: dict[type, Any] = {
     AddEncryptionKey: _add_encryption_key,
     RemoveEncryptionKey: _remove_encryption_key,
     SetEncryptionKeys: _set_encryption_keys,
+    RestoreSnapshotKeyIds: _restore_snapshot_key_ids,
     ResetMetadataLog: lambda b, u: (b.replace("metadata-log", []), setattr(b, "log_base", False)),
     AddSchema: lambda b, u: _add_entry("schemas", "schema-id", "last-column-id", u.schema, b),
     SetCurrentSchema: lambda b, u: (b.by_id("schemas", "schema-id", u.schema_id, "schema"),

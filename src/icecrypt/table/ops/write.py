@@ -441,9 +441,10 @@ def _cleanup(io: TableIO, locations: list[str]) -> None:
 
 
 def _discard(io: TableIO, locations: list[str], exc: BaseException) -> None:
-    """Remove what an operation that failed with ``exc`` wrote, unless a catalog could
-    not tell whether its commit landed: that version may be current, and names them."""
-    if not _commit.outcome_unknown(exc):
+    """Remove what an operation that failed with ``exc`` wrote, unless its commit landed
+    or nobody can tell (a catalog that could not say, an interrupt once the version file
+    was in place): that version may be current, and names them."""
+    if not _commit.files_needed(exc):
         _cleanup(io, locations)
 
 
