@@ -3,9 +3,9 @@ copy-on-write ``delete``, ``overwrite(overwrite_filter=)`` and
 ``dynamic_partition_overwrite``, each one snapshot through the one committer.
 
 Planning reads the live rows of the files a change may touch (the table's scan: deletion
-vectors, position and equality deletes applied, with ``_file``, ``_pos`` and the row
-lineage columns) and decides which rows go and which new rows come.  How the rows that
-go are removed is the table's choice, as in Iceberg Java (``write.delete.mode``,
+vectors, position and equality deletes applied, with ``_pos``, the row lineage columns
+and the file each row is in) and decides which rows go and which new rows come.  How
+the rows that go are removed is the table's choice, as in Iceberg Java (``write.delete.mode``,
 ``write.update.mode``, ``write.merge.mode``; default ``copy-on-write``):
 
 * copy-on-write: every data file with a row that goes is removed (with its deletion
@@ -72,7 +72,7 @@ SERIALIZABLE = "serializable"
 SNAPSHOT = "snapshot"
 _MODES = (COPY_ON_WRITE, MERGE_ON_READ)
 _LEVELS = (SERIALIZABLE, SNAPSHOT)
-_META = ("_file", "_pos", "_row_id", "_last_updated_sequence_number")
+_META = ("_pos", "_row_id", "_last_updated_sequence_number")
 _LINEAGE = ("_row_id", "_last_updated_sequence_number")
 #: operations whose added data files can conflict, and those that can remove files or add
 #: deletes (Java's MergingSnapshotProducer sets): a compaction ("replace") adds no new rows
@@ -165,26 +165,43 @@ def _column_names(table: Any) -> list[str]:
     return [f.name for f in table.schema.fields]
 
 
-def _read_rows(base: _Base, prune: BooleanExpression | None) -> pa.Table:
-    """Every live row (all columns, with ``_file``, ``_pos`` and row lineage) of the data
-    files ``prune`` may match by partition values and column statistics."""
+def _read_rows(base: _Base, prune: BooleanExpression | None, skip: set[str] = frozenset()) -> pa.Table:
+    """Every live row (all columns, with ``_pos`` and row lineage, and ``__file``: the
+    index of its data file in the table's ``paths`` metadata) of the data files
+    ``prune`` may match by partition values and column statistics, but those in
+    ``skip``."""
     table = base.table
-    columns = _column_names(table) + list(_META)
-    everything = table.scan(columns=columns)
+    everything = table.scan(columns=_column_names(table) + list(_META))
     tasks = everything.plan_files()
     if prune is not None and prune != AlwaysTrue():
         candidates = {t.file.path for t in table.scan(columns=[], row_filter=prune).plan_files()}
         tasks = [t for t in tasks if t.file.path in candidates]
+    tasks = [t for t in tasks if t.file.path not in skip]
     from icecrypt.table.files.read import read_task
 
+    paths = sorted({t.file.path for t in tasks})
+    index = {path: n for n, path in enumerate(paths)}
     filesystem = table.locations.filesystem
     cache: dict = {}
+    schema = everything.arrow_schema.append(pa.field("__file", pa.int32(), nullable=False))
+
+    def read(task: Any) -> list[pa.RecordBatch]:
+        code = index[task.file.path]
+        return [pa.RecordBatch.from_arrays([*b.columns, pa.array(np.full(b.num_rows, code, dtype=np.int32))],
+                                           schema=schema) for b in read_task(task, filesystem, cache=cache)]  # fmt: skip
+
     if len(tasks) <= 1:
-        parts = [list(read_task(t, filesystem, cache=cache)) for t in tasks]
+        parts = [read(t) for t in tasks]
     else:
         with ThreadPoolExecutor(min(4, len(tasks))) as pool:
-            parts = list(pool.map(lambda t: list(read_task(t, filesystem, cache=cache)), tasks))
-    return pa.Table.from_batches([b for part in parts for b in part], schema=everything.arrow_schema)
+            parts = list(pool.map(read, tasks))
+    rows = pa.Table.from_batches([b for part in parts for b in part], schema=schema)
+    # one chunk: the takes and filters that follow are much faster on it
+    return rows.combine_chunks().replace_schema_metadata({"paths": "\n".join(paths)})
+
+
+def _paths(rows: pa.Table) -> list[str]:
+    return ((rows.schema.metadata or {}).get(b"paths") or b"").decode().split("\n")
 
 
 @dataclass
@@ -253,30 +270,34 @@ def _resolve(base: _Base, outcome: _Outcome, mode: str) -> tuple[dict, list, pa.
     rows, goes = outcome.rows, outcome.goes
     pieces = [outcome.comes] if outcome.comes is not None and outcome.comes.num_rows else []
     if rows.num_rows and goes.any():
-        files = rows.column("_file").to_numpy(zero_copy_only=False)
-        positions = rows.column("_pos").to_numpy()
-        touched = np.unique(files[goes])
-        names = _column_names(base.table)
-        for path in touched:
-            in_file = files == path
-            record, spec_id = base.files[path]
-            if mode == COPY_ON_WRITE:
-                removed[path] = record
-                stay = in_file & ~goes
-                if stay.any():
-                    kept = rows.filter(pa.array(stay))
-                    pieces.append(pa.Table.from_arrays(
-                        [*_columns_only(kept, names).columns, *_lineage_of(kept, keep_sequence=True)],
-                        names=[*names, *_LINEAGE],
-                    ))  # fmt: skip
-                continue
-            # merge-on-read: every position not live now, and those that go
-            live = positions[in_file & ~goes]
-            if live.size == 0:
-                removed[path] = record
-                continue
-            gone = np.setdiff1d(np.arange(record["record_count"], dtype=np.int64), live, assume_unique=True)
-            vectors.append(_write._Vector(record, spec_id, gone))
+        paths = _paths(rows)
+        codes = rows.column("__file").to_numpy().astype(np.int64)
+        touched = np.zeros(len(paths), dtype=bool)
+        touched[np.unique(codes[goes])] = True
+        in_touched = touched[codes]
+        if mode == COPY_ON_WRITE:  # every touched file goes; its other rows are written again
+            removed.update({paths[c]: base.files[paths[c]][0] for c in np.flatnonzero(touched)})
+            stay = in_touched & ~goes
+            if stay.any():
+                kept = rows.filter(pa.array(stay))
+                pieces.append(pa.Table.from_arrays(
+                    [*_columns_only(kept, _column_names(base.table)).columns, *_lineage_of(kept, keep_sequence=True)],
+                    names=[*_column_names(base.table), *_LINEAGE],
+                ))  # fmt: skip
+        else:  # merge-on-read: a DV of every position not live now and of those that go
+            positions = rows.column("_pos").to_numpy()
+            live = in_touched & ~goes
+            order = np.argsort(codes[live], kind="stable")
+            live_codes, live_positions = codes[live][order], positions[live][order]
+            for code in np.flatnonzero(touched):
+                record, spec_id = base.files[paths[code]]
+                lo, hi = np.searchsorted(live_codes, [code, code + 1])
+                if lo == hi:
+                    removed[paths[code]] = record
+                    continue
+                mask = np.ones(record["record_count"], dtype=bool)
+                mask[live_positions[lo:hi]] = False
+                vectors.append(_write._Vector(record, spec_id, np.flatnonzero(mask).astype(np.int64)))
     return removed, vectors, _concat(base.table, pieces)
 
 
@@ -523,14 +544,13 @@ def _deleted(base: _Base, row_filter: Any) -> tuple[_Outcome, BooleanExpression]
     """The rows ``row_filter`` matches (files it matches whole are not read)."""
     expression, arrow_filter = _write._bind_filter(row_filter, base.table.schema)
     whole = _whole_files(base, expression) if base.head_id is not None else set()
-    rows = _read_rows(base, expression) if base.head_id is not None else _empty_rows(base)
-    if whole:
-        rows = rows.filter(pc.invert(pc.is_in(rows.column("_file"), pa.array(sorted(whole), pa.string()))))
+    rows = _read_rows(base, expression, whole) if base.head_id is not None else _empty_rows(base)
     return _Outcome(rows, _mask_of(rows, arrow_filter), None, whole), expression
 
 
 def _empty_rows(base: _Base) -> pa.Table:
-    return base.table.scan(columns=_column_names(base.table) + list(_META)).arrow_schema.empty_table()
+    schema = base.table.scan(columns=_column_names(base.table) + list(_META)).arrow_schema
+    return schema.append(pa.field("__file", pa.int32(), nullable=False)).empty_table()
 
 
 def update(table: Any, set_values: Mapping[str, Any], where: Any = None, *, isolation_level: str | None = None) -> int | None:
