@@ -117,3 +117,21 @@ def test_a_swapped_deletion_vector_is_refused(tmp_path, kms):
     with pytest.raises(Exception, match=second.name):
         t.update({"n": 5}, where="id = 3")
     _unchanged(t, before)
+
+
+def test_a_source_of_a_narrower_type_is_converted_not_refused(table):
+    """int32 keys and values convert safely to the table's int64: not an error."""
+    source = pa.table({"id": pa.array([1, 77], pa.int32()), "p": pa.array([1, 2], pa.int32()),
+                       "v": ["a", "b"], "n": pa.array([5, 6], pa.int32())})  # fmt: skip
+    result = table.upsert(source, ["id"])
+    assert (result.rows_updated, result.rows_inserted) == (1, 1)
+    assert table.scan(row_filter="id = 77").to_arrow().column("n").to_pylist() == [6]
+
+
+def test_lineage_columns_in_a_source_are_refused(table):
+    """A source cannot set the rows' lineage (``_row_id``) through a merge."""
+    before = _state(table)
+    source = _rows([1]).append_column("_row_id", pa.array([0], pa.int64()))
+    with pytest.raises(ValueError, match="source column '_row_id' is not a column of the table"):
+        table.merge(source, ["id"], when_matched_update="all")
+    _unchanged(table, before)

@@ -274,3 +274,21 @@ def test_upsert_of_unchanged_rows_commits_nothing(tmp_path, kms):
     result = table.upsert(_rows([1, 2]), ["id"])
     assert (result.rows_updated, result.rows_inserted, result.snapshot_id) == (0, 0, None)
     assert table.current_snapshot_id == before
+
+
+def test_copy_on_write_drops_the_deletion_vector_of_a_rewritten_file(tmp_path, kms):
+    """Modes mixed on one table: a merge-on-read delete leaves a DV; a copy-on-write
+    update of the same file removes the file and that DV, and the deleted row stays
+    deleted (never resurrected)."""
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=kms, table_key_id="keyA",
+                                  properties={"write.delete.mode": "merge-on-read",
+                                              "write.update.mode": "copy-on-write"})  # fmt: skip
+    table.append(_rows(range(10)))
+    table.delete("id = 4")
+    assert table.current_snapshot().summary["added-dvs"] == "1"
+    table.update({"v": "x"}, where="id = 5")
+    summary = table.current_snapshot().summary
+    assert summary["removed-dvs"] == "1" and summary["deleted-data-files"] == "1"
+    assert summary["total-delete-files"] == "0" and summary["total-records"] == "9"
+    rows = {r["id"]: r["v"] for r in table.scan().to_arrow().to_pylist()}
+    assert 4 not in rows and rows[5] == "x" and len(rows) == 9
