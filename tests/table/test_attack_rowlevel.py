@@ -23,6 +23,7 @@ def table(request, tmp_path, kms):
     root = tmp_path / "t"
     t = EncryptedTable.create(str(root), SCHEMA, kms=kms, table_key_id="keyA", properties=_props(request.param))
     t.append(_rows(range(10)))
+    t.manage_snapshots().create_tag("v1", t.current_snapshot_id).commit()
     return t
 
 
@@ -59,7 +60,8 @@ def _state(table):
     (lambda t: t.update({"id": None}, where="id = 1"), "the column is required"),
     (lambda t: t.update({}, where="id = 1"), "non-empty mapping"),
     (lambda t: t.update({"n": 1}, where="nope = 1"), "nope"),
-    (lambda t: t.overwrite(_rows([1]), overwrite_filter="id = 1", branch="b"), "takes no branch"),
+    (lambda t: t.overwrite(_rows([1]), overwrite_filter="id = 1", file_format="avro"), "takes no file_format"),
+    (lambda t: t.update({"n": 1}, where="id = 1", branch="v1"), "'v1' is a tag, not a branch"),
     (lambda t: t.dynamic_partition_overwrite(pa.table({"id": ["x"]})), "cannot write string as int64"),
 ])  # fmt: skip
 def test_bad_input_is_a_clear_error_and_commits_nothing(table, call, message):

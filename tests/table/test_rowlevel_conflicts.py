@@ -206,3 +206,18 @@ def test_unpartitioned_dynamic_overwrite_replaces_the_table(tmp_path, kms):
     table.dynamic_partition_overwrite(_rows([9]))
     assert table.scan().to_arrow().column("id").to_pylist() == [9]
     assert pa.types.is_int64(table.scan().to_arrow().schema.field("id").type)
+
+
+def test_a_branch_is_validated_on_its_own_history(tmp_path, kms, monkeypatch):
+    """A commit to main does not move the branch being changed (taken as planned); one to
+    the branch that deletes from a touched file conflicts."""
+    table, rival, _ = _table(tmp_path, kms, "merge-on-read")
+    table.manage_snapshots().create_branch("dev", table.current_snapshot_id).commit()
+    rival.refresh()
+    _race(monkeypatch, lambda: rival.append(_rows([3])))  # to main: matches the filter, another branch
+    table.update({"v": "x"}, where="id < 5", branch="dev")
+    assert sorted(r["id"] for r in table.scan(branch="dev", row_filter="v = 'x'").to_arrow().to_pylist()) == [0, 1, 2, 3, 4]
+    rival.refresh()
+    _race(monkeypatch, lambda: rival.delete("id = 8", branch="dev"))
+    with pytest.raises(CommitConflictError, match="added delete file"):
+        table.update({"v": "y"}, where="id = 7", branch="dev")

@@ -158,7 +158,7 @@ def _apply(table: EncryptedTable, model: Model, op: tuple) -> None:
 def test_random_sequences_match_the_model(mode):
     kms = MemoryKms.with_iceberg_test_keys()
 
-    @settings(max_examples=10, deadline=None, derandomize=True,
+    @settings(max_examples=8, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
     @given(st.lists(operation, min_size=1, max_size=6))
     def run(ops):
@@ -324,3 +324,23 @@ def test_row_level_changes_on_a_java_table_with_its_dv_and_equality_deletes(tmp_
             assert now == row
     _assert_java_snapshots_intact(table, name)
     assert table.verify().ok
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_row_level_changes_on_branches(tmp_path, kms, mode):
+    """A branch changes alone; a branch that does not exist yet starts from main's head."""
+    table = _create(tmp_path / "t", mode, kms)
+    table.append(_rows(range(6)))
+    table.manage_snapshots().create_branch("dev", table.current_snapshot_id).commit()
+    main_before = _state(table)
+    table.update({"v": "dev"}, where="id < 2", branch="dev")
+    table.delete("id = 5", branch="dev")
+    result = table.upsert(_rows([3, 40], v="new"), ["id"], branch="fresh")
+    assert (result.rows_updated, result.rows_inserted) == (1, 1)
+    assert _state(table) == main_before
+    dev = {r["id"]: r["v"] for r in table.scan(branch="dev").to_arrow().to_pylist()}
+    assert dev == {0: "dev", 1: "dev", 2: "r2", 3: "r3", 4: "r4"}
+    fresh = {r["id"]: r["v"] for r in table.scan(branch="fresh").to_arrow().to_pylist()}
+    assert fresh == {0: "r0", 1: "r1", 2: "r2", 3: "new3", 4: "r4", 5: "r5", 40: "new40"}
+    parent = table.snapshot(table.metadata["refs"]["fresh"]["snapshot-id"]).parent_snapshot_id
+    assert parent == table.current_snapshot_id

@@ -136,18 +136,27 @@ class _Base:
     metadata: dict[str, Any]
     head_id: int | None
     files: dict[str, tuple[dict[str, Any], int]]  # data file path -> (record, spec id)
+    branch: str = _model.MAIN_BRANCH
+
+    def scan(self, **options: Any) -> Any:
+        """A scan of the branch's head (main's current snapshot for a new branch)."""
+        if self.branch != _model.MAIN_BRANCH and self.branch in (self.metadata.get("refs") or {}):
+            options["branch"] = self.branch
+        return self.table.scan(**options)
 
 
-def _plan_base(table: Any) -> _Base:
-    """The newest version (the table object refreshed to it), its main head's live data
-    files."""
+def _plan_base(table: Any, branch: str | None = None) -> _Base:
+    """The newest version (the table object refreshed to it), and the live data files of
+    the head of ``branch`` (default main; a branch that does not exist yet starts from
+    main's head and is created by the commit)."""
     table.refresh()
     target = _Target.of(table)
     location, metadata = target.latest()
     if location != table.metadata_location:  # a commit landed between the two reads
         table.refresh()
         location, metadata = target.latest()
-    head = _write._head(metadata, _model.MAIN_BRANCH)
+    name, _, _ = _write._write_ref(metadata, branch, None)  # a tag is refused here
+    head = _write._head(metadata, name)
     files: dict[str, tuple[dict[str, Any], int]] = {}
     if head is not None:
         manager = target.manager(metadata)
@@ -158,7 +167,7 @@ def _plan_base(table: Any) -> _Base:
             for entry in _write._read_entries(io, manifest):
                 if entry["status"] != DELETED:
                     files[entry["data_file"]["file_path"]] = (entry["data_file"], manifest["partition_spec_id"])
-    return _Base(target, table, location, metadata, None if head is None else head["snapshot-id"], files)
+    return _Base(target, table, location, metadata, None if head is None else head["snapshot-id"], files, name)
 
 
 def _column_names(table: Any) -> list[str]:
@@ -171,10 +180,10 @@ def _read_rows(base: _Base, prune: BooleanExpression | None, skip: set[str] = fr
     ``prune`` may match by partition values and column statistics, but those in
     ``skip``."""
     table = base.table
-    everything = table.scan(columns=_column_names(table) + list(_META))
+    everything = base.scan(columns=_column_names(table) + list(_META))
     tasks = everything.plan_files()
     if prune is not None and prune != AlwaysTrue():
-        candidates = {t.file.path for t in table.scan(columns=[], row_filter=prune).plan_files()}
+        candidates = {t.file.path for t in base.scan(columns=[], row_filter=prune).plan_files()}
         tasks = [t for t in tasks if t.file.path in candidates]
     tasks = [t for t in tasks if t.file.path not in skip]
     from icecrypt.table.files.read import read_task
@@ -303,7 +312,7 @@ def _resolve(base: _Base, outcome: _Outcome, mode: str) -> tuple[dict, list, pa.
 
 def _commit(base: _Base, plan: _Plan) -> int | None:
     """Write the new rows, deletion vectors and manifests once; commit them as one
-    snapshot of main, re-applied (after validation) on a newer version when needed.
+    snapshot of the branch, re-applied (after validation) on a newer version when needed.
     Returns the snapshot id (None when the change changes nothing)."""
     if not plan.removed and not plan.vectors and (plan.new_rows is None or plan.new_rows.num_rows == 0):
         return None
@@ -354,14 +363,15 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
 
         def build(version: dict[str, Any], version_manager: Any) -> _write._Change:
             version_io = target.io(version_manager)
-            if _write._head_id(version, _model.MAIN_BRANCH) != base.head_id:
-                _validate(version_io, version_manager, version, base.head_id, plan, target.metadata_location)
+            if _write._head_id(version, base.branch) != base.head_id:
+                _validate(version_io, version_manager, version, base.head_id, plan, target.metadata_location,
+                          base.branch)  # fmt: skip
             return _change_on(version_io, version_manager, version, plan, once, added, snapshot_id,
-                              f"{location}/metadata/{commit_id}-r{next(attempts)}")  # fmt: skip
+                              f"{location}/metadata/{commit_id}-r{next(attempts)}", base.branch)  # fmt: skip
 
         _write._commit_change(
             target, base.location, base.metadata, build, snapshot_id=snapshot_id, retry=True,
-            branch=_model.MAIN_BRANCH,
+            branch=base.branch,
         )  # fmt: skip
     except BaseException as exc:
         _write._discard(io, written, exc)
@@ -380,11 +390,11 @@ def _operation(plan: _Plan, adds_data: bool) -> str:
 
 def _change_on(
     io: Any, manager: Any, version: dict[str, Any], plan: _Plan, once: list[Any], added: list[dict[str, Any]],
-    snapshot_id: int, prefix: str,
+    snapshot_id: int, prefix: str, branch: str,
 ) -> _write._Change:
     """The change on ``version``: its head's manifests with the removed files (and the
     deletion vectors of every file removed or given a new one) marked DELETED."""
-    parent = _write._head(version, _model.MAIN_BRANCH)
+    parent = _write._head(version, branch)
     manifests = [] if parent is None else [
         m for m in _write._read_manifest_list(io, manager, parent) if _write._has_live_files(m)
     ]  # fmt: skip
@@ -437,21 +447,23 @@ def _change_on(
                           len(rewritten), attempt_written=attempt_written)  # fmt: skip
 
 
-def _validate(io: Any, manager: Any, version: dict[str, Any], planned: int | None, plan: _Plan, where: str) -> None:
+def _validate(
+    io: Any, manager: Any, version: dict[str, Any], planned: int | None, plan: _Plan, where: str, branch: str
+) -> None:
     """Java's validations of a row-level change re-applied on ``version``: nothing
     between the snapshot it was planned on and main's head there removed a file it
     touches or added a delete file for one; under serializable isolation no new data
     file matches its conflict filter.  CommitConflictError naming the conflict."""
     by_id = {s["snapshot-id"]: s for s in version.get("snapshots") or ()}
     chain = []
-    current = _write._head(version, _model.MAIN_BRANCH)
+    current = _write._head(version, branch)
     while current is not None and current["snapshot-id"] != planned:
         chain.append(current)
         current = by_id.get(current.get("parent-snapshot-id"))
     if planned is not None and current is None:
         raise CommitConflictError(
             f"{where}: the {plan.operation} was planned on snapshot {planned}, which is no longer an ancestor of "
-            "main's head (rolled back or expired): cannot validate what changed since; nothing was committed"
+            "the head of {branch!r} (rolled back or expired): cannot validate what changed since; nothing was committed"
         )
     touched = set(plan.removed) | {v.data_file["file_path"] for v in plan.vectors}
     for snapshot in reversed(chain):
@@ -523,10 +535,14 @@ def _whole_files(base: _Base, expression: BooleanExpression) -> set[str]:
     return {path for path, (record, _) in base.files.items() if strict.eval(_write._metrics_view(record))}
 
 
-def delete_rows(table: Any, row_filter: Any, *, mode: str | None = None, isolation_level: str | None = None) -> int | None:
-    """Delete the rows matching ``row_filter`` from main in ``mode`` (default the table's
-    ``write.delete.mode``); returns the snapshot id (None: nothing matched)."""
-    base = _plan_base(table)
+def delete_rows(
+    table: Any, row_filter: Any, *, mode: str | None = None, isolation_level: str | None = None,
+    branch: str | None = None,
+) -> int | None:
+    """Delete the rows matching ``row_filter`` from ``branch`` (default main) in ``mode``
+    (default the table's ``write.delete.mode``); returns the snapshot id (None: nothing
+    matched)."""
+    base = _plan_base(table, branch)
     mode = mode or write_mode(base.metadata.get("properties"), "delete")
     isolation = isolation_level_for(base, "delete", isolation_level)
     outcome, expression = _deleted(base, row_filter)
@@ -549,11 +565,14 @@ def _deleted(base: _Base, row_filter: Any) -> tuple[_Outcome, BooleanExpression]
 
 
 def _empty_rows(base: _Base) -> pa.Table:
-    schema = base.table.scan(columns=_column_names(base.table) + list(_META)).arrow_schema
+    schema = base.scan(columns=_column_names(base.table) + list(_META)).arrow_schema
     return schema.append(pa.field("__file", pa.int32(), nullable=False)).empty_table()
 
 
-def update(table: Any, set_values: Mapping[str, Any], where: Any = None, *, isolation_level: str | None = None) -> int | None:
+def update(
+    table: Any, set_values: Mapping[str, Any], where: Any = None, *, isolation_level: str | None = None,
+    branch: str | None = None,
+) -> int | None:
     """Set columns of the rows matching ``where`` (all rows when None): each value of
     ``set_values`` is a constant, a ``pyarrow.compute`` expression over the row's
     columns, or a function of the matching rows (a pyarrow Table) returning an array.
@@ -561,7 +580,7 @@ def update(table: Any, set_values: Mapping[str, Any], where: Any = None, *, isol
     id (None when no row matched)."""
     if not isinstance(set_values, Mapping) or not set_values:
         raise ValueError("update needs a non-empty mapping of column name to new value")
-    base = _plan_base(table)
+    base = _plan_base(table, branch)
     names = _column_names(table)
     unknown = [name for name in set_values if name not in names]
     if unknown:
@@ -724,6 +743,7 @@ def merge(
     only_changed: bool = False,
     isolation_level: str | None = None,
     operation: str = "merge",
+    branch: str | None = None,
 ) -> MergeResult:
     """Merge ``source`` into the table on the join columns ``on`` (see
     :meth:`EncryptedTable.merge <icecrypt.table.EncryptedTable.merge>`)."""
@@ -736,7 +756,7 @@ def merge(
         raise ValueError(f"{what}: a matched row is either updated or deleted, not both")
     on = list(on) if isinstance(on, (list, tuple)) else on
     source = _conform_source(table, source, on, what)
-    base = _plan_base(table)
+    base = _plan_base(table, branch)
     names = _column_names(table)
     if isinstance(when_matched_update, Mapping):
         unknown = [n for n in when_matched_update if n not in names]
@@ -805,7 +825,7 @@ def merge(
 
 def upsert(
     table: Any, data: Any, join_cols: list[str] | None = None, *, when_matched_update_all: bool = True,
-    when_not_matched_insert_all: bool = True, isolation_level: str | None = None,
+    when_not_matched_insert_all: bool = True, isolation_level: str | None = None, branch: str | None = None,
 ) -> UpsertResult:
     """PyIceberg's upsert: rows of ``data`` whose key matches a row of the table replace
     it when their values differ, the others are inserted; ``data`` must not repeat a
@@ -825,15 +845,17 @@ def upsert(
     result = merge(
         table, source, list(join_cols), when_matched_update="all" if when_matched_update_all else None,
         when_not_matched_insert="all" if when_not_matched_insert_all else None, only_changed=True,
-        isolation_level=isolation_level, operation="merge",
+        isolation_level=isolation_level, operation="merge", branch=branch,
     )  # fmt: skip
     return UpsertResult(result.rows_updated, result.rows_inserted, result.snapshot_id)
 
 
-def overwrite_by_filter(table: Any, data: Any, overwrite_filter: Any, *, isolation_level: str | None = None) -> int | None:
+def overwrite_by_filter(
+    table: Any, data: Any, overwrite_filter: Any, *, isolation_level: str | None = None, branch: str | None = None
+) -> int | None:
     """Delete the rows matching ``overwrite_filter`` (files it matches whole removed, the
     rest per ``write.delete.mode``) and append ``data``, in one snapshot."""
-    base = _plan_base(table)
+    base = _plan_base(table, branch)
     mode = write_mode(base.metadata.get("properties"), "delete")
     isolation = isolation_level_for(base, "delete", isolation_level)
     outcome, expression = _deleted(base, overwrite_filter)
@@ -855,13 +877,15 @@ def _conform_data(table: Any, data: Any, what: str) -> pa.Table:
     return pa.Table.from_batches(batches, schema=arrow_schema)
 
 
-def dynamic_partition_overwrite(table: Any, data: Any, *, isolation_level: str | None = None) -> int | None:
+def dynamic_partition_overwrite(
+    table: Any, data: Any, *, isolation_level: str | None = None, branch: str | None = None
+) -> int | None:
     """Java's ReplacePartitions: every partition (of the current spec) that ``data``
     has rows in loses all its rows, and ``data`` is appended, in one snapshot; an
     unpartitioned table is replaced whole.  Data files of other specs are kept."""
     from icecrypt.table.files.write_data import _PartitionPlan
 
-    base = _plan_base(table)
+    base = _plan_base(table, branch)
     isolation = isolation_level_for(base, "delete", isolation_level)
     rows = _conform_data(table, data, "dynamic_partition_overwrite")
     if rows.num_rows == 0:
