@@ -137,3 +137,27 @@ def test_lineage_columns_in_a_source_are_refused(table):
     with pytest.raises(ValueError, match="source column '_row_id' is not a column of the table"):
         table.merge(source, ["id"], when_matched_update="all")
     _unchanged(table, before)
+
+
+def test_a_column_named_like_an_internal_one_is_just_a_column(tmp_path, kms):
+    """Table columns whose names start with underscores take part in filters and updates
+    like any other."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("__file", pa.string())])
+    t = EncryptedTable.create(str(tmp_path / "u"), schema, kms=kms, table_key_id="keyA")
+    t.append(pa.table({"id": [1, 2], "__file": ["a", "b"]}, schema=schema))
+    t.update({"__file": "z"}, where="__file = 'a'")
+    assert sorted(t.scan().to_arrow().column("__file").to_pylist()) == ["b", "z"]
+
+
+def test_a_column_hiding_the_position_metadata_column_is_refused(tmp_path, kms):
+    """A table column named ``_pos`` would hide the row positions: a merge-on-read change
+    would write deletion vectors of the column's values.  Refused before anything is
+    written."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("_POS", pa.int64())])
+    t = EncryptedTable.create(str(tmp_path / "u"), schema, kms=kms, table_key_id="keyA",
+                              properties={"write.update.mode": "merge-on-read"})  # fmt: skip
+    t.append(pa.table({"id": [1, 2, 3], "_POS": [2, 2, 2]}, schema=schema))
+    before = _state(t)
+    with pytest.raises(ValueError, match="column named '_POS', which hides Iceberg's metadata column"):
+        t.update({"_POS": 0}, where="id = 1")
+    _unchanged(t, before)

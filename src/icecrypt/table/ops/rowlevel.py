@@ -31,6 +31,7 @@ change wrote are deleted.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -74,6 +75,8 @@ _MODES = (COPY_ON_WRITE, MERGE_ON_READ)
 _LEVELS = (SERIALIZABLE, SNAPSHOT)
 _META = ("_pos", "_row_id", "_last_updated_sequence_number")
 _LINEAGE = ("_row_id", "_last_updated_sequence_number")
+#: the planned rows' own column: the index of each row's data file (see ``_read_rows``)
+_FILE_INDEX = "__icecrypt_file_index"
 #: operations whose added data files can conflict, and those that can remove files or add
 #: deletes (Java's MergingSnapshotProducer sets): a compaction ("replace") adds no new rows
 _ADDS_DATA = ("append", "overwrite")
@@ -150,6 +153,10 @@ def _plan_base(table: Any, branch: str | None = None) -> _Base:
     the head of ``branch`` (default main; a branch that does not exist yet starts from
     main's head and is created by the commit)."""
     table.refresh()
+    hidden = [f.name for f in table.schema.fields if f.name.lower() in _META]
+    if hidden:  # it would hide the metadata column the change needs (row positions, lineage)
+        raise ValueError(f"{table.metadata_location}: the table has a column named {hidden[0]!r}, which hides Iceberg's "
+                         "metadata column of that name; row-level changes need it (rename the column)")
     target = _Target.of(table)
     location, metadata = target.latest()
     if location != table.metadata_location:  # a commit landed between the two reads
@@ -175,7 +182,7 @@ def _column_names(table: Any) -> list[str]:
 
 
 def _read_rows(base: _Base, prune: BooleanExpression | None, skip: set[str] = frozenset()) -> pa.Table:
-    """Every live row (all columns, with ``_pos`` and row lineage, and ``__file``: the
+    """Every live row (all columns, with ``_pos`` and row lineage, and ``_FILE_INDEX``: the
     index of its data file in the table's ``paths`` metadata) of the data files
     ``prune`` may match by partition values and column statistics, but those in
     ``skip``."""
@@ -192,7 +199,7 @@ def _read_rows(base: _Base, prune: BooleanExpression | None, skip: set[str] = fr
     index = {path: n for n, path in enumerate(paths)}
     filesystem = table.locations.filesystem
     cache: dict = {}
-    schema = everything.arrow_schema.append(pa.field("__file", pa.int32(), nullable=False))
+    schema = everything.arrow_schema.append(pa.field(_FILE_INDEX, pa.int32(), nullable=False))
 
     def read(task: Any) -> list[pa.RecordBatch]:
         code = index[task.file.path]
@@ -206,11 +213,11 @@ def _read_rows(base: _Base, prune: BooleanExpression | None, skip: set[str] = fr
             parts = list(pool.map(read, tasks))
     rows = pa.Table.from_batches([b for part in parts for b in part], schema=schema)
     # one chunk: the takes and filters that follow are much faster on it
-    return rows.combine_chunks().replace_schema_metadata({"paths": "\n".join(paths)})
+    return rows.combine_chunks().replace_schema_metadata({"paths": json.dumps(paths)})
 
 
 def _paths(rows: pa.Table) -> list[str]:
-    return ((rows.schema.metadata or {}).get(b"paths") or b"").decode().split("\n")
+    return json.loads((rows.schema.metadata or {}).get(b"paths") or b"[]")
 
 
 @dataclass
@@ -236,14 +243,10 @@ def _lineage_of(rows: pa.Table, *, keep_sequence: bool) -> list[pa.Array]:
     return [row_id.cast(pa.int64()), seq.cast(pa.int64())]
 
 
-def _with_lineage(data: pa.Table, row_ids: pa.Array | None = None) -> pa.Table:
-    n = data.num_rows
-    ids = row_ids if row_ids is not None else pa.nulls(n, pa.int64())
-    return data.append_column("_row_id", ids).append_column("_last_updated_sequence_number", pa.nulls(n, pa.int64()))
-
-
-def _columns_only(rows: pa.Table, names: list[str]) -> pa.Table:
-    return rows.select(names)
+def _with_lineage(data: pa.Table) -> pa.Table:
+    """New rows: lineage columns of nulls (ids and sequence numbers are assigned)."""
+    nulls = pa.nulls(data.num_rows, pa.int64())
+    return data.append_column("_row_id", nulls).append_column("_last_updated_sequence_number", nulls)
 
 
 def _concat(table: Any, pieces: list[pa.Table]) -> pa.Table | None:
@@ -280,7 +283,7 @@ def _resolve(base: _Base, outcome: _Outcome, mode: str) -> tuple[dict, list, pa.
     pieces = [outcome.comes] if outcome.comes is not None and outcome.comes.num_rows else []
     if rows.num_rows and goes.any():
         paths = _paths(rows)
-        codes = rows.column("__file").to_numpy().astype(np.int64)
+        codes = rows.column(_FILE_INDEX).to_numpy().astype(np.int64)
         touched = np.zeros(len(paths), dtype=bool)
         touched[np.unique(codes[goes])] = True
         in_touched = touched[codes]
@@ -290,7 +293,7 @@ def _resolve(base: _Base, outcome: _Outcome, mode: str) -> tuple[dict, list, pa.
             if stay.any():
                 kept = rows.filter(pa.array(stay))
                 pieces.append(pa.Table.from_arrays(
-                    [*_columns_only(kept, _column_names(base.table)).columns, *_lineage_of(kept, keep_sequence=True)],
+                    [*kept.select(_column_names(base.table)).columns, *_lineage_of(kept, keep_sequence=True)],
                     names=[*_column_names(base.table), *_LINEAGE],
                 ))  # fmt: skip
         else:  # merge-on-read: a DV of every position not live now and of those that go
@@ -520,7 +523,7 @@ def _mask_of(rows: pa.Table, arrow_filter: Any) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     import pyarrow.dataset as ds
 
-    mask = ds.dataset(rows.select([n for n in rows.column_names if not n.startswith("__")])).to_table(
+    mask = ds.dataset(rows.drop_columns([_FILE_INDEX]) if _FILE_INDEX in rows.column_names else rows).to_table(
         columns={"m": arrow_filter}
     ).column("m")
     return pc.fill_null(mask, False).to_numpy(zero_copy_only=False).astype(bool)
@@ -544,7 +547,7 @@ def delete_rows(
     matched)."""
     base = _plan_base(table, branch)
     mode = mode or write_mode(base.metadata.get("properties"), "delete")
-    isolation = isolation_level_for(base, "delete", isolation_level)
+    isolation = _isolation_for(base, "delete", isolation_level)
     outcome, expression = _deleted(base, row_filter)
     removed, vectors, new_rows = _resolve(base, outcome, mode)
     plan = _Plan("delete", isolation, removed, vectors, new_rows, _expression_conflicts(table.schema, expression),
@@ -552,7 +555,7 @@ def delete_rows(
     return _commit(base, plan)
 
 
-def isolation_level_for(base: _Base, operation: str, given: str | None) -> str:
+def _isolation_for(base: _Base, operation: str, given: str | None) -> str:
     return isolation_level(base.metadata.get("properties"), operation, given)
 
 
@@ -566,7 +569,7 @@ def _deleted(base: _Base, row_filter: Any) -> tuple[_Outcome, BooleanExpression]
 
 def _empty_rows(base: _Base) -> pa.Table:
     schema = base.scan(columns=_column_names(base.table) + list(_META)).arrow_schema
-    return schema.append(pa.field("__file", pa.int32(), nullable=False)).empty_table()
+    return schema.append(pa.field(_FILE_INDEX, pa.int32(), nullable=False)).empty_table()
 
 
 def update(
@@ -586,7 +589,7 @@ def update(
     if unknown:
         raise ValueError(f"update: no column {unknown[0]!r} in the table (columns: {', '.join(names)})")
     mode = write_mode(base.metadata.get("properties"), "update")
-    isolation = isolation_level_for(base, "update", isolation_level)
+    isolation = _isolation_for(base, "update", isolation_level)
     expression, arrow_filter = _write._bind_filter(where if where is not None else AlwaysTrue(), table.schema)
     rows = _read_rows(base, expression) if base.head_id is not None else _empty_rows(base)
     goes = _mask_of(rows, arrow_filter)
@@ -763,7 +766,7 @@ def merge(
         if unknown:
             raise ValueError(f"{what}: no column {unknown[0]!r} in the table to update")
     mode = write_mode(base.metadata.get("properties"), operation if operation in ("merge", "update") else "merge")
-    isolation = isolation_level_for(base, "merge", isolation_level)
+    isolation = _isolation_for(base, "merge", isolation_level)
     prune = _key_filter(table, source, on)
     matched_action = when_matched_update is not None or when_matched_delete
     rows = _read_rows(base, prune) if base.head_id is not None else _empty_rows(base)
@@ -857,7 +860,7 @@ def overwrite_by_filter(
     rest per ``write.delete.mode``) and append ``data``, in one snapshot."""
     base = _plan_base(table, branch)
     mode = write_mode(base.metadata.get("properties"), "delete")
-    isolation = isolation_level_for(base, "delete", isolation_level)
+    isolation = _isolation_for(base, "delete", isolation_level)
     outcome, expression = _deleted(base, overwrite_filter)
     outcome.comes = _with_lineage(_conform_data(table, data, "overwrite"))
     removed, vectors, new_rows = _resolve(base, outcome, mode)
@@ -886,7 +889,7 @@ def dynamic_partition_overwrite(
     from icecrypt.table.files.write_data import _PartitionPlan
 
     base = _plan_base(table, branch)
-    isolation = isolation_level_for(base, "delete", isolation_level)
+    isolation = _isolation_for(base, "delete", isolation_level)
     rows = _conform_data(table, data, "dynamic_partition_overwrite")
     if rows.num_rows == 0:
         return None  # no partition to replace
