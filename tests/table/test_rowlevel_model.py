@@ -344,3 +344,14 @@ def test_row_level_changes_on_branches(tmp_path, kms, mode):
     assert fresh == {0: "r0", 1: "r1", 2: "r2", 3: "new3", 4: "r4", 5: "r5", 40: "new40"}
     parent = table.snapshot(table.metadata["refs"]["fresh"]["snapshot-id"]).parent_snapshot_id
     assert parent == table.current_snapshot_id
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_updating_the_partition_column_moves_the_row(tmp_path, kms, mode):
+    table = _create(tmp_path / "t", mode, kms)
+    table.append(_rows(range(6)))
+    table.update({"p": 2}, where="id = 0")
+    by_partition = {}
+    for row in table.scan(columns=["id", "_spec_id", "_partition"]).to_arrow().to_pylist():
+        by_partition.setdefault(row["_partition"]["p"], []).append(row["id"])
+    assert {p: sorted(ids) for p, ids in by_partition.items()} == {0: [3], 1: [1, 4], 2: [0, 2, 5]}
