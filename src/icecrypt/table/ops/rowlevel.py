@@ -235,7 +235,9 @@ class _Outcome:
 def _lineage_of(rows: pa.Table, *, keep_sequence: bool) -> list[pa.Array]:
     """The lineage columns moved rows carry: their row ids, and their last-updated
     sequence numbers when unchanged (else null: the new file's is inherited)."""
-    row_id = rows.column("_row_id").combine_chunks() if "_row_id" in rows.column_names else pa.nulls(rows.num_rows, pa.int64())
+    row_id = pa.nulls(rows.num_rows, pa.int64())
+    if "_row_id" in rows.column_names:
+        row_id = rows.column("_row_id").combine_chunks()
     if keep_sequence and "_last_updated_sequence_number" in rows.column_names:
         seq = rows.column("_last_updated_sequence_number").combine_chunks()
     else:
@@ -255,7 +257,7 @@ def _concat(table: Any, pieces: list[pa.Table]) -> pa.Table | None:
     if not pieces:
         return None
     arrow_schema = table.scan(columns=_column_names(table)).arrow_schema
-    schema = pa.schema([*arrow_schema, pa.field("_row_id", pa.int64()), pa.field("_last_updated_sequence_number", pa.int64())])
+    schema = pa.schema([*arrow_schema, *(pa.field(name, pa.int64()) for name in _LINEAGE)])
     return pa.concat_tables([p.cast(schema) for p in pieces])
 
 
@@ -483,7 +485,9 @@ def _validate(
                           f"since snapshot {planned}")  # fmt: skip
                 if entry["status"] == DELETED:
                     if df["content"] == DATA and operation in _REMOVES and df["file_path"] in touched:
-                        raise CommitConflictError(f"{prefix}: it removed data file {df['file_path']}; nothing was committed")
+                        raise CommitConflictError(
+                            f"{prefix}: it removed data file {df['file_path']}; nothing was committed"
+                        )
                     continue
                 if entry["status"] != ADDED:
                     continue
@@ -614,13 +618,20 @@ def _evaluate(value: Any, rows: pa.Table, target: pa.Field, what: str) -> pa.Chu
         if isinstance(value, pc.Expression):
             import pyarrow.dataset as ds
 
-            result = ds.dataset(rows).to_table(columns={"v": value}).column("v") if rows.num_rows else pa.chunked_array([], target.type)
+            if rows.num_rows:
+                result = ds.dataset(rows).to_table(columns={"v": value}).column("v")
+            else:
+                result = pa.chunked_array([], target.type)
         elif callable(value):
             result = value(rows)
             if isinstance(result, pa.Scalar) or not isinstance(result, (pa.Array, pa.ChunkedArray)):
-                result = pa.repeat(pa.scalar(result.as_py() if isinstance(result, pa.Scalar) else result), rows.num_rows)
+                scalar = result.as_py() if isinstance(result, pa.Scalar) else result
+                result = pa.repeat(pa.scalar(scalar), rows.num_rows)
         else:
-            result = pa.repeat(pa.scalar(value), rows.num_rows) if value is not None else pa.nulls(rows.num_rows, target.type)
+            if value is None:
+                result = pa.nulls(rows.num_rows, target.type)
+            else:
+                result = pa.repeat(pa.scalar(value), rows.num_rows)
         if len(result) != rows.num_rows:
             raise ValueError(f"{len(result)} values for {rows.num_rows} rows")
         result = result.cast(target.type)
