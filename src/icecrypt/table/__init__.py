@@ -21,6 +21,7 @@ from icecrypt.table.files.io import Locations, PlaintextFileError
 from icecrypt.table.files.metadata import Snapshot
 from icecrypt.table.commit.pin import TablePin
 from icecrypt.table.ops.refs import ManageSnapshots, UpdateProperties
+from icecrypt.table.ops.rowlevel import MergeResult, UpsertResult
 from icecrypt.table.files.read import FileScanTask, TaskFile, read_task
 from icecrypt.table.read.scan import PlanMetrics, TableScan
 from icecrypt.table.ops.schema import UpdateSchema
@@ -41,6 +42,7 @@ __all__ = [
     "Locations",
     "ManageSnapshots",
     "METADATA_TABLES",
+    "MergeResult",
     "PlaintextFileError",
     "PlanMetrics",
     "ReplaceSortOrder",
@@ -51,6 +53,7 @@ __all__ = [
     "UpdateProperties",
     "UpdateSchema",
     "UpdateSpec",
+    "UpsertResult",
     "VerifyProblem",
     "VerifyReport",
     "decrypt_table",

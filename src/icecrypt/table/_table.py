@@ -492,19 +492,87 @@ class EncryptedTable:
 
         return _write.append(self, data, **options)
 
-    def overwrite(self, data: Any, **options: Any) -> int | None:
+    def overwrite(self, data: Any, overwrite_filter: BooleanExpression | str | None = None, **options: Any) -> int | None:
         """Replace all of the table's rows with ``data`` (one ``overwrite`` snapshot);
-        ``branch=``: of that branch."""
+        ``branch=``: of that branch.  With ``overwrite_filter`` only the rows matching it
+        are deleted (files it matches whole removed, the rest per ``write.delete.mode``)
+        before ``data`` is added, in the same snapshot (``isolation_level=``, ``branch=``)."""
         from icecrypt.table.ops import write as _write
 
+        if overwrite_filter is not None:
+            from icecrypt.table.ops import rowlevel as _rowlevel
+
+            unknown = set(options) - {"isolation_level", "branch"}
+            if unknown:
+                raise TypeError(f"overwrite with overwrite_filter takes no {', '.join(sorted(unknown))}")
+            return _rowlevel.overwrite_by_filter(self, data, overwrite_filter, **options)
         return _write.overwrite(self, data, **options)
 
     def delete(self, row_filter: BooleanExpression | str, *, branch: str | None = None) -> int | None:
         """Delete the rows matching ``row_filter`` (from ``branch``, default main);
-        returns the new snapshot id."""
+        returns the new snapshot id.  With ``write.delete.mode=copy-on-write`` the files
+        holding matching rows are rewritten; otherwise (merge-on-read, and
+        when the property is unset) deletion vectors are written."""
+        from icecrypt.table.ops import rowlevel as _rowlevel
         from icecrypt.table.ops import write as _write
 
+        if _rowlevel.write_mode(self.properties, "delete", default=_rowlevel.MERGE_ON_READ) == _rowlevel.COPY_ON_WRITE:
+            return _rowlevel.delete_rows(self, row_filter, mode=_rowlevel.COPY_ON_WRITE, branch=branch)
         return _write.delete(self, row_filter, branch=branch)
+
+    def update(self, set: Mapping[str, Any], where: BooleanExpression | str | None = None, *,
+               isolation_level: str | None = None, branch: str | None = None) -> int | None:
+        """Set columns of the rows matching ``where`` (every row when None); ``set`` maps
+        a column to a constant, a ``pyarrow.compute`` expression of the row's columns or a
+        function of the matching rows (a pyarrow Table) returning their new values.
+        ``write.update.mode`` picks copy-on-write (default) or merge-on-read; conflicts
+        with concurrent commits are checked as Java checks them (``isolation_level``,
+        default ``write.update.isolation-level`` or serializable).  ``branch``: the
+        branch to change (default main).  Returns the new snapshot id (None when no row
+        matched)."""
+        from icecrypt.table.ops import rowlevel as _rowlevel
+
+        return _rowlevel.update(self, set, where, isolation_level=isolation_level, branch=branch)
+
+    def upsert(self, data: Any, join_cols: Sequence[str] | None = None, *, when_matched_update_all: bool = True,
+               when_not_matched_insert_all: bool = True, isolation_level: str | None = None,
+               branch: str | None = None) -> Any:
+        """PyIceberg's upsert in one snapshot: rows of ``data`` whose ``join_cols`` (default
+        the identifier fields) match a row replace it when a value differs, the others are
+        inserted.  ``write.merge.mode`` picks copy-on-write or merge-on-read.  Returns an
+        ``UpsertResult`` (``rows_updated``, ``rows_inserted``, ``snapshot_id``)."""
+        from icecrypt.table.ops import rowlevel as _rowlevel
+
+        return _rowlevel.upsert(
+            self, data, None if join_cols is None else list(join_cols), when_matched_update_all=when_matched_update_all,
+            when_not_matched_insert_all=when_not_matched_insert_all, isolation_level=isolation_level, branch=branch,
+        )  # fmt: skip
+
+    def merge(self, source: Any, on: Sequence[str], *, when_matched_update: Any = None,
+              when_matched_delete: bool = False, when_not_matched_insert: str | None = None,
+              isolation_level: str | None = None, branch: str | None = None) -> Any:
+        """``MERGE INTO`` the table from ``source`` (a pyarrow Table) on the columns ``on``:
+        a matched row is updated (``when_matched_update="all"``: to the source row; a
+        mapping: those columns to constants, compute expressions or functions over the
+        target's columns and the source's as ``source.<name>``) or deleted
+        (``when_matched_delete=True``); unmatched source rows are inserted
+        (``when_not_matched_insert="all"``).  Two source rows matching one target row is
+        an error.  ``write.merge.mode`` picks the mode.  Returns a ``MergeResult``."""
+        from icecrypt.table.ops import rowlevel as _rowlevel
+
+        return _rowlevel.merge(
+            self, source, list(on), when_matched_update=when_matched_update, when_matched_delete=when_matched_delete,
+            when_not_matched_insert=when_not_matched_insert, isolation_level=isolation_level, branch=branch,
+        )  # fmt: skip
+
+    def dynamic_partition_overwrite(self, data: Any, *, isolation_level: str | None = None,
+                                    branch: str | None = None) -> int | None:
+        """Replace every partition ``data`` has rows in with ``data`` (Java's
+        ``ReplacePartitions``; an unpartitioned table is replaced whole), in one
+        snapshot; returns its id."""
+        from icecrypt.table.ops import rowlevel as _rowlevel
+
+        return _rowlevel.dynamic_partition_overwrite(self, data, isolation_level=isolation_level, branch=branch)
 
     def expire_snapshots(self, older_than_ms: int) -> Any:
         """Remove snapshots older than ``older_than_ms`` (never the current one, a ref's

@@ -186,6 +186,7 @@ class _Change:
     replaced_manifests: int = 0
     summary_extra: dict[str, str] = field(default_factory=dict)  # e.g. entries-processed (rewrite manifests)
     order: list[Any] | None = None  # the manifest list in its final order (manifest merging), else new then kept
+    attempt_written: list[str] = field(default_factory=list)  # files this attempt wrote (removed if it loses)
 
 
 def _tally(files: list[dict[str, Any]]) -> dict[str, int]:
@@ -424,7 +425,8 @@ def _commit_change(
         )
         what = f"{change.operation} (snapshot {snapshot_id})"
         return _committer.Staged(
-            _model.Change.on(version, updates, what=what), manager=manager, written=(list_location,),
+            _model.Change.on(version, updates, what=what), manager=manager,
+            written=(list_location, *change.attempt_written),
             keys_whole=keys_whole, conflict_free=retry and conflict_free,
         )  # fmt: skip
 
