@@ -84,6 +84,21 @@ def _int_map(raw: Any) -> list[tuple[int, Any]] | None:
     return [(item["key"], item["value"]) for item in raw]
 
 
+_DAY_IN = {"timestamp": 86_400_000_000, "timestamp_ns": 86_400_000_000_000}
+
+
+def _promoted_bound(field_type: Any, value: bytes, from_bytes: Any) -> Any:
+    """A bound decoded as the spec says for a promoted column: bounds keep the type the
+    file was written with, so a 4-byte bound of a timestamp / timestamp_ns column is the
+    date it was before the v3 promotion (its midnight, in the column's unit)."""
+    from pyiceberg.types import DateType, TimestampNanoType, TimestampType
+
+    if isinstance(field_type, (TimestampType, TimestampNanoType)) and len(value) == 4:
+        unit = "timestamp_ns" if isinstance(field_type, TimestampNanoType) else "timestamp"
+        return from_bytes(DateType(), value) * _DAY_IN[unit]
+    return from_bytes(field_type, value)
+
+
 def _arrow_value(value: Any) -> Any:
     """A value as Arrow takes it for the type PyIceberg's ``schema_to_pyarrow`` gives."""
     return value.bytes if isinstance(value, uuid.UUID) else value
@@ -654,7 +669,7 @@ class InspectTable:
             if value is None:
                 return None
             try:
-                return _arrow_value(from_bytes(field_type, value))
+                return _arrow_value(_promoted_bound(field_type, value, from_bytes))
             except Exception as exc:  # a bound that does not decode as its type
                 raise FormatError(f"manifest entry of {file.file_path}: bound of column {name!r} does not decode "
                                   f"as {field_type} ({type(exc).__name__})") from None
