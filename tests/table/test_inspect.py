@@ -347,6 +347,25 @@ def test_readable_metrics_of_a_date_promoted_to_timestamp(tmp_path, kms, unit):
     assert as_int == [((first - epoch).days * per_day, (last - epoch).days * per_day), (late_value, late_value)]
 
 
+def test_uuid_bounds(tmp_path, kms):
+    """A uuid column's bounds in readable_metrics are a struct nesting Arrow's uuid
+    extension type, which Arrow does not build from Python values: files and entries
+    still show them, as uuids."""
+    import uuid
+
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, UUIDType
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "u", UUIDType()))
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="keyA")
+    ids = [uuid.UUID(int=7), uuid.UUID(int=2**100)]
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64()), "u": pa.array([u.bytes for u in ids], pa.uuid())}))
+    (metrics,) = [r["readable_metrics"]["u"] for r in table.refresh().inspect.files().to_pylist()]
+    assert (metrics["lower_bound"], metrics["upper_bound"]) == (ids[0], ids[1])
+    (entry,) = table.inspect.entries().to_pylist()
+    assert entry["readable_metrics"]["u"]["upper_bound"] == ids[1]
+
+
 # --- the CLI -------------------------------------------------------------------------------------
 
 MEMORY_KMS = ["--kms-type", "memory", "--kms-property", "encryption.kms.memory.iceberg-test-keys=true"]
