@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
     p.add_argument("--drop", action="append", default=[], metavar="PATH")
     p.add_argument("--make-optional", action="append", default=[], metavar="PATH")
     p.add_argument("--widen", action="append", default=[], metavar="PATH=TYPE",
-                   help="promote a column's type: int=long, float=double, decimal precision, v3 date=timestamp")
+                   help="promote a column's type: int=long, float=double, decimal precision")
     p.add_argument("--json", action="store_true", help="print the schema as metadata.json records it")
     _add_common(p)
     p.set_defaults(func=_schema)

@@ -320,6 +320,52 @@ def test_tampered_manifest_is_refused(golden_copy):
     assert table.inspect.snapshots().num_rows == 2  # what does not read the manifest still works
 
 
+@pytest.mark.parametrize("unit", ["us", "ns"])
+def test_readable_metrics_of_a_date_promoted_to_timestamp(tmp_path, kms, unit):
+    """Bounds keep the type the file was written with (spec: a 4-byte bound of a
+    timestamp column is a date): files written before the v3 date -> timestamp promotion
+    show their dates' midnights, files written after it their timestamps."""
+    import datetime
+
+    from pyiceberg.types import TimestampNanoType, TimestampType
+
+    table = EncryptedTable.create(str(tmp_path / "t"), pa.schema([pa.field("id", pa.int64()), pa.field("day", pa.date32())]),
+                                  kms=kms, table_key_id="keyA")  # fmt: skip
+    table.append(pa.table({"id": [1, 2], "day": [datetime.date(2024, 1, 2), datetime.date(2024, 3, 4)]}))
+    target = TimestampNanoType() if unit == "ns" else TimestampType()
+    table.update_schema(allow_incompatible_changes=True).update_column("day", field_type=target).commit()
+    late = datetime.datetime(2025, 5, 6, 7, 8)
+    table.append(pa.table({"id": [3], "day": pa.array([late], pa.timestamp(unit))}))
+    metrics = sorted((r["readable_metrics"]["day"] for r in table.refresh().inspect.files().to_pylist()),
+                     key=lambda m: m["lower_bound"])  # fmt: skip
+    as_int = [(pa.scalar(m["lower_bound"], pa.timestamp(unit)).value, pa.scalar(m["upper_bound"], pa.timestamp(unit)).value)
+              for m in metrics]  # fmt: skip
+    per_day = 86_400 * (10**9 if unit == "ns" else 10**6)
+    first, last = datetime.date(2024, 1, 2), datetime.date(2024, 3, 4)
+    epoch = datetime.date(1970, 1, 1)
+    late_value = pa.scalar(late, pa.timestamp(unit)).value
+    assert as_int == [((first - epoch).days * per_day, (last - epoch).days * per_day), (late_value, late_value)]
+
+
+def test_uuid_bounds(tmp_path, kms):
+    """A uuid column's bounds in readable_metrics are a struct nesting Arrow's uuid
+    extension type, which Arrow does not build from Python values: files and entries
+    still show them, as uuids."""
+    import uuid
+
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, UUIDType
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "u", UUIDType()))
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="keyA")
+    ids = [uuid.UUID(int=7), uuid.UUID(int=2**100)]
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64()), "u": pa.array([u.bytes for u in ids], pa.uuid())}))
+    (metrics,) = [r["readable_metrics"]["u"] for r in table.refresh().inspect.files().to_pylist()]
+    assert (metrics["lower_bound"], metrics["upper_bound"]) == (ids[0], ids[1])
+    (entry,) = table.inspect.entries().to_pylist()
+    assert entry["readable_metrics"]["u"]["upper_bound"] == ids[1]
+
+
 # --- the CLI -------------------------------------------------------------------------------------
 
 MEMORY_KMS = ["--kms-type", "memory", "--kms-property", "encryption.kms.memory.iceberg-test-keys=true"]
@@ -453,3 +499,4 @@ def test_malformed_logs_name_the_metadata_file(tmp_path, log, entry):
     name = "history" if log == "snapshot-log" else "metadata_log_entries"
     with pytest.raises(FormatError, match=f"{table.metadata_location}: malformed {log}"):
         table.inspect.table(name)
+

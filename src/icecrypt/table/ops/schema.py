@@ -112,7 +112,9 @@ class UpdateSchema(_Operation):
     required column without a default, a name taken, dropping an identifier field or
     a partition or sort source -- raises ValueError naming the column; nothing is
     committed.  ``allow_incompatible_changes=True`` permits making a column required
-    and adding a required column without a default (old files then cannot be read)."""
+    and adding a required column without a default (old files then cannot be read),
+    and the format v3 promotion of a date to a timestamp, which the spec allows but
+    Iceberg Java does not read (its readers return the old files' dates as they are)."""
 
     what = "schema update"
 
@@ -309,7 +311,8 @@ class UpdateSchema(_Operation):
         doc: str | None = None,
     ) -> UpdateSchema:
         """Widen a column's type (int -> long, float -> double, decimal precision;
-        format v3 also date -> timestamp / timestamp_ns), make it optional
+        format v3 also date -> timestamp / timestamp_ns, only with
+        ``allow_incompatible_changes``: Iceberg Java does not read it), make it optional
         (``required=False``; required only with ``allow_incompatible_changes``), or
         change its doc."""
         field_id = self._existing(path, "update")
@@ -330,6 +333,12 @@ class UpdateSchema(_Operation):
                 )
             if isinstance(original, DateType):
                 self._check_date_promotion(field_id, name)
+                if not self._allow_incompatible:
+                    raise ValueError(
+                        f"cannot promote column {name!r} from date to {field_type}: Iceberg Java does not read this "
+                        "promotion (its readers return the old files' dates in the timestamp column, and its own "
+                        "schema updates refuse it); allow_incompatible_changes=True makes it all the same"
+                    )
             values["field_type"] = field_type
         if required is not None and required != field.required:
             if required and not self._allow_incompatible:

@@ -84,6 +84,44 @@ def _int_map(raw: Any) -> list[tuple[int, Any]] | None:
     return [(item["key"], item["value"]) for item in raw]
 
 
+_DAY_IN = {"timestamp": 86_400_000_000, "timestamp_ns": 86_400_000_000_000}
+
+
+def _promoted_bound(field_type: Any, value: bytes, from_bytes: Any) -> Any:
+    """A bound decoded as the spec says for a promoted column: bounds keep the type the
+    file was written with, so a 4-byte bound of a timestamp / timestamp_ns column is the
+    date it was before the v3 promotion (its midnight, in the column's unit)."""
+    from pyiceberg.types import DateType, TimestampNanoType, TimestampType
+
+    if isinstance(field_type, (TimestampType, TimestampNanoType)) and len(value) == 4:
+        unit = "timestamp_ns" if isinstance(field_type, TimestampNanoType) else "timestamp"
+        return from_bytes(DateType(), value) * _DAY_IN[unit]
+    return from_bytes(field_type, value)
+
+
+def _storage_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with every extension type (PyIceberg's uuid) replaced by its storage type."""
+    if isinstance(t, pa.BaseExtensionType):
+        return _storage_type(t.storage_type)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_storage_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_storage_type(t.key_type)), t.item_field.with_type(_storage_type(t.item_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_storage_type(t.value_type)))
+    return t
+
+
+def _table_from_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """``pa.Table.from_pylist`` for a schema that may nest extension types (a uuid
+    bound or partition value in a struct), which Arrow cannot build from Python values
+    directly: built on the storage types, then cast to ``schema``."""
+    storage = pa.schema([f.with_type(_storage_type(f.type)) for f in schema])
+    if storage == schema:
+        return pa.Table.from_pylist(rows, schema=schema)
+    return pa.Table.from_pylist(rows, schema=storage).cast(schema)
+
+
 def _arrow_value(value: Any) -> Any:
     """A value as Arrow takes it for the type PyIceberg's ``schema_to_pyarrow`` gives."""
     return value.bytes if isinstance(value, uuid.UUID) else value
@@ -363,7 +401,7 @@ class InspectTable:
                 "data_file": data_file,
                 "readable_metrics": metrics,
             })  # fmt: skip
-        return pa.Table.from_pylist(rows, schema=schema)
+        return _table_from_rows(rows, schema)
 
     def files(self, snapshot_id: int | None = None) -> pa.Table:
         """The live data and delete files of a snapshot, one row each."""
@@ -453,7 +491,7 @@ class InspectTable:
                 else:
                     row["equality_delete_record_count"] += file.record_count
                     row["equality_delete_file_count"] += 1
-        return pa.Table.from_pylist(list(groups.values()), schema=schema)
+        return _table_from_rows(list(groups.values()), schema)
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -538,7 +576,7 @@ class InspectTable:
                 for entry in self._checked(manifest, self._read(manifest)):
                     if entry.file.content in contents:
                         rows.append(self._file_row(entry))
-        return pa.Table.from_pylist(rows, schema=pa.schema(self._file_fields()))
+        return _table_from_rows(rows, pa.schema(self._file_fields()))
 
     def _metric_columns(self) -> list[tuple[str, int, Any]]:
         """(full name, field id, type) of every primitive column of the current schema, in
@@ -654,7 +692,7 @@ class InspectTable:
             if value is None:
                 return None
             try:
-                return _arrow_value(from_bytes(field_type, value))
+                return _arrow_value(_promoted_bound(field_type, value, from_bytes))
             except Exception as exc:  # a bound that does not decode as its type
                 raise FormatError(f"manifest entry of {file.file_path}: bound of column {name!r} does not decode "
                                   f"as {field_type} ({type(exc).__name__})") from None
