@@ -74,14 +74,12 @@ def test_source_appends_in_order_limits_and_restart(ispark, tmp_path):
     # rows limit 3: [6,7] + [8] fit, [9,10,11] would exceed it
     got = run_batches(ispark, table, checkpoint, **{"streaming-max-rows-per-micro-batch": "3"})
     assert got == [[6, 7, 8], [9, 10, 11]]
-    # start after a snapshot, or from a moment; a file larger than the rows limit still
-    # goes (one file per batch at least)
+    # start after a snapshot (stream-from-timestamp: test_source_start_points_around_an_overwrite);
+    # a file larger than the rows limit still goes (one file per batch at least)
     snaps = table.snapshots()
     got = run_batches(ispark, table, tmp_path / "cp3", **{"start-snapshot-id": str(snaps[3].snapshot_id),
                                                           "streaming-max-rows-per-micro-batch": "1"})
     assert got == [[8], [9, 10, 11]]
-    got = run_batches(ispark, table, tmp_path / "cp4", **{"stream-from-timestamp": str(snaps[5].timestamp_ms)})
-    assert got[-1][-3:] == [9, 10, 11] and sorted(sum(got, [])) == sorted(set(sum(got, [])))
 
 
 def test_source_process_all_available_sees_new_snapshots(ispark, tmp_path):
@@ -227,3 +225,87 @@ def test_sink_replayed_epoch_is_skipped_and_its_files_deleted(tmp_path):
     assert sorted(sink.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3, 4]
     assert [(s.summary[QUERY_ID_PROPERTY], s.summary[EPOCH_ID_PROPERTY]) for s in sink.snapshots()] == \
         [("q-1", "0"), ("q-1", "1"), ("q-2", "1")]
+
+
+def test_sink_complete_mode_overwrites_once_per_epoch(tmp_path):
+    """Complete mode (Spark passes overwrite=True): each epoch replaces the rows, with the
+    epoch summary; a replay of a committed epoch changes nothing."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from icecrypt.spark._stream import IcebergStreamWriter, StreamTaskDataFiles
+    from icecrypt.table.ops.write import write_files
+
+    sink = new_table(tmp_path / "sink")
+    sink.append(rows([0]))
+    schema = StructType([StructField("id", LongType(), False), StructField("s", StringType(), True)])
+    options = {**KMS, "path": str(tmp_path / "sink")}
+    for epoch, ids in ((0, [1, 2]), (1, [3]), (1, [99])):
+        operation_id = f"op-{epoch}-{ids[0]}"
+        files = write_files(sink, rows(ids), operation_id=operation_id)
+        IcebergStreamWriter(options, schema, True).commit([StreamTaskDataFiles(files, "q", epoch, operation_id)], epoch)
+    sink.refresh()
+    assert sink.scan().to_arrow()["id"].to_pylist() == [3]
+    assert [(s.operation, s.summary.get(EPOCH_ID_PROPERTY)) for s in sink.snapshots()] == \
+        [("append", None), ("overwrite", "0"), ("overwrite", "1")]
+
+
+def _reader(path: Path, **options):
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from icecrypt.spark._stream import IcebergStreamReader
+
+    schema = StructType([StructField("id", LongType(), False), StructField("s", StringType(), True)])
+    return IcebergStreamReader({**KMS, "path": str(path), **options}, schema)
+
+
+def test_source_offsets_from_storage_are_checked(tmp_path):
+    """Offsets come back from the checkpoint: a malformed one, one naming a snapshot the
+    table does not have, and one the branch no longer descends from are clear errors,
+    never a silent skip or re-read."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
+
+    table = new_table(tmp_path / "t")
+    a = table.append(rows([1]))
+    b = table.append(rows([2]))
+    reader = _reader(tmp_path / "t")
+    start = reader.initialOffset()
+    assert start == {"version": 1, "snapshot_id": a, "position": 0, "scan_all_files": True}
+    first = reader.latestOffset(start, ReadMaxFiles(1))
+    assert first == {"version": 1, "snapshot_id": a, "position": 1, "scan_all_files": True}
+    end = reader.latestOffset(first, ReadAllAvailable())
+    assert end == {"version": 1, "snapshot_id": b, "position": 1, "scan_all_files": False}
+    assert [p.task.file.record_count for p in reader.partitions(first, end)] == [1]
+    for bad in ({"snapshot_id": a}, {**start, "position": -1}, {**start, "version": 2}, "nonsense",
+                {**start, "snapshot_id": "1"}):
+        with pytest.raises(ValueError, match="is not an offset of this source"):
+            reader.latestOffset(bad, ReadAllAvailable())
+    with pytest.raises(LookupError, match="no longer has snapshot 12345"):
+        reader.partitions({**start, "snapshot_id": 12345}, end)
+    table.manage_snapshots().rollback_to_snapshot(a).commit()
+    c = table.append(rows([3]))
+    with pytest.raises(ValueError, match=f"snapshot {b}, where the stream stands, is not an ancestor of snapshot {c}"):
+        reader.latestOffset(end, ReadAllAvailable())
+
+
+def test_source_start_points_around_an_overwrite(tmp_path):
+    """Starting after an overwrite streams what follows it; starting at it (by its
+    timestamp) reaches it and fails unless overwrites are skipped."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    table = new_table(tmp_path / "t")
+    table.append(rows([1]))
+    table.overwrite(rows([5]))
+    table.append(rows([6]))
+    overwrite = table.snapshots()[1]
+    after = _reader(tmp_path / "t", **{"start-snapshot-id": str(overwrite.snapshot_id)})
+    start = after.initialOffset()
+    end = after.latestOffset(start, ReadAllAvailable())
+    assert [p.task.file.record_count for p in after.partitions(start, end)] == [1]
+    moment = {"stream-from-timestamp": str(overwrite.timestamp_ms)}
+    at = _reader(tmp_path / "t", **moment)
+    with pytest.raises(ValueError, match=f"snapshot {overwrite.snapshot_id} is an overwrite"):
+        at.latestOffset(at.initialOffset(), ReadAllAvailable())
+    skipping = _reader(tmp_path / "t", **moment, **{"streaming-skip-overwrite-snapshots": "true"})
+    start = skipping.initialOffset()
+    end = skipping.latestOffset(start, ReadAllAvailable())
+    assert len(skipping.partitions(start, end)) == 1

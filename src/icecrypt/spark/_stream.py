@@ -276,7 +276,12 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ancestors = list(_ancestry(table, head))
         if self.from_timestamp is not None:
             after = [s for s in ancestors if s.timestamp_ms >= self.from_timestamp]
-            return (after[-1].snapshot_id, 0, False) if after else None
+            if not after:
+                return None
+            first = after[-1]
+            if first is not ancestors[-1]:  # after its parent: the walk enters (and checks) it
+                parent = ancestors[len(after)]
+                return parent.snapshot_id, len(self._snapshot_files(table, parent, False)), False
         return ancestors[-1].snapshot_id, 0, True
 
     def _snapshot_files(self, table: EncryptedTable, snapshot: Snapshot, scan_all: bool) -> list[_File]:
@@ -334,7 +339,9 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             snapshot_id, position, scan_all = first
         current = self._snapshot(table, snapshot_id)
         later = self._after(table, current, head)
-        files = self._snapshot_files(table, current, scan_all) if scan_all else self._admitted(table, current)
+        # where the stream stands was checked when the walk entered it (or is a start
+        # point, whose own changes are not streamed): only the snapshots after it are
+        files = self._snapshot_files(table, current, scan_all)
         while True:
             for index in range(position, len(files)):
                 yield current, index, scan_all, files[index]
@@ -368,6 +375,17 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         head = self._head(self._fresh())
         self._target = {"snapshot_id": None if head is None else head.snapshot_id}
 
+    def _budget(self, limit: Any) -> _Limit:
+        """The engine's limit, and the options' other limit with it (Spark passes one);
+        none with ReadAllAvailable (Trigger.Once) or no limit."""
+        if limit is None or isinstance(limit, ReadAllAvailable):
+            return _Limit(None, None)
+        if isinstance(limit, ReadMaxFiles):
+            return _Limit(limit.max_files, self.max_rows)
+        if isinstance(limit, ReadMaxRows):
+            return _Limit(self.max_files, limit.max_rows)
+        return _Limit(self.max_files, self.max_rows)
+
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
         table = self._fresh()
         head = self._head(table)
@@ -376,15 +394,14 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             head = None if target["snapshot_id"] is None else self._snapshot(table, target["snapshot_id"])
         if head is None:
             return start
-        unlimited = limit is None or isinstance(limit, ReadAllAvailable)
-        budget = _Limit(None if unlimited else self.max_files, None if unlimited else self.max_rows)
+        budget = self._budget(limit)
         end = start
         for snapshot, position, scan_all, file in self._walk(table, start, head):
             if file is None:
                 end = _offset(snapshot.snapshot_id, position, scan_all)
                 continue
             if not budget.admits(file.record_count):
-                return _offset(snapshot.snapshot_id, position, scan_all)
+                return end  # after the last file taken (or snapshot passed over)
             budget.take(file.record_count)
             end = _offset(snapshot.snapshot_id, position + 1, scan_all)
         return end
