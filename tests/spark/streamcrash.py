@@ -1,4 +1,5 @@
-"""The driver of a streaming query that test_streaming.py kills with SIGKILL.
+"""The driver of a streaming query that test_streaming.py kills with SIGKILL (and the
+streaming tests' table helpers).
 
 Run as ``python streamcrash.py SOURCE SINK CHECKPOINT FLAGS``: streams the appended rows
 of table SOURCE (one snapshot per micro-batch) into table SINK with ``icecrypt.iceberg``
@@ -18,10 +19,28 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
+
+from icecrypt.kms.memory import MemoryKms
 from icecrypt.spark._iceberg import IcebergDataSource
 from icecrypt.spark._stream import IcebergStreamWriter
+from icecrypt.table import EncryptedTable
 
 KMS = {"encryption.kms-type": "memory", "encryption.kms.memory.iceberg-test-keys": "true"}
+
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("s", pa.string())])
+
+
+def rows(ids) -> pa.Table:
+    """Rows ``id``, ``s`` = "row-<id>" of the streaming tests' tables."""
+    ids = list(ids)
+    return pa.table({"id": pa.array(ids, pa.int64()), "s": [f"row-{i}" for i in ids]}, schema=SCHEMA)
+
+
+def new_table(path: Path) -> EncryptedTable:
+    """An empty encrypted table of SCHEMA at ``path`` (Iceberg's test KMS, key keyA)."""
+    return EncryptedTable.create(str(path), SCHEMA, kms=MemoryKms.with_iceberg_test_keys(), table_key_id="keyA")
 
 
 def _pause(when: str, batch_id: int, messages) -> None:

@@ -1,4 +1,5 @@
-"""Structured Streaming on ``icecrypt.iceberg``: the source reads exactly the appended rows
+"""Structured Streaming on ``icecrypt.iceberg`` in a Spark session (the driver-side logic alone:
+test_streaming_driver.py): the source reads exactly the appended rows
 of new snapshots, in order, across restarts and under rate limits; non-append snapshots
 fail or are skipped per option; the sink commits every epoch exactly once, also when the
 driver is killed (SIGKILL) between writing and committing an epoch or between the table
@@ -14,29 +15,17 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from icecrypt.kms.memory import MemoryKms
 from icecrypt.spark._iceberg import IcebergDataSource
 from icecrypt.spark._stream import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY
 from icecrypt.table import EncryptedTable
+from streamcrash import KMS, new_table, rows
 
 pytestmark = pytest.mark.spark
 
-KMS = {"encryption.kms-type": "memory", "encryption.kms.memory.iceberg-test-keys": "true"}
 FORMAT = "icecrypt.iceberg"
-SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("s", pa.string())])
 HERE = Path(__file__).resolve().parent
-
-
-def rows(ids) -> pa.Table:
-    ids = list(ids)
-    return pa.table({"id": pa.array(ids, pa.int64()), "s": [f"row-{i}" for i in ids]}, schema=SCHEMA)
-
-
-def new_table(path: Path) -> EncryptedTable:
-    return EncryptedTable.create(str(path), SCHEMA, kms=MemoryKms.with_iceberg_test_keys(), table_key_id="keyA")
 
 
 @pytest.fixture(scope="module")
@@ -196,116 +185,3 @@ def test_sink_killed_driver_commits_each_epoch_exactly_once(ispark, tmp_path):
     live = {f.file.path.rsplit("/", 1)[-1] for f in sink.scan().plan_files()}
     on_disk = {p.name for p in (sink_path / "data").rglob("*") if p.is_file()}
     assert on_disk - live <= {p.rsplit("/", 1)[-1] for p in orphans}
-
-
-def test_sink_replayed_epoch_is_skipped_and_its_files_deleted(tmp_path):
-    """The sink's commit on the driver, without Spark: an epoch committed once is never
-    committed again (the replay's files are deleted), an older epoch neither."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    from icecrypt.spark._stream import IcebergStreamWriter, StreamTaskDataFiles
-    from icecrypt.table.ops.write import write_files
-
-    sink = new_table(tmp_path / "sink")
-    schema = StructType([StructField("id", LongType(), False), StructField("s", StringType(), True)])
-    options = {**KMS, "path": str(tmp_path / "sink")}
-
-    def epoch_files(ids, epoch, query="q-1"):
-        files = write_files(sink, rows(ids), operation_id=f"op-{query}-{epoch}-{ids[0]}")
-        return [StreamTaskDataFiles(files, query, epoch, f"op-{query}-{epoch}-{ids[0]}")]
-
-    IcebergStreamWriter(options, schema, False).commit(epoch_files([1, 2], 0), 0)
-    IcebergStreamWriter(options, schema, False).commit(epoch_files([3], 1), 1)
-    for epoch in (1, 0):  # replays
-        replay = epoch_files([100 + epoch], epoch)
-        IcebergStreamWriter(options, schema, False).commit(replay, epoch)
-        assert not Path(replay[0].data_files[0]["file_path"].removeprefix("file://")).exists()
-    IcebergStreamWriter(options, schema, False).commit(epoch_files([4], 1, query="q-2"), 1)  # another query
-    sink.refresh()
-    assert sorted(sink.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3, 4]
-    assert [(s.summary[QUERY_ID_PROPERTY], s.summary[EPOCH_ID_PROPERTY]) for s in sink.snapshots()] == \
-        [("q-1", "0"), ("q-1", "1"), ("q-2", "1")]
-
-
-def test_sink_complete_mode_overwrites_once_per_epoch(tmp_path):
-    """Complete mode (Spark passes overwrite=True): each epoch replaces the rows, with the
-    epoch summary; a replay of a committed epoch changes nothing."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    from icecrypt.spark._stream import IcebergStreamWriter, StreamTaskDataFiles
-    from icecrypt.table.ops.write import write_files
-
-    sink = new_table(tmp_path / "sink")
-    sink.append(rows([0]))
-    schema = StructType([StructField("id", LongType(), False), StructField("s", StringType(), True)])
-    options = {**KMS, "path": str(tmp_path / "sink")}
-    for epoch, ids in ((0, [1, 2]), (1, [3]), (1, [99])):
-        operation_id = f"op-{epoch}-{ids[0]}"
-        files = write_files(sink, rows(ids), operation_id=operation_id)
-        IcebergStreamWriter(options, schema, True).commit([StreamTaskDataFiles(files, "q", epoch, operation_id)], epoch)
-    sink.refresh()
-    assert sink.scan().to_arrow()["id"].to_pylist() == [3]
-    assert [(s.operation, s.summary.get(EPOCH_ID_PROPERTY)) for s in sink.snapshots()] == \
-        [("append", None), ("overwrite", "0"), ("overwrite", "1")]
-
-
-def _reader(path: Path, **options):
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    from icecrypt.spark._stream import IcebergStreamReader
-
-    schema = StructType([StructField("id", LongType(), False), StructField("s", StringType(), True)])
-    return IcebergStreamReader({**KMS, "path": str(path), **options}, schema)
-
-
-def test_source_offsets_from_storage_are_checked(tmp_path):
-    """Offsets come back from the checkpoint: a malformed one, one naming a snapshot the
-    table does not have, and one the branch no longer descends from are clear errors,
-    never a silent skip or re-read."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
-
-    table = new_table(tmp_path / "t")
-    a = table.append(rows([1]))
-    b = table.append(rows([2]))
-    reader = _reader(tmp_path / "t")
-    start = reader.initialOffset()
-    assert start == {"version": 1, "snapshot_id": a, "position": 0, "scan_all_files": True}
-    first = reader.latestOffset(start, ReadMaxFiles(1))
-    assert first == {"version": 1, "snapshot_id": a, "position": 1, "scan_all_files": True}
-    end = reader.latestOffset(first, ReadAllAvailable())
-    assert end == {"version": 1, "snapshot_id": b, "position": 1, "scan_all_files": False}
-    assert [p.task.file.record_count for p in reader.partitions(first, end)] == [1]
-    for bad in ({"snapshot_id": a}, {**start, "position": -1}, {**start, "version": 2}, "nonsense",
-                {**start, "snapshot_id": "1"}):
-        with pytest.raises(ValueError, match="is not an offset of this source"):
-            reader.latestOffset(bad, ReadAllAvailable())
-    with pytest.raises(LookupError, match="no longer has snapshot 12345"):
-        reader.partitions({**start, "snapshot_id": 12345}, end)
-    table.manage_snapshots().rollback_to_snapshot(a).commit()
-    c = table.append(rows([3]))
-    with pytest.raises(ValueError, match=f"snapshot {b}, where the stream stands, is not an ancestor of snapshot {c}"):
-        reader.latestOffset(end, ReadAllAvailable())
-
-
-def test_source_start_points_around_an_overwrite(tmp_path):
-    """Starting after an overwrite streams what follows it; starting at it (by its
-    timestamp) reaches it and fails unless overwrites are skipped."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
-
-    table = new_table(tmp_path / "t")
-    table.append(rows([1]))
-    table.overwrite(rows([5]))
-    table.append(rows([6]))
-    overwrite = table.snapshots()[1]
-    after = _reader(tmp_path / "t", **{"start-snapshot-id": str(overwrite.snapshot_id)})
-    start = after.initialOffset()
-    end = after.latestOffset(start, ReadAllAvailable())
-    assert [p.task.file.record_count for p in after.partitions(start, end)] == [1]
-    moment = {"stream-from-timestamp": str(overwrite.timestamp_ms)}
-    at = _reader(tmp_path / "t", **moment)
-    with pytest.raises(ValueError, match=f"snapshot {overwrite.snapshot_id} is an overwrite"):
-        at.latestOffset(at.initialOffset(), ReadAllAvailable())
-    skipping = _reader(tmp_path / "t", **moment, **{"streaming-skip-overwrite-snapshots": "true"})
-    start = skipping.initialOffset()
-    end = skipping.latestOffset(start, ReadAllAvailable())
-    assert len(skipping.partitions(start, end)) == 1

@@ -68,7 +68,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStream
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from icecrypt.spark._common import OPT_BATCH_SIZE, columns_option, file_error, positive_int, split_size
+from icecrypt.spark._common import OPT_BATCH_SIZE, file_error, positive_int, split_size
 from icecrypt.spark._iceberg import (
     NAME,
     OPT_AS_OF_TIMESTAMP,
