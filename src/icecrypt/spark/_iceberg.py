@@ -76,6 +76,9 @@ their manifest records; ``commit()`` makes one snapshot of all of them (``append
 or ``overwrite_files``); ``abort()`` deletes the tasks' files (and a table this job
 created that is still empty).  A plaintext table is read or written only with option
 ``encryption=none``.
+
+Streaming: ``spark.readStream`` (the rows appended by new snapshots) and ``df.writeStream``
+(one snapshot per epoch, exactly once) are :mod:`icecrypt.spark._stream`.
 """
 
 from __future__ import annotations
