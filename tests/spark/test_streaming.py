@@ -129,7 +129,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def _run_until(source, sink, checkpoint, flags, pause: str, timeout: float = 240) -> list[str]:
+def _run_until(source, sink, checkpoint, flags, pause: str, timeout: float = 420) -> list[str]:
     """Start the crash driver with ``pause``, wait until it stands there, SIGKILL its whole
     process group (driver, JVM, Python workers); the paused epoch's data files."""
     env = dict(os.environ, ICECRYPT_TEST_PAUSE=pause, ICECRYPT_TEST_FLAGS=str(flags),

@@ -153,3 +153,26 @@ def test_sink_epochs_are_per_branch(tmp_path):
     assert sink.scan().to_arrow()["id"].to_pylist() == [1]
     assert [(s.summary["spark.sql.streaming.queryId"], s.summary["spark.sql.streaming.epochId"])
             for s in sink.snapshots()] == [("q", "0"), ("q", "0")]
+
+
+def test_sink_refuses_messages_of_another_query_or_epoch(tmp_path):
+    """Task messages that disagree on the query or name another epoch than the commit's:
+    nothing is committed and their files are deleted."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from icecrypt.spark._stream import IcebergStreamWriter, StreamTaskDataFiles
+    from icecrypt.table.ops.write import write_files
+
+    sink = new_table(tmp_path / "sink")
+    schema = StructType([StructField("id", LongType(), False), StructField("s", StringType(), True)])
+    writer = IcebergStreamWriter({**KMS, "path": str(tmp_path / "sink")}, schema, False)
+    for query_ids, epochs in ((("q", "other"), (0, 0)), (("q", "q"), (0, 1)), ((None, None), (0, 0))):
+        messages = []
+        for n, (query_id, epoch) in enumerate(zip(query_ids, epochs)):
+            files = write_files(sink, rows([n]), operation_id=f"op-{n}")
+            messages.append(StreamTaskDataFiles(files, query_id, epoch, f"op-{n}"))
+        with pytest.raises(ValueError, match="nothing was committed"):
+            writer.commit(messages, 0)
+        for message in messages:
+            assert not Path(message.data_files[0]["file_path"].removeprefix("file://")).exists()
+    assert sink.refresh().snapshots() == []
