@@ -176,3 +176,19 @@ def test_sink_refuses_messages_of_another_query_or_epoch(tmp_path):
         for message in messages:
             assert not Path(message.data_files[0]["file_path"].removeprefix("file://")).exists()
     assert sink.refresh().snapshots() == []
+
+
+def test_commit_summary_cannot_take_icebergs_own_names(tmp_path):
+    """append_files/overwrite_files summary=: a caller's name that Iceberg's own summary
+    sets (operation, added-*, total-*, ...) is refused before anything is committed, and
+    the data files are deleted."""
+    from icecrypt.table.ops.write import append_files, overwrite_files, write_files
+
+    table = new_table(tmp_path / "t")
+    for commit, name in ((append_files, "operation"), (append_files, "added-records"),
+                         (overwrite_files, "total-records"), (append_files, "wap.id")):
+        files = write_files(table, rows([1]))
+        with pytest.raises(ValueError, match=f"summary property {name!r}"):
+            commit(table, files, summary={name: "1"})
+        assert not Path(files[0]["file_path"].removeprefix("file://")).exists()
+    assert table.refresh().snapshots() == []

@@ -706,12 +706,12 @@ def append_files(
     each version the commit is about to build on (every attempt); whatever it raises
     stops the commit, and the data files are deleted as for any failure (a streaming
     sink's test that its epoch is not already committed)."""
-    extra_summary = _summary_properties(summary)
     target = _Target.of(table)
     io: TableIO | None = None
     written = [f["file_path"] for f in data_files]
     merged_written: list[str] = []  # manifests written by merging, in any attempt
     try:
+        extra_summary = _summary_properties(summary)
         base_location, base = target.latest()
         io = target.io(target.manager(base))
         branch, stage_only, extra = _write_ref(base, branch, wap_id)
@@ -854,11 +854,11 @@ def overwrite_files(
     data files are deleted.  ``summary`` and ``check`` as for :func:`append_files` (an
     overwrite is never rebuilt: ``check`` sees the one version it builds on, and the
     commit is refused if the branch moves meanwhile)."""
-    extra_summary = _summary_properties(summary)
     target = _Target.of(table)
     written = [f["file_path"] for f in data_files]
     io: TableIO | None = None
     try:
+        extra_summary = _summary_properties(summary)
         base_location, base = target.latest()
         name, _, _ = _write_ref(base, branch, None)
         io = target.io(target.manager(base))
