@@ -76,6 +76,9 @@ their manifest records; ``commit()`` makes one snapshot of all of them (``append
 or ``overwrite_files``); ``abort()`` deletes the tasks' files (and a table this job
 created that is still empty).  A plaintext table is read or written only with option
 ``encryption=none``.
+
+Streaming: ``spark.readStream`` (the rows appended by new snapshots) and ``df.writeStream``
+(one snapshot per epoch, exactly once) are :mod:`icecrypt.spark._stream`.
 """
 
 from __future__ import annotations
@@ -184,10 +187,22 @@ OPT_END_TIMESTAMP = "end-timestamp"
 OPT_CHANGELOG = "changelog"
 _INCREMENTAL_OPTIONS = (OPT_START_SNAPSHOT_ID, OPT_END_SNAPSHOT_ID, OPT_START_TIMESTAMP, OPT_END_TIMESTAMP)
 
+#: streaming reads (``spark.readStream``, Iceberg's Spark names; see ``icecrypt.spark._stream``):
+#: start with the first snapshot committed at or after this moment (ms since the epoch)
+OPT_STREAM_FROM_TIMESTAMP = "stream-from-timestamp"
+#: ... at most this many data files / about this many rows per micro-batch (at least one file)
+OPT_MAX_FILES_PER_BATCH = "streaming-max-files-per-micro-batch"
+OPT_MAX_ROWS_PER_BATCH = "streaming-max-rows-per-micro-batch"
+#: ... ``true``: pass over overwrite / delete snapshots instead of failing on them
+OPT_SKIP_OVERWRITES = "streaming-skip-overwrite-snapshots"
+OPT_SKIP_DELETES = "streaming-skip-delete-snapshots"
+_STREAM_OPTIONS = (OPT_STREAM_FROM_TIMESTAMP, OPT_MAX_FILES_PER_BATCH, OPT_MAX_ROWS_PER_BATCH, OPT_SKIP_OVERWRITES,
+                   OPT_SKIP_DELETES)
+
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
                           OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE,
-                          OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG})
+                          OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG, *_STREAM_OPTIONS})
 _KMS_PREFIX = "encryption.kms"
 
 
@@ -795,8 +810,24 @@ class IcebergDataSource(DataSource):
             return MetadataTableReader(self.options, schema)
         return IcebergReader(self.options, schema)
 
-    def writer(self, schema: StructType, overwrite: bool) -> IcebergWriter:
+    def _check_write(self, where: str) -> None:
         if self.options.get(OPT_METADATA_TABLE):
             raise ValueError(f"{NAME}: metadata tables are read only (option {OPT_METADATA_TABLE})")
-        _no_incremental(self.options, "in a write")
+        _no_incremental(self.options, where)
+
+    def writer(self, schema: StructType, overwrite: bool) -> IcebergWriter:
+        self._check_write("in a write")
         return IcebergWriter(self.options, schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> Any:
+        """``spark.readStream``: the appended rows of new snapshots (``icecrypt.spark._stream``)."""
+        from icecrypt.spark._stream import IcebergStreamReader
+
+        return IcebergStreamReader(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        """``df.writeStream``: one commit per epoch, exactly once (``icecrypt.spark._stream``)."""
+        from icecrypt.spark._stream import IcebergStreamWriter
+
+        self._check_write("in a streaming write")
+        return IcebergStreamWriter(self.options, schema, overwrite)

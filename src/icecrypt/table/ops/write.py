@@ -29,7 +29,7 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -691,7 +691,8 @@ def remove_job_leftovers(
 
 def append_files(
     table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None, wap_id: str | None = None,
-    on_retry: Callable[[int], None] | None = None,
+    on_retry: Callable[[int], None] | None = None, summary: Mapping[str, str] | None = None,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> int | None:
     """Commit data files written by :func:`write_files` as one append snapshot; returns
     its id (the current one if there are none).  A concurrent commit is not lost: the
@@ -703,16 +704,23 @@ def append_files(
     created at the new snapshot, whose parent is then main's head, as Java's writes to a
     new branch).  ``wap_id``: with ``write.wap.enabled=true``, stage the snapshot for
     write-audit-publish (summary ``wap.id``; no branch moves; publish it with
-    ``manage_snapshots().cherry_pick(id)``)."""
+    ``manage_snapshots().cherry_pick(id)``).  ``summary``: further snapshot summary
+    properties (names Iceberg's own summary uses are refused).  ``check``: called with
+    each version the commit is about to build on (every attempt); whatever it raises
+    stops the commit, and the data files are deleted as for any failure (a streaming
+    sink's test that its epoch is not already committed)."""
     target = _Target.of(table)
     io: TableIO | None = None
     written = [f["file_path"] for f in data_files]
     merged_written: list[str] = []  # manifests written by merging, in any attempt
     try:
+        extra_summary = _summary_properties(summary)
         base_location, base = target.latest()
         io = target.io(target.manager(base))
         branch, stage_only, extra = _write_ref(base, branch, wap_id)
         if not data_files:
+            if check is not None:
+                check(base)
             return _model.ref_snapshot(base, branch)
         _check_data_files(io, data_files)
         snapshot_id = _new_snapshot_id(base)
@@ -726,12 +734,15 @@ def append_files(
         last: list[_Change] = []
 
         def build(version: dict[str, Any], manager: EncryptionManager | None) -> _Change:
+            if check is not None:
+                check(version)
             parent = _head(version, branch)
             kept = []
             if parent is not None:
                 kept = [m for m in _read_manifest_list(target.io(manager), manager, parent) if _has_live_files(m)]
             change = _merge_append(target.io(manager), version, manifest, kept, data_files, snapshot_id, merged_written)
             change.summary_extra.update(extra)
+            change.summary_extra.update(extra_summary)
             last[:] = [change]
             return change
 
@@ -836,26 +847,53 @@ def overwrite(
     return _commit_overwrite(target, base_location, base, io, data_files, written, spec, schema, branch=name)
 
 
-def overwrite_files(table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None) -> int | None:
+def overwrite_files(
+    table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None,
+    summary: Mapping[str, str] | None = None, check: Callable[[dict[str, Any]], None] | None = None,
+) -> int | None:
     """Commit data files written by :func:`write_files` as one overwrite snapshot that
     replaces every row of the table (of ``branch``): the distributed form of
     :func:`overwrite` (workers write, the driver commits once).  If this raises, the
-    data files are deleted."""
+    data files are deleted.  ``summary`` and ``check`` as for :func:`append_files` (an
+    overwrite is never rebuilt: ``check`` sees the one version it builds on, and the
+    commit is refused if the branch moves meanwhile)."""
     target = _Target.of(table)
     written = [f["file_path"] for f in data_files]
     io: TableIO | None = None
     try:
+        extra_summary = _summary_properties(summary)
         base_location, base = target.latest()
         name, _, _ = _write_ref(base, branch, None)
         io = target.io(target.manager(base))
         _check_data_files(io, data_files)
+        if check is not None:
+            check(base)
     except BaseException:
         _cleanup(io or target.io(None), written)
         raise
     spec = _specs(base)[base.get("default-spec-id", 0)]
     return _commit_overwrite(
-        target, base_location, base, io, list(data_files), written, spec, _schema(base), branch=name
+        target, base_location, base, io, list(data_files), written, spec, _schema(base), branch=name,
+        summary=extra_summary,
     )
+
+
+#: summary names Iceberg's own snapshot summary uses (``_summary``): never given by a caller
+_OWN_SUMMARY = ("operation", "manifests-", "added-", "deleted-", "removed-", "total-", "changed-partition-count",
+                "engine-", WAP_ID, "entries-processed")
+
+
+def _summary_properties(summary: Mapping[str, str] | None) -> dict[str, str]:
+    """A caller's snapshot summary properties, checked: string names and values, none
+    of Iceberg's own names."""
+    result: dict[str, str] = {}
+    for name, value in (summary or {}).items():
+        if not isinstance(name, str) or not name or not isinstance(value, str):
+            raise TypeError(f"summary properties are non-empty string names with string values, not {name!r}: {value!r}")
+        if any(name == own or (own.endswith("-") and name.startswith(own)) for own in _OWN_SUMMARY):
+            raise ValueError(f"summary property {name!r} is one of the names Iceberg's snapshot summary sets itself")
+        result[name] = value
+    return result
 
 
 def _commit_overwrite(
@@ -869,6 +907,7 @@ def _commit_overwrite(
     schema: Schema,
     *,
     branch: str = _model.MAIN_BRANCH,
+    summary: Mapping[str, str] | None = None,
 ) -> int | None:
     """The commit half of an overwrite on top of ``base``: ``data_files`` added, every
     live file of the branch's head snapshot marked DELETED.  Whatever ``written`` lists (the
@@ -911,7 +950,7 @@ def _commit_overwrite(
                 new_manifests.append(write_manifest(
                     io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=content
                 ))  # fmt: skip
-        change = _Change("overwrite", new_manifests, [], data_files, removed, replaced)
+        change = _Change("overwrite", new_manifests, [], data_files, removed, replaced, dict(summary or {}))
         _commit_planned(target, base_location, base, change, snapshot_id, branch)
     except BaseException as exc:
         _discard(io, written, exc)
