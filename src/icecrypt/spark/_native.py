@@ -280,6 +280,7 @@ def read_table(spark: Any, location: str, **options: str) -> Any:
 
 def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[Any, str]:
     """(the DataFrame of the native path, "") or (None, why it does not apply)."""
+    from icecrypt.errors import IcecryptError
     from icecrypt.spark import _iceberg as ib
     from icecrypt.spark._common import columns_option, file_error
     from icecrypt.spark._schema import spark_schema
@@ -314,6 +315,8 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
     spark_paths = {_spark_path(f.fs_path, table.filesystem): f for f in native_files.values()}
     if None in spark_paths:
         return None, "the table is not on the local file system"
+    if any(set(path) & set("*?[]{}\\") for path in spark_paths):
+        return None, "a data file path holds glob characters (Spark's file source expands them)"
     spark.conf.set(FIELD_ID_READ, "true")
     reader = spark.read.format("parquet").schema(_spark_type(scan.schema.as_struct()))
     if encrypted:
@@ -321,7 +324,14 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
                   .option(KEYS_PROPERTY, _file_keys(spark_paths)))
     from pyspark.sql import functions as F
 
-    native = reader.load(list(spark_paths)).select(
+    loaded = reader.load(list(spark_paths))
+    # Spark's file index must hold exactly the planned files: one it skipped (hidden names)
+    # would lose rows silently, so that is an error, never a smaller result
+    listed = len(set(loaded.inputFiles()))
+    if listed != len(spark_paths):
+        raise IcecryptError(f"{ib.NAME}: table {location}: Spark's Parquet source lists {listed} of the "
+                            f"{len(spark_paths)} planned data files (refused; read with native=false)")
+    native = loaded.select(
         *[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in output.fields])
     if not rest:
         return native, ""
