@@ -148,3 +148,46 @@ def test_configure_adds_the_jar():
     jars = builder._options["spark.jars"].split(",")
     assert jars[0] == "/x/other.jar" and jars[1] == icecrypt.spark.jar_path() and os.path.isfile(jars[1])
     assert builder._options[_native.FIELD_ID_READ] == "true"
+
+
+def test_the_factory_refuses_files_outside_the_read_and_malformed_entries(nspark, tmp_path):
+    """org.icecrypt.spark.FileDecryption, called as parquet-java calls it: a file the read
+    did not plan, a read without keys and a malformed entry fail with messages that name
+    the file or entry and hold no key; a planned file gets its DEK and AAD prefix."""
+    from py4j.protocol import Py4JJavaError
+
+    from icecrypt.keys import StandardKeyMetadata
+
+    jvm = nspark.sparkContext._jvm
+    factory = jvm.org.icecrypt.spark.FileDecryption()
+    planned, other = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    planned.write_bytes(b"x" * 40)
+    other.write_bytes(b"x" * 40)
+    km = StandardKeyMetadata(os.urandom(16), os.urandom(16), 40)
+
+    class File:
+        def key(self):
+            return km
+
+    def conf(value: str | None):
+        c = jvm.org.apache.hadoop.conf.Configuration(False)
+        if value is not None:
+            c.set(_native.KEYS_PROPERTY, value)
+        return c
+
+    keys = _native._file_keys({f"file://{planned}": File()})
+    props = factory.getFileDecryptionProperties(conf(keys), jvm.org.apache.hadoop.fs.Path(f"file://{planned}"))
+    assert bytes(props.getFooterKey()) == km.encryption_key and bytes(props.getAADPrefix()) == km.aad_prefix
+    secret_forms = [km.encryption_key.hex(), keys.split(".")[1]]
+    for value, path, message in ((keys, other, "is not a data file of this read"),
+                                 (None, planned, "has no icecrypt.secret.file-keys"),
+                                 (keys.replace(".", ":", 1), planned, "entry 0 of icecrypt.secret.file-keys is malformed")):
+        with pytest.raises(Py4JJavaError) as caught:
+            factory.getFileDecryptionProperties(conf(value), jvm.org.apache.hadoop.fs.Path(f"file://{path}"))
+        text = str(caught.value.java_exception.getMessage())
+        assert message in text and not any(form in text for form in secret_forms), text
+        if value is not None and message.startswith("is not"):
+            assert path.name in text
+    planned.write_bytes(b"x" * 39)  # the file no longer has the key metadata's length
+    with pytest.raises(Py4JJavaError, match="truncated"):
+        factory.getFileDecryptionProperties(conf(keys), jvm.org.apache.hadoop.fs.Path(f"file://{planned}"))

@@ -280,7 +280,6 @@ def read_table(spark: Any, location: str, **options: str) -> Any:
 
 def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[Any, str]:
     """(the DataFrame of the native path, "") or (None, why it does not apply)."""
-    from icecrypt.errors import IcecryptError
     from icecrypt.spark import _iceberg as ib
     from icecrypt.spark._common import columns_option, file_error
     from icecrypt.spark._schema import spark_schema
@@ -325,12 +324,11 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
     from pyspark.sql import functions as F
 
     loaded = reader.load(list(spark_paths))
-    # Spark's file index must hold exactly the planned files: one it skipped (hidden names)
-    # would lose rows silently, so that is an error, never a smaller result
+    # Spark's file index must hold exactly the planned files: one it skipped (a hidden name)
+    # would lose rows silently, so such a read takes the Python path
     listed = len(set(loaded.inputFiles()))
     if listed != len(spark_paths):
-        raise IcecryptError(f"{ib.NAME}: table {location}: Spark's Parquet source lists {listed} of the "
-                            f"{len(spark_paths)} planned data files (refused; read with native=false)")
+        return None, f"Spark's Parquet source lists {listed} of the {len(spark_paths)} planned data files"
     native = loaded.select(
         *[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in output.fields])
     if not rest:
