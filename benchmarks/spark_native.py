@@ -105,6 +105,9 @@ def main() -> None:
                     elapsed = time.perf_counter() - t0
                     if round_number:
                         times.setdefault(("write", variant), []).append(elapsed)
+                done = {key: value[-1] for key, value in times.items()} if round_number else {}
+                print(f"round {round_number} {'(warm-up) ' if not round_number else ''}done: "
+                      + ", ".join(f"{q} {v} {t:.2f}s" for (q, v), t in done.items()), flush=True)
             for query in queries:
                 if len({repr(results[(query, v)]) for v in reads}) != 1:
                     raise SystemExit(f"{query}: the variants gave different results")
