@@ -105,6 +105,10 @@ def main() -> None:
                     elapsed = time.perf_counter() - t0
                     if round_number:
                         times.setdefault(("write", variant), []).append(elapsed)
+                t0 = time.perf_counter()
+                reads["native"]()  # planning on the driver and Spark's file index only, no job
+                if round_number:
+                    times.setdefault(("plan", "native"), []).append(time.perf_counter() - t0)
                 done = {key: value[-1] for key, value in times.items()} if round_number else {}
                 print(f"round {round_number} {'(warm-up) ' if not round_number else ''}done: "
                       + ", ".join(f"{q} {v} {t:.2f}s" for (q, v), t in done.items()), flush=True)
@@ -121,6 +125,7 @@ def main() -> None:
                 n, p, s = med[(query, "native")], med[(query, "python")], med[(query, "spark")]
                 print(f"{query:<34} {n:>9.2f} {p:>9.2f} {s:>8.2f} {n / s:>12.2f}x {p / s:>12.2f}x"
                       f"   {'ok' if n / s <= TARGET else 'ABOVE TARGET'} (target <= {TARGET})")
+            print(f"{'read_table() alone (driver plan)':<34} {med[('plan', 'native')]:>9.2f}")
             w, s = med[("write", "icecrypt")], med[("write", "spark")]
             print(f"{f'write {args.write_rows:,} rows (append)':<34} {'-':>9} {w:>9.2f} {s:>8.2f} {'-':>13} "
                   f"{w / s:>12.2f}x   {'ok' if w / s <= TARGET else 'ABOVE TARGET'} (Python write path)")
