@@ -110,10 +110,18 @@ def test_tampered_file_fails_the_native_read_naming_it(nspark, tmp_path):
     options = {**JAVA_KMS, "location-map": json.dumps(location_map(name, root)), "native": "true"}
     victim = sorted((root / "data").rglob("*.parquet"))[0]
     flip_byte(victim, os.path.getsize(victim) // 2)
-    frame = icecrypt.spark.read_table(nspark, str(metadata_path(name, root)), **options)
-    assert "FileScan parquet" in _plan(frame)
-    with pytest.raises(Exception) as caught:
-        frame.collect()
+    # the session's "skip what cannot be read" settings do not apply to a native read
+    saved = {k: nspark.conf.get(k) for k in ("spark.sql.files.ignoreCorruptFiles", "spark.sql.files.ignoreMissingFiles")}
+    try:
+        for key in saved:
+            nspark.conf.set(key, "true")
+        frame = icecrypt.spark.read_table(nspark, str(metadata_path(name, root)), **options)
+        assert "FileScan parquet" in _plan(frame)
+        with pytest.raises(Exception) as caught:
+            frame.collect()
+    finally:
+        for key, value in saved.items():
+            nspark.conf.set(key, value)
     text = str(caught.value)
     assert victim.name in text and ("Tag" in text or "tag" in text), text[:3000]
 

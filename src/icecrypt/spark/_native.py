@@ -317,7 +317,10 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
     if any(set(path) & set("*?[]{}\\") for path in spark_paths):
         return None, "a data file path holds glob characters (Spark's file source expands them)"
     spark.conf.set(FIELD_ID_READ, "true")
-    reader = spark.read.format("parquet").schema(_spark_type(scan.schema.as_struct()))
+    # a file that fails to decrypt or is gone fails the read, whatever the session's
+    # spark.sql.files.ignoreCorruptFiles / ignoreMissingFiles say (no silently missing rows)
+    reader = (spark.read.format("parquet").schema(_spark_type(scan.schema.as_struct()))
+              .option("ignoreCorruptFiles", "false").option("ignoreMissingFiles", "false"))
     if encrypted:
         reader = (reader.option(FACTORY_PROPERTY, FACTORY_CLASS).option(READ_ID_PROPERTY, uuid.uuid4().hex)
                   .option(KEYS_PROPERTY, _file_keys(spark_paths)))
@@ -330,7 +333,7 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
     if listed != len(spark_paths):
         return None, f"Spark's Parquet source lists {listed} of the {len(spark_paths)} planned data files"
     native = loaded.select(
-        *[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in output.fields])
+        *[F.col("`" + f.name.replace("`", "``") + "`").cast(f.dataType).alias(f.name) for f in output.fields])
     if not rest:
         return native, ""
     return native.unionAll(_python_part(spark, rest, scan, output, table, location)), ""
