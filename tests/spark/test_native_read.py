@@ -156,6 +156,7 @@ def test_configure_adds_the_jar():
     jars = builder._options["spark.jars"].split(",")
     assert jars[0] == "/x/other.jar" and jars[1] == icecrypt.spark.jar_path() and os.path.isfile(jars[1])
     assert builder._options[_native.FIELD_ID_READ] == "true"
+    assert builder._options[_native.FIELD_ID_IGNORE_MISSING] == "false"
 
 
 def test_the_factory_refuses_files_outside_the_read_and_malformed_entries(nspark, tmp_path):

@@ -54,8 +54,10 @@ FACTORY_CLASS = "org.icecrypt.spark.FileDecryption"
 #: the read's file keys and id (org.icecrypt.spark.FileKeys parses them)
 KEYS_PROPERTY = "icecrypt.secret.file-keys"
 READ_ID_PROPERTY = "icecrypt.read-id"
-#: Spark reads Parquet columns by field id only with this session setting
+#: Spark reads Parquet columns by field id only with this session setting, and reads a
+#: file without field ids as nulls (instead of failing) with the second one on
 FIELD_ID_READ = "spark.sql.parquet.fieldId.read.enabled"
+FIELD_ID_IGNORE_MISSING = "spark.sql.parquet.fieldId.read.ignoreMissing"
 #: read option: ``auto`` (default: native when it applies), ``true`` (native or an error
 #: saying why not), ``false`` (always the Python path)
 OPT_NATIVE = "native"
@@ -74,7 +76,7 @@ def jar_path() -> str:
 
 def configure(builder: Any) -> Any:
     """``builder`` (a ``SparkSession.Builder``) with icecrypt's jar added to ``spark.jars``
-    and Parquet field-id reads on; returns it."""
+    and Parquet field-id reads on (a file without field ids fails); returns it."""
     jar = jar_path()
     try:
         current = builder._options.get("spark.jars", "")
@@ -83,7 +85,8 @@ def configure(builder: Any) -> Any:
     jars = [j for j in current.split(",") if j.strip()] if current else []
     if jar not in jars:
         jars.append(jar)
-    return builder.config("spark.jars", ",".join(jars)).config(FIELD_ID_READ, "true")
+    return (builder.config("spark.jars", ",".join(jars)).config(FIELD_ID_READ, "true")
+            .config(FIELD_ID_IGNORE_MISSING, "false"))
 
 
 def _jvm_session(spark: Any) -> Any:
@@ -317,6 +320,7 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
     if any(set(path) & set("*?[]{}\\") for path in spark_paths):
         return None, "a data file path holds glob characters (Spark's file source expands them)"
     spark.conf.set(FIELD_ID_READ, "true")
+    spark.conf.set(FIELD_ID_IGNORE_MISSING, "false")
     # a file that fails to decrypt or is gone fails the read, whatever the session's
     # spark.sql.files.ignoreCorruptFiles / ignoreMissingFiles say (no silently missing rows)
     reader = (spark.read.format("parquet").schema(_spark_type(scan.schema.as_struct()))
