@@ -200,3 +200,12 @@ def test_the_factory_refuses_files_outside_the_read_and_malformed_entries(nspark
     planned.write_bytes(b"x" * 39)  # the file no longer has the key metadata's length
     with pytest.raises(Py4JJavaError, match="truncated"):
         factory.getFileDecryptionProperties(conf(keys), jvm.org.apache.hadoop.fs.Path(f"file://{planned}"))
+
+
+def test_plaintext_table_with_encryption_none(nspark, tmp_path):
+    """A plaintext table (option encryption=none) is read natively without the factory."""
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    table = EncryptedTable.create(str(tmp_path / "plain"), schema, kms=None, table_key_id=None)
+    table.append(pa.table({"id": pa.array(range(30), pa.int64()), "name": [f"p{i}" for i in range(30)]}))
+    native, python, scan, plan, _ = _three_ways(nspark, table.location, table, {"encryption": "none"})
+    assert native == python == scan and len(scan) == 30 and "FileScan parquet" in plan
