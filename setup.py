@@ -25,6 +25,7 @@ import sysconfig
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIMITED_API_VERSION = (3, 11)
@@ -113,8 +114,30 @@ def extensions(limited):
     return cythonize([ext], compiler_directives={"language_level": "3"})
 
 
+JAR = os.path.join("src", "icecrypt", "spark", "icecrypt-spark.jar")
+
+
+class build_py_with_jar(build_py):
+    """build_py, with icecrypt's Spark jar (package data) built first when it is missing:
+    scripts/build-jar.sh compiles java/src with javac against the jars of an installed
+    pyspark (or ICECRYPT_SPARK_JARS).  An sdist carries the jar, so building from one needs
+    no JDK.  Without a JDK and pyspark the wheel has no jar (read_table then always takes
+    the Python path), unless ICECRYPT_REQUIRE_JAR=1 makes that an error."""
+
+    def run(self):
+        if not os.path.exists(os.path.join(ROOT, JAR)):
+            script = os.path.join(ROOT, "scripts", "build-jar.sh")
+            result = subprocess.run(["bash", script, sys.executable], cwd=ROOT) if os.path.exists(script) else None
+            if result is None or result.returncode != 0:
+                if os.environ.get("ICECRYPT_REQUIRE_JAR") == "1":
+                    raise SystemExit(f"{JAR} could not be built (scripts/build-jar.sh needs javac and pyspark)")
+                print(f"warning: {JAR} not built: the wheel has no native Spark reads", file=sys.stderr)
+        super().run()
+
+
 LIMITED_API = limited_api()
 setup(
+    cmdclass={"build_py": build_py_with_jar},
     ext_modules=extensions(LIMITED_API),
     options={"bdist_wheel": {"py_limited_api": "cp%d%d" % LIMITED_API_VERSION}} if LIMITED_API else {},
 )

@@ -91,7 +91,8 @@ def check_wheel(wheel: str) -> list[str]:
         problems.append(f"{name}: not a manylinux wheel (was it repaired by auditwheel?)")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-        for required in ("icecrypt/__init__.py", "icecrypt/py.typed", "icecrypt/_gcm.pyi"):
+        for required in ("icecrypt/__init__.py", "icecrypt/py.typed", "icecrypt/_gcm.pyi",
+                         "icecrypt/spark/icecrypt-spark.jar"):
             if required not in names:
                 problems.append(f"{name}: {required} missing")
         licenses = [n for n in names if re.search(r"\.dist-info/licenses/(LICENSE|NOTICE)$", n)]

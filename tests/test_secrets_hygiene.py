@@ -325,3 +325,55 @@ def test_no_key_in_logs_outputs_errors_and_plans(tmp_path, capfd, spark):
           f"{len(cli_keys)} of the CLI run) x {sum(len(encodings(k)) for k in all_keys.values())} encoded forms; "
           f"{len(evidence.text)} text sources ({sum(sizes.values())} bytes, {len(logs.lines)} log records), "
           f"{len(evidence.pickles)} pickles; DEK hits in task pickles (expected): {len(carried)}")
+
+
+@pytest.mark.spark
+def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
+    """``icecrypt.spark.read_table`` hands Spark's Parquet reader each file's DEK and AAD
+    prefix in the read's options: a Spark application (tests/native_hygiene_job.py, its
+    own JVM with the UI, an event log and DEBUG logs) reads a table natively and through
+    the Python part; no DEK, KEK or master key shows in any explain mode, the UI's REST
+    answers (SQL plans, environment, stages, jobs, executors), the event log, or the
+    driver's and executors' logs and output.  The DEKs are found in the option's value
+    (the search works on what travels)."""
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    kms = LocalKms(keystore)
+    t = EncryptedTable.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("s", pa.string())]),
+                              kms=kms, table_key_id="master")
+    for start in (0, 50):
+        t.append(pa.table({"id": pa.array(range(start, start + 50), pa.int64()), "s": [f"v{i % 3}" for i in range(50)]}))
+    t.delete("id < 3")  # the first file's rows go through the Python part
+    out = tmp_path / "out"
+    out.mkdir()
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_hygiene_job.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, job, t.location, str(keystore), str(out)], capture_output=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert b"rows 97" in proc.stdout
+    evidence = Evidence()
+    evidence.add("job stdout", proc.stdout)
+    evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
+    assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
+    explain = (out / "explain.txt").read_text()
+    assert "FileScan parquet" in explain and "MapInArrow" in explain
+    evidence.add("explain", explain)
+    rest = json.loads((out / "rest.json").read_text())
+    assert "FileScan parquet" in rest["sql?details=true&planDescription=true"]
+    for endpoint, answer in rest.items():
+        evidence.add(f"UI REST {endpoint}", answer)
+    logs = [p for p in (out / "events").rglob("*") if p.is_file()]
+    assert logs and sum(p.stat().st_size for p in logs) > 10_000
+    for path in logs:
+        evidence.add(f"event log {path.name}", path.read_bytes())
+    assert b"SparkListenerSQLExecutionStart" in b"".join(p.read_bytes() for p in logs)
+
+    deks, keks = table_keys(t, kms)
+    masters = master_keys(str(keystore))
+    assert len(deks) >= 5 and keks and masters
+    hits = find({**deks, **keks, **masters}, evidence.text)
+    assert not hits, "\n".join(hits[:20])
+    control = {"file-keys option": (out / "control.txt").read_bytes()}
+    assert find(deks, control), "the DEKs were expected in the option's value"
+    assert not find({**keks, **masters}, control)

@@ -25,7 +25,9 @@ Keys never travel in clear: options hold either the path of a key manifest
 worker unwraps what it needs itself; with ``keys.transport=task`` the driver does and the
 tasks carry their files' data keys, so executors never call the KMS (``icecrypt.iceberg``
 always works that way; see ``icecrypt.spark._keys``).  Reading plaintext files takes an
-explicit ``encryption=none``.  :func:`pack_environment` and :func:`use_archive` ship icecrypt
+explicit ``encryption=none``.  :func:`read_table` reads a table with Spark's own Parquet
+reader where it can (``icecrypt.spark._native``; :func:`configure` puts icecrypt's jar on a
+session's classpath).  :func:`pack_environment` and :func:`use_archive` ship icecrypt
 to executors as a packed virtual environment (``icecrypt.spark._ship``).  The modules ``_avro``, ``_parquet`` and ``_iceberg`` document their
 options.
 """
@@ -42,6 +44,7 @@ from icecrypt.keys import ENCRYPTION_TABLE_KEY, StandardKeyMetadata
 from icecrypt.kms import KeyManagementClient, create_kms_client
 from icecrypt.spark._common import OPT_JOB_ID, OPT_KEYS_MANIFEST, OPT_KEYS_WRAPPED, resolve
 from icecrypt.spark._keys import wrap_keys as _wrap_keys
+from icecrypt.spark._native import configure, jar_path, native_available, read_table
 from icecrypt.spark._ship import executor_conf, pack_environment, use_archive
 
 __all__ = [
@@ -50,6 +53,10 @@ __all__ = [
     "AvroDataSource",
     "IcebergDataSource",
     "ParquetDataSource",
+    "configure",
+    "jar_path",
+    "native_available",
+    "read_table",
     "register",
     "executor_conf",
     "pack_environment",

@@ -1,0 +1,144 @@
+"""Spark (local[2]) on an encrypted Iceberg table versus Spark's own Parquet on the same rows
+in plaintext (issue 20, target: <= 1.3 x), side by side in one run.
+
+The tables are benchmarks/spark_table.py's (same generator, same appends): an encrypted one
+and a plaintext twin whose data files Spark's ``spark.read.parquet`` reads directly.  Reads:
+``icecrypt.spark.read_table`` (the native path: Spark's Parquet reader, keys by the
+project's factory), ``spark.read.format("icecrypt.iceberg")`` (the Python path, for
+reference) and ``spark.read.parquet`` on the plaintext files.  Queries: ``count()``,
+``groupBy(category)`` with count/sum/max, two columns with ``qty < 10`` and ``sum(amount)``
+(the Python path gets the columns as option ``columns``).  Write: 2M cached rows appended to
+an encrypted table through ``icecrypt.iceberg`` versus ``df.write.parquet``.  Median of the
+rounds after a warm-up round; the order of the variants alternates every round.
+
+    .venv/bin/python benchmarks/spark_native.py [--rows 3000000] [--write-rows 2000000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from spark_fixtures import spark_conf, stop_spark  # noqa: E402
+from spark_table import MASTER, build, events  # noqa: E402
+
+import icecrypt.spark  # noqa: E402
+from icecrypt.kms.local import LocalKms  # noqa: E402
+from icecrypt.table import EncryptedTable  # noqa: E402
+
+TARGET = 1.3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=3_000_000)
+    parser.add_argument("--write-rows", type=int, default=2_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where the tables go (default: a temporary directory)")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="icecrypt-spark-native-", dir=args.dir))
+    try:
+        kms = LocalKms.create_keystore(root / "keystore.json", [MASTER])
+        started = time.perf_counter()
+        enc, plain, arrow_bytes = build(root, args.rows, kms)
+        print(f"tables: {args.rows:,} rows, {arrow_bytes / 1e6:.0f} MB of Arrow data (written in "
+              f"{time.perf_counter() - started:.0f} s)")
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        builder = SparkSession.builder.master("local[2]").appName("icecrypt-bench-spark-native")
+        for key, value in spark_conf().items():
+            builder = builder.config(key, value)
+        spark = icecrypt.spark.configure(builder).getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            icecrypt.spark.register(spark)
+            kms_options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(root / "keystore.json")}
+            plain_files = str(plain / "data")
+            reads = {
+                "native": lambda cols=None: icecrypt.spark.read_table(spark, str(enc), **kms_options, native="true"),
+                "python": lambda cols=None: spark.read.format("icecrypt.iceberg").options(**kms_options)
+                .options(**({"columns": cols} if cols else {})).load(str(enc)),
+                "spark": lambda cols=None: spark.read.parquet(plain_files),
+            }
+            queries = {
+                "count()": lambda read: read().count(),
+                "groupBy(category)": lambda read: sorted(read().groupBy("category").agg(
+                    F.count("*"), F.sum("qty"), F.max("amount")).collect()),
+                "2 columns, qty < 10, sum(amount)": lambda read: round(read("amount,qty").select("amount", "qty")
+                                                                       .where("qty < 10").agg(F.sum("amount"))
+                                                                       .collect()[0][0], 3),
+            }
+            source = spark.createDataFrame(events(args.write_rows, 10**9).to_pandas()).cache()
+            source.count()
+            writes = {
+                "icecrypt": lambda n: source.write.format("icecrypt.iceberg").options(**kms_options)
+                .mode("append").save(_empty_table(root / f"w{n}", kms)),
+                "spark": lambda n: source.write.mode("overwrite").parquet(str(root / f"p{n}")),
+            }
+            times: dict[tuple[str, str], list[float]] = {}
+            results: dict[tuple[str, str], object] = {}
+            for round_number in range(args.rounds + 1):  # round 0 warms up
+                order = list(reads) if round_number % 2 == 0 else list(reversed(reads))
+                for query, run in queries.items():
+                    for variant in order:
+                        t0 = time.perf_counter()
+                        results[(query, variant)] = run(reads[variant])
+                        elapsed = time.perf_counter() - t0
+                        if round_number:
+                            times.setdefault((query, variant), []).append(elapsed)
+                for variant in (list(writes) if round_number % 2 == 0 else list(reversed(writes))):
+                    t0 = time.perf_counter()
+                    writes[variant](round_number)
+                    elapsed = time.perf_counter() - t0
+                    if round_number:
+                        times.setdefault(("write", variant), []).append(elapsed)
+                t0 = time.perf_counter()
+                reads["native"]()  # planning on the driver and Spark's file index only, no job
+                if round_number:
+                    times.setdefault(("plan", "native"), []).append(time.perf_counter() - t0)
+                done = {key: value[-1] for key, value in times.items()} if round_number else {}
+                print(f"round {round_number} {'(warm-up) ' if not round_number else ''}done: "
+                      + ", ".join(f"{q} {v} {t:.2f}s" for (q, v), t in done.items()), flush=True)
+            for query in queries:
+                if len({repr(results[(query, v)]) for v in reads}) != 1:
+                    raise SystemExit(f"{query}: the variants gave different results")
+            written = spark.read.format("icecrypt.iceberg").options(**kms_options).load(str(root / "w1")).count()
+            assert written == args.write_rows, written
+
+            med = {key: statistics.median(value) for key, value in times.items()}
+            print(f"\n{'query':<34} {'native s':>9} {'python s':>9} {'spark s':>8} {'native/spark':>13} "
+                  f"{'python/spark':>13}")
+            for query in queries:
+                n, p, s = med[(query, "native")], med[(query, "python")], med[(query, "spark")]
+                print(f"{query:<34} {n:>9.2f} {p:>9.2f} {s:>8.2f} {n / s:>12.2f}x {p / s:>12.2f}x"
+                      f"   {'ok' if n / s <= TARGET else 'ABOVE TARGET'} (target <= {TARGET})")
+            print(f"{'read_table() alone (driver plan)':<34} {med[('plan', 'native')]:>9.2f}")
+            w, s = med[("write", "icecrypt")], med[("write", "spark")]
+            print(f"{f'write {args.write_rows:,} rows (append)':<34} {'-':>9} {w:>9.2f} {s:>8.2f} {'-':>13} "
+                  f"{w / s:>12.2f}x   {'ok' if w / s <= TARGET else 'ABOVE TARGET'} (Python write path)")
+        finally:
+            stop_spark(spark)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _empty_table(path: Path, kms: LocalKms) -> str:
+    EncryptedTable.create(str(path), events(1, 0).schema, kms=kms, table_key_id=MASTER)
+    return str(path)
+
+
+if __name__ == "__main__":
+    main()

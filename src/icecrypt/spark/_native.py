@@ -1,0 +1,367 @@
+"""Reads of encrypted Iceberg tables by Spark's own Parquet reader (the native path).
+
+::
+
+    import icecrypt.spark
+
+    spark = icecrypt.spark.configure(SparkSession.builder).getOrCreate()   # the jar on the classpath
+    df = icecrypt.spark.read_table(spark, "/warehouse/db/events", **kms_options)
+
+The scan is planned here, on the driver, as ``icecrypt.iceberg`` plans it (KMS -> KEK ->
+manifest list -> manifests -> file scan tasks).  The Parquet data files of tasks without
+deletes go to Spark's file source (``spark.read.format("parquet")``, vectorized reader,
+column pruning, filter pushdown, whole-stage codegen): parquet-java decrypts them with the
+project's ``DecryptionPropertiesFactory`` (``org.icecrypt.spark.FileDecryption``, in the
+jar :func:`jar_path` names), which takes each file's DEK and AAD prefix from the read's
+Hadoop configuration.  Columns are matched by Iceberg field id
+(``spark.sql.parquet.fieldId.read.enabled``), so renamed and re-added columns read right.
+Everything else — tasks with deletion vectors, position or equality deletes, Avro data
+files — is read by :func:`icecrypt.table.read_task` in Python workers (``mapInArrow``
+over the planned tasks), and the two are unioned.  The rows are those of
+``EncryptedTable.scan()``.
+
+The native path is taken when it applies: a classic (not Connect) session with the jar
+loadable, and none of what only the Python path does (options ``filter``,
+``metadata-table``, the incremental and changelog options, metadata columns, a name
+mapping, ``initial-default`` values, a type promoted by schema evolution, column names
+that differ only by case, types Spark's Parquet reader does not map — time, uuid, fixed,
+nanosecond timestamps, geo, variant, unknown).  Otherwise, or with option
+``native=false``, :func:`read_table` returns ``spark.read.format("icecrypt.iceberg")``.
+
+Key transport: per read, one data source option ``icecrypt.secret.file-keys`` holding the
+DEK and AAD prefix of each planned file (never a KEK or master key).  Spark turns
+DataFrameReader options into the scan's Hadoop configuration, broadcast to the executors;
+it shows them in no query plan (``explain``, every mode), no UI page or REST answer and
+no event log (measured with Spark 4.x; tests/test_secrets_hygiene.py checks it), and the
+name matches Spark's default ``spark.redaction.regex`` in case a Spark version ever does.
+The Python tasks carry their files' key metadata as ``icecrypt.iceberg``'s do.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+#: the jar with icecrypt's JVM code (built by scripts/build-jar.sh, shipped in the wheel)
+JAR_NAME = "icecrypt-spark.jar"
+#: parquet-java's hook and icecrypt's factory class
+FACTORY_PROPERTY = "parquet.crypto.factory.class"
+FACTORY_CLASS = "org.icecrypt.spark.FileDecryption"
+#: the read's file keys and id (org.icecrypt.spark.FileKeys parses them)
+KEYS_PROPERTY = "icecrypt.secret.file-keys"
+READ_ID_PROPERTY = "icecrypt.read-id"
+#: Spark reads Parquet columns by field id only with this session setting, and reads a
+#: file without field ids as nulls (instead of failing) with the second one on
+FIELD_ID_READ = "spark.sql.parquet.fieldId.read.enabled"
+FIELD_ID_IGNORE_MISSING = "spark.sql.parquet.fieldId.read.ignoreMissing"
+#: read option: ``auto`` (default: native when it applies), ``true`` (native or an error
+#: saying why not), ``false`` (always the Python path)
+OPT_NATIVE = "native"
+
+__all__ = ["FACTORY_CLASS", "JAR_NAME", "configure", "jar_path", "native_available", "read_table"]
+
+
+def jar_path() -> str:
+    """The path of icecrypt's jar (``FileNotFoundError`` if this install has none)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), JAR_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"icecrypt.spark: {path} is missing (a source checkout builds it with "
+                                "`make build` or scripts/build-jar.sh)")
+    return path
+
+
+def configure(builder: Any) -> Any:
+    """``builder`` (a ``SparkSession.Builder``) with icecrypt's jar added to ``spark.jars``
+    and Parquet field-id reads on (a file without field ids fails); returns it."""
+    jar = jar_path()
+    try:
+        current = builder._options.get("spark.jars", "")
+    except AttributeError:
+        current = ""
+    jars = [j for j in current.split(",") if j.strip()] if current else []
+    if jar not in jars:
+        jars.append(jar)
+    return (builder.config("spark.jars", ",".join(jars)).config(FIELD_ID_READ, "true")
+            .config(FIELD_ID_IGNORE_MISSING, "false"))
+
+
+def _jvm_session(spark: Any) -> Any:
+    """The classic session's JVM session, None for Spark Connect."""
+    return getattr(spark, "_jsparkSession", None)
+
+
+def native_available(spark: Any, *, install: bool = True) -> bool:
+    """Whether Spark's Parquet reader in ``spark`` can load icecrypt's factory.  With
+    ``install`` and a jar not yet on the classpath, it is added: ``addJar`` for executors
+    of a cluster and, for the driver and ``local`` executors (which share the driver's
+    class loader), to the class loader of the session's Hadoop configuration."""
+    jsession = _jvm_session(spark)
+    if jsession is None:
+        return False
+    try:
+        loader = jsession.sessionState().newHadoopConf().getClassLoader()
+        if _loads(spark, loader):
+            return True
+        if not install:
+            return False
+        jar = jar_path()
+        spark.sparkContext._jsc.addJar(jar)
+        jvm = spark.sparkContext._jvm
+        if loader.getClass().getName() != "org.apache.spark.util.MutableURLClassLoader":
+            return False
+        loader.addURL(jvm.java.io.File(jar).toURI().toURL())
+        return _loads(spark, loader)
+    except FileNotFoundError:
+        return False
+    except Exception:  # noqa: BLE001 - a JVM that cannot take the jar: the Python path
+        return False
+
+
+def _loads(spark: Any, loader: Any) -> bool:
+    jvm = spark.sparkContext._jvm
+    try:
+        jvm.java.lang.Class.forName(FACTORY_CLASS, False, loader)
+        return True
+    except Exception:  # noqa: BLE001 - py4j raises Py4JJavaError(ClassNotFoundException)
+        return False
+
+
+# --- what the native path can read -------------------------------------------------------------
+
+
+def _spark_type(t: Any) -> Any:
+    """The Spark type Spark's Parquet reader reads an Iceberg type as (field ids on every
+    struct field), or None when it has none that matches ``icecrypt.iceberg``."""
+    from pyiceberg import types as it
+    from pyspark.sql import types as st
+
+    simple = {it.BooleanType: st.BooleanType, it.IntegerType: st.IntegerType, it.LongType: st.LongType,
+              it.FloatType: st.FloatType, it.DoubleType: st.DoubleType, it.DateType: st.DateType,
+              it.TimestampType: st.TimestampNTZType, it.TimestamptzType: st.TimestampType,
+              it.StringType: st.StringType, it.BinaryType: st.BinaryType}
+    for iceberg_type, spark_type in simple.items():
+        if type(t) is iceberg_type:
+            return spark_type()
+    if isinstance(t, it.DecimalType):
+        return st.DecimalType(t.precision, t.scale)
+    if isinstance(t, it.StructType):
+        fields = []
+        for field in t.fields:
+            inner = _spark_type(field.field_type)
+            if inner is None:
+                return None
+            fields.append(st.StructField(field.name, inner, field.optional, {"parquet.field.id": field.field_id}))
+        return st.StructType(fields)
+    if isinstance(t, it.ListType):
+        element = _spark_type(t.element_type)
+        return None if element is None else st.ArrayType(element, t.element_is_optional)
+    if isinstance(t, it.MapType):
+        key, value = _spark_type(t.key_type), _spark_type(t.value_type)
+        return None if key is None or value is None else st.MapType(key, value, t.value_is_optional)
+    return None  # time, uuid, fixed, nanosecond timestamps, geo, variant, unknown
+
+
+def _fields(schema: Any) -> Iterator[Any]:
+    """Every field of an Iceberg schema, nested ones included."""
+    stack = list(schema.fields)
+    while stack:
+        field = stack.pop()
+        yield field
+        t = field.field_type
+        if hasattr(t, "fields"):
+            stack.extend(t.fields)
+        elif hasattr(t, "element_field"):
+            stack.append(t.element_field)
+        elif hasattr(t, "key_field"):
+            stack.extend([t.key_field, t.value_field])
+
+
+def _why_not(table: Any, scan: Any, options: Mapping[str, str]) -> str | None:
+    """Why the scan cannot take the native path (None: it can)."""
+    from icecrypt.spark import _iceberg as ib
+    from icecrypt.table.model.metadata_columns import is_metadata
+
+    for name in (ib.OPT_FILTER, ib.OPT_METADATA_TABLE, *ib._INCREMENTAL_OPTIONS):
+        if str(options.get(name) or "").strip():
+            return f"option {name}"
+    if ib._changelog(options):
+        return f"option {ib.OPT_CHANGELOG}"
+    if table.properties.get("schema.name-mapping.default"):
+        return "the table has a name mapping (files without field ids)"
+    projected = scan.projected
+    if any(is_metadata(f) for f in projected.fields):
+        return "metadata columns are projected"
+    names = [f.name.lower() for f in projected.fields]
+    if len(set(names)) != len(names):
+        return "column names differ only by case"
+    types_by_id: dict[int, set[str]] = {}
+    for schema in table.metadata.get("schemas", []):
+        for field_id, type_name in _schema_fields(schema):
+            types_by_id.setdefault(field_id, set()).add(type_name)
+    for field in _fields(projected):
+        if field.initial_default is not None:
+            return f"column {field.name!r} has an initial-default"
+        if len(types_by_id.get(field.field_id, ())) > 1:
+            return f"column {field.name!r} changed type"
+        if _spark_type(field.field_type) is None:
+            return f"column {field.name!r} is {field.field_type}"
+    return None
+
+
+def _schema_fields(schema: Mapping[str, Any]) -> Iterator[tuple[Any, str]]:
+    """(field id, type: a primitive's name, or struct/list/map) of every field of a table
+    metadata schema (JSON), nested ones and list elements, map keys and values included."""
+    stack: list[tuple[Any, Any]] = [(f.get("id"), f.get("type")) for f in schema.get("fields", [])]
+    while stack:
+        field_id, t = stack.pop()
+        if not isinstance(t, dict):
+            yield field_id, str(t)
+            continue
+        yield field_id, str(t.get("type"))
+        stack.extend((f.get("id"), f.get("type")) for f in t.get("fields", []))
+        stack.extend((t.get(f"{part}-id"), t[part]) for part in ("element", "key", "value") if part in t)
+
+
+def _native_task(task: Any, encrypted: bool) -> bool:
+    """A task Spark's Parquet reader reads as read_task does: a Parquet data file without
+    deletes (with key metadata in an encrypted table)."""
+    return (task.file.file_format == "PARQUET" and not task.deletes
+            and (task.file.key_metadata is not None or not encrypted))
+
+
+# --- the read --------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _file_keys(files: Mapping[str, Any]) -> str:
+    """The value of KEYS_PROPERTY for ``files`` (path given to Spark -> TaskFile)."""
+    entries = []
+    for path, file in files.items():
+        km = file.key()
+        length = -1 if km.file_length is None else int(km.file_length)
+        entries.append(f"{base64.urlsafe_b64encode(path.encode()).decode('ascii')}.{_b64(km.encryption_key)}."
+                       f"{_b64(km.aad_prefix or b'')}.{length}")
+    return ",".join(entries)
+
+
+def _spark_path(fs_path: str, filesystem: Any) -> str | None:
+    """The path Spark's file source opens for a file icecrypt reads at ``fs_path`` (local
+    files only for now: object stores would need Spark's own Hadoop credentials)."""
+    import pyarrow.fs as pafs
+
+    if (filesystem is None or isinstance(filesystem, pafs.LocalFileSystem)) and fs_path.startswith("/"):
+        return "file://" + fs_path
+    return None
+
+
+def read_table(spark: Any, location: str, **options: str) -> Any:
+    """The rows of the encrypted Iceberg table at ``location`` (directory, metadata.json or,
+    with option ``catalog``, an identifier) as a DataFrame, with ``icecrypt.iceberg``'s
+    options; the native path when it applies (module docstring), option ``native=false``
+    for the Python path only, ``native=true`` to fail when it does not apply."""
+    from icecrypt.spark import _iceberg as ib
+
+    options = {str(k).lower(): str(v) for k, v in options.items()}
+    mode = options.pop(OPT_NATIVE, "auto").strip().lower()
+    if mode not in ("auto", "true", "false"):
+        raise ValueError(f"icecrypt.spark.read_table: option {OPT_NATIVE}={mode!r} must be auto, true or false")
+    frame, why = (None, "option native=false") if mode == "false" else _native_read(spark, location, options)
+    if frame is not None:
+        return frame
+    if mode == "true":
+        raise ValueError(f"icecrypt.spark.read_table: table {location}: the native path does not apply ({why})")
+    spark.dataSource.register(ib.IcebergDataSource)
+    return spark.read.format(ib.NAME).options(**options).load(location)
+
+
+def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[Any, str]:
+    """(the DataFrame of the native path, "") or (None, why it does not apply)."""
+    from icecrypt.spark import _iceberg as ib
+    from icecrypt.spark._common import columns_option, file_error
+    from icecrypt.spark._schema import spark_schema
+
+    if _jvm_session(spark) is None:
+        return None, "not a classic Spark session (Spark Connect)"
+    if not native_available(spark):
+        return None, f"{JAR_NAME} cannot be loaded in this session (icecrypt.spark.configure)"
+    full = {**options, ib.OPT_PATH: location}
+    table = ib._open_table(full, location)
+    try:
+        scan = ib._new_scan(table, full, columns_option(full), None)
+    except ValueError as exc:
+        raise ValueError(f"{ib.NAME}: table {location}: {exc}") from None
+    why = _why_not(table, scan, full)
+    if why is not None:
+        return None, why
+    try:
+        tasks = scan.plan_files()
+    except Exception as exc:
+        raise file_error(exc, f"{ib.NAME}: planning the scan of table {location}") from exc
+    encrypted = table.encrypted
+    by_file: dict[str, list[Any]] = {}
+    for task in tasks:
+        by_file.setdefault(task.file.path, []).append(task)
+    native_files = {path: group[0].file for path, group in by_file.items()
+                    if all(_native_task(t, encrypted) for t in group)}
+    rest = [t for t in tasks if t.file.path not in native_files]
+    if not native_files:
+        return None, "no Parquet data file without deletes in the scan"
+    output = spark_schema(scan.arrow_schema)
+    spark_paths = {_spark_path(f.fs_path, table.filesystem): f for f in native_files.values()}
+    if None in spark_paths:
+        return None, "the table is not on the local file system"
+    if any(set(path) & set("*?[]{}\\") for path in spark_paths):
+        return None, "a data file path holds glob characters (Spark's file source expands them)"
+    spark.conf.set(FIELD_ID_READ, "true")
+    spark.conf.set(FIELD_ID_IGNORE_MISSING, "false")
+    # a file that fails to decrypt or is gone fails the read, whatever the session's
+    # spark.sql.files.ignoreCorruptFiles / ignoreMissingFiles say (no silently missing rows)
+    reader = (spark.read.format("parquet").schema(_spark_type(scan.schema.as_struct()))
+              .option("ignoreCorruptFiles", "false").option("ignoreMissingFiles", "false"))
+    if encrypted:
+        reader = (reader.option(FACTORY_PROPERTY, FACTORY_CLASS).option(READ_ID_PROPERTY, uuid.uuid4().hex)
+                  .option(KEYS_PROPERTY, _file_keys(spark_paths)))
+    from pyspark.sql import functions as F
+
+    loaded = reader.load(list(spark_paths))
+    # Spark's file index must hold exactly the planned files: one it skipped (a hidden name)
+    # would lose rows silently, so such a read takes the Python path
+    listed = len(set(loaded.inputFiles()))
+    if listed != len(spark_paths):
+        return None, f"Spark's Parquet source lists {listed} of the {len(spark_paths)} planned data files"
+    native = loaded.select(
+        *[F.col("`" + f.name.replace("`", "``") + "`").cast(f.dataType).alias(f.name) for f in output.fields])
+    if not rest:
+        return native, ""
+    return native.unionAll(_python_part(spark, rest, scan, output, table, location)), ""
+
+
+def _python_part(spark: Any, tasks: list[Any], scan: Any, output: Any, table: Any, location: str) -> Any:
+    """The rows of ``tasks`` read by read_task in Python workers, one task per partition."""
+    from icecrypt.spark._iceberg import NAME
+    from icecrypt.spark._schema import Projection
+
+    projection = Projection(scan.arrow_schema, output, f"{NAME}: table {location}")
+    read = functools.partial(_read_tasks, tuple(tasks), table.filesystem, projection, location)
+    return spark.range(0, len(tasks), numPartitions=len(tasks)).mapInArrow(read, output)
+
+
+def _read_tasks(tasks: tuple, filesystem: Any, projection: Any, location: str, batches: Iterator[Any]) -> Iterator[Any]:
+    from icecrypt.spark._common import file_error
+    from icecrypt.spark._iceberg import NAME
+    from icecrypt.table import read_task
+
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            try:
+                for rows in read_task(tasks[index], filesystem):
+                    yield projection.apply(rows)
+            except Exception as exc:
+                raise file_error(exc, f"{NAME}: task {index} of table {location}") from exc

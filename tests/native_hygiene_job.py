@@ -1,0 +1,74 @@
+"""A Spark application for tests/test_secrets_hygiene.py: reads an encrypted table through
+``icecrypt.spark.read_table`` (native path and Python part) with the UI on, an uncompressed
+event log and the JVM's log at DEBUG, and writes what Spark shows to OUT/:
+``explain.txt`` (every explain mode and the query execution), ``rest.json`` (the UI's
+REST answers), ``control.txt`` (the value of the read's file-keys option: the search
+must find the DEKs in it).  Its stdout and stderr (driver and local executors' logs) are
+captured by the test.
+
+    python tests/native_hygiene_job.py TABLE_DIR KEYSTORE OUT
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from spark_fixtures import spark_conf  # noqa: E402
+
+import icecrypt.spark  # noqa: E402
+from icecrypt.spark import _native  # noqa: E402
+
+
+def main(table_dir: str, keystore: str, out: str) -> None:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    builder = SparkSession.builder.master("local[2]").appName("icecrypt-hygiene")
+    for key, value in spark_conf().items():
+        builder = builder.config(key, value)
+    builder = (icecrypt.spark.configure(builder).config("spark.ui.enabled", "true").config("spark.ui.port", "0")
+               .config("spark.eventLog.enabled", "true").config("spark.eventLog.dir", os.path.join(out, "events"))
+               .config("spark.eventLog.compress", "false"))
+    os.makedirs(os.path.join(out, "events"), exist_ok=True)
+    spark = builder.getOrCreate()
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": keystore}
+    control = []
+    original = _native._file_keys
+    _native._file_keys = lambda files: control.append(original(files)) or control[-1]
+    spark.sparkContext.setLogLevel("DEBUG")
+    try:
+        df = icecrypt.spark.read_table(spark, table_dir, **options, native="true")
+        print("rows", df.count(), sorted(df.groupBy("s").agg(F.count("*"), F.sum("id")).collect()))
+        print("filtered", df.where("id < 5").select("id").collect())
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            for mode in ("simple", "extended", "codegen", "cost", "formatted"):
+                df.groupBy("s").count().explain(mode)
+        text.write(df._jdf.queryExecution().toString())
+    finally:
+        spark.sparkContext.setLogLevel("ERROR")
+    with open(os.path.join(out, "explain.txt"), "w") as f:
+        f.write(text.getvalue())
+    with open(os.path.join(out, "control.txt"), "w") as f:
+        f.write("\n".join(control))
+    base = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}"
+    rest = {}
+    for endpoint in ("sql?details=true&planDescription=true", "environment", "stages?details=true", "jobs",
+                     "executors", "allexecutors", "storage/rdd"):
+        with urllib.request.urlopen(f"{base}/{endpoint}") as answer:
+            rest[endpoint] = answer.read().decode()
+    with open(os.path.join(out, "rest.json"), "w") as f:
+        json.dump(rest, f)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

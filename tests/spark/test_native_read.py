@@ -1,0 +1,211 @@
+"""``icecrypt.spark.read_table``: Spark's own Parquet reader over encrypted tables (the
+native path, ``icecrypt.spark._native``) gives, row for row, what the Python path
+(``icecrypt.iceberg``) and ``EncryptedTable.scan()`` give: on the tables Iceberg Java wrote
+(../shared/tables), and on tables icecrypt writes with a renamed and a re-added column and
+with deletes; tampered files fail the read, naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from pyiceberg.types import LongType, StringType
+from sparkhelpers import table_lines
+from table.tablelib import TABLE_NAMES, copy_table, flip_byte, location_map, metadata_path
+
+import icecrypt.spark
+from icecrypt.kms.local import LocalKms
+from icecrypt.kms.memory import MemoryKms
+from icecrypt.spark import _native
+from icecrypt.table import EncryptedTable
+
+pytestmark = pytest.mark.spark
+
+JAVA_KMS = {"encryption.kms-type": "memory", "encryption.kms.memory.iceberg-test-keys": "true"}
+
+
+@pytest.fixture(scope="module")
+def nspark(spark):
+    """The shared session, icecrypt's jar added at run time (what read_table does itself)."""
+    assert _native.native_available(spark)
+    return spark
+
+
+def _plan(frame) -> str:
+    return frame._jdf.queryExecution().executedPlan().toString()
+
+
+def _three_ways(spark, location: str, table: EncryptedTable, options: dict[str, str], columns=None):
+    """(native, Python path, EncryptedTable.scan) rows as canonical lines, and the native plan."""
+    extra = {"columns": ",".join(columns)} if columns else {}
+    native = icecrypt.spark.read_table(spark, location, **options, **extra)
+    python = icecrypt.spark.read_table(spark, location, **options, **extra, native="false")
+    want = table.scan(columns=columns).to_arrow()
+    names = want.column_names
+    assert native.columns == python.columns == names
+    got = [table_lines(frame.toArrow(), names) for frame in (native, python)]
+    return got[0], got[1], table_lines(want, names), _plan(native), _plan(python)
+
+
+@pytest.mark.parametrize("name", TABLE_NAMES)
+def test_java_tables_native_equals_python_equals_scan(nspark, name):
+    table = EncryptedTable.load(metadata_path(name), kms=MemoryKms.with_iceberg_test_keys(),
+                                location_map=location_map(name))
+    options = {**JAVA_KMS, "location-map": json.dumps(location_map(name))}
+    native, python, scan, plan, python_plan = _three_ways(nspark, str(metadata_path(name)), table, options)
+    assert native == python == scan and len(scan) > 1000
+    assert "BatchEvalPython" not in python_plan and "FileScan parquet" not in python_plan
+    if name == "enc_avro_dek16":  # Avro data files only: all of it on the Python path
+        assert "FileScan parquet" not in plan
+    else:
+        assert "FileScan parquet" in plan
+    # the deletes table: files with a deletion vector or equality deletes go through Python
+    assert ("MapInArrow" in plan) == (name == "enc_deletes_dek16")
+    # a projection
+    cols = ["qty", "id"] if name == "enc_parquet_dek16" else ["id"]
+    native, python, scan, _, _ = _three_ways(nspark, str(metadata_path(name)), table, options, cols)
+    assert native == python == scan
+
+
+def _icecrypt_table(tmp_path) -> tuple[EncryptedTable, dict[str, str]]:
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    kms = LocalKms(keystore)
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="master")
+    table.append(pa.table({"id": pa.array(range(100), pa.int64()), "name": [f"n{i % 7}" for i in range(100)],
+                           "amount": [i * 1.5 for i in range(100)]}), target_file_size=600)
+    return table, {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
+
+
+def test_icecrypt_table_renamed_readded_columns_and_deletes(nspark, tmp_path):
+    """A column renamed, one dropped and a new one added under the old name (field ids
+    differ: Spark matching by name would read the old values), then deletes: native,
+    Python and scan agree at each step."""
+    table, options = _icecrypt_table(tmp_path)
+    with table.update_schema() as update:
+        update.rename_column("name", "label")
+    with table.update_schema() as update:
+        update.delete_column("amount")
+    with table.update_schema() as update:
+        update.add_column("amount", LongType())
+        update.add_column("name", StringType())
+    table.append(pa.table({"id": pa.array([1000, 1001], pa.int64()), "label": ["x", None],
+                           "amount": pa.array([7, 8], pa.int64()), "name": ["new", "newer"]}))
+    native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
+    assert native == python == scan and len(scan) == 102
+    assert "FileScan parquet" in plan and "MapInArrow" not in plan
+    assert {json.loads(line)[1] for line in scan} >= {"n0", "x"}  # the renamed column's values
+    table.delete("id < 10")  # position deletes or a deletion vector on the first file
+    native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
+    assert native == python == scan and len(scan) == 92
+    assert "FileScan parquet" in plan and "MapInArrow" in plan
+
+
+def test_tampered_file_fails_the_native_read_naming_it(nspark, tmp_path):
+    name = "enc_parquet_dek16"
+    root = copy_table(name, tmp_path)
+    options = {**JAVA_KMS, "location-map": json.dumps(location_map(name, root)), "native": "true"}
+    victim = sorted((root / "data").rglob("*.parquet"))[0]
+    flip_byte(victim, os.path.getsize(victim) // 2)
+    # the session's "skip what cannot be read" settings do not apply to a native read
+    saved = {k: nspark.conf.get(k) for k in ("spark.sql.files.ignoreCorruptFiles", "spark.sql.files.ignoreMissingFiles")}
+    try:
+        for key in saved:
+            nspark.conf.set(key, "true")
+        frame = icecrypt.spark.read_table(nspark, str(metadata_path(name, root)), **options)
+        assert "FileScan parquet" in _plan(frame)
+        with pytest.raises(Exception) as caught:
+            frame.collect()
+    finally:
+        for key, value in saved.items():
+            nspark.conf.set(key, value)
+    text = str(caught.value)
+    assert victim.name in text and ("Tag" in text or "tag" in text), text[:3000]
+
+
+def test_a_file_of_another_size_or_outside_the_plan_is_refused(nspark, tmp_path):
+    """A data file replaced by a longer one fails on the key metadata's file_length."""
+    name = "enc_parquet_dek16"
+    root = copy_table(name, tmp_path)
+    options = {**JAVA_KMS, "location-map": json.dumps(location_map(name, root)), "native": "true"}
+    victim = sorted((root / "data").rglob("*.parquet"))[-1]
+    with open(victim, "ab") as f:
+        f.write(b"\0" * 10)
+    with pytest.raises(Exception) as caught:
+        icecrypt.spark.read_table(nspark, str(metadata_path(name, root)), **options).count()
+    assert victim.name in str(caught.value) and "longer than written" in str(caught.value)
+
+
+def test_native_true_says_why_it_does_not_apply(nspark):
+    name = "enc_parquet_dek16"
+    options = {**JAVA_KMS, "location-map": json.dumps(location_map(name)), "native": "true"}
+    with pytest.raises(ValueError, match="option filter"):
+        icecrypt.spark.read_table(nspark, str(metadata_path(name)), **options, filter="qty > 3")
+    with pytest.raises(ValueError, match="must be auto, true or false"):
+        icecrypt.spark.read_table(nspark, str(metadata_path(name)), **{**options, "native": "yes"})
+
+
+def test_configure_adds_the_jar():
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.config("spark.jars", "/x/other.jar")
+    icecrypt.spark.configure(builder)
+    jars = builder._options["spark.jars"].split(",")
+    assert jars[0] == "/x/other.jar" and jars[1] == icecrypt.spark.jar_path() and os.path.isfile(jars[1])
+    assert builder._options[_native.FIELD_ID_READ] == "true"
+    assert builder._options[_native.FIELD_ID_IGNORE_MISSING] == "false"
+
+
+def test_the_factory_refuses_files_outside_the_read_and_malformed_entries(nspark, tmp_path):
+    """org.icecrypt.spark.FileDecryption, called as parquet-java calls it: a file the read
+    did not plan, a read without keys and a malformed entry fail with messages that name
+    the file or entry and hold no key; a planned file gets its DEK and AAD prefix."""
+    from py4j.protocol import Py4JJavaError
+
+    from icecrypt.keys import StandardKeyMetadata
+
+    jvm = nspark.sparkContext._jvm
+    factory = jvm.org.icecrypt.spark.FileDecryption()
+    planned, other = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    planned.write_bytes(b"x" * 40)
+    other.write_bytes(b"x" * 40)
+    km = StandardKeyMetadata(os.urandom(16), os.urandom(16), 40)
+
+    class File:
+        def key(self):
+            return km
+
+    def conf(value: str | None):
+        c = jvm.org.apache.hadoop.conf.Configuration(False)
+        if value is not None:
+            c.set(_native.KEYS_PROPERTY, value)
+        return c
+
+    keys = _native._file_keys({f"file://{planned}": File()})
+    props = factory.getFileDecryptionProperties(conf(keys), jvm.org.apache.hadoop.fs.Path(f"file://{planned}"))
+    assert bytes(props.getFooterKey()) == km.encryption_key and bytes(props.getAADPrefix()) == km.aad_prefix
+    secret_forms = [km.encryption_key.hex(), keys.split(".")[1]]
+    for value, path, message in ((keys, other, "is not a data file of this read"),
+                                 (None, planned, "has no icecrypt.secret.file-keys"),
+                                 (keys.replace(".", ":", 1), planned, "entry 0 of icecrypt.secret.file-keys is malformed")):
+        with pytest.raises(Py4JJavaError) as caught:
+            factory.getFileDecryptionProperties(conf(value), jvm.org.apache.hadoop.fs.Path(f"file://{path}"))
+        text = str(caught.value.java_exception.getMessage())
+        assert message in text and not any(form in text for form in secret_forms), text
+        if value is not None and message.startswith("is not"):
+            assert path.name in text
+    planned.write_bytes(b"x" * 39)  # the file no longer has the key metadata's length
+    with pytest.raises(Py4JJavaError, match="truncated"):
+        factory.getFileDecryptionProperties(conf(keys), jvm.org.apache.hadoop.fs.Path(f"file://{planned}"))
+
+
+def test_plaintext_table_with_encryption_none(nspark, tmp_path):
+    """A plaintext table (option encryption=none) is read natively without the factory."""
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    table = EncryptedTable.create(str(tmp_path / "plain"), schema, kms=None, table_key_id=None)
+    table.append(pa.table({"id": pa.array(range(30), pa.int64()), "name": [f"p{i}" for i in range(30)]}))
+    native, python, scan, plan, _ = _three_ways(nspark, table.location, table, {"encryption": "none"})
+    assert native == python == scan and len(scan) == 30 and "FileScan parquet" in plan
