@@ -10,6 +10,7 @@ have gcc || need+=(gcc)
 have make || need+=(make)
 have perl || need+=(perl)                     # OpenSSL's Configure
 have java || need+=(openjdk-17-jre-headless)   # PySpark and parquet-mr interop tests
+have javac || need+=(openjdk-17-jdk-headless)  # icecrypt's Spark jar (scripts/build-jar.sh)
 have softhsm2-util || need+=(softhsm2)         # the PKCS#11 KMS tests
 # the PostgreSQL catalog tests (initdb/postgres run as an unprivileged user)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
