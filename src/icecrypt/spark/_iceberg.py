@@ -74,7 +74,11 @@ against the table schema.  Each task writes encrypted data files with
 :func:`icecrypt.table.ops.write.write_files` (a fresh DEK per file, no commit) and returns
 their manifest records; ``commit()`` makes one snapshot of all of them (``append_files``
 or ``overwrite_files``); ``abort()`` deletes the tasks' files (and a table this job
-created that is still empty).  A plaintext table is read or written only with option
+created that is still empty).  An overwrite with option ``overwrite-filter`` (an Iceberg
+row filter: the rows it matches are replaced) or ``overwrite-mode=dynamic`` (the
+partitions the DataFrame has rows in are replaced) commits through the row-level
+committer instead (:mod:`icecrypt.table.ops.rowlevel`: ``overwrite_files_by_filter``,
+``dynamic_partition_overwrite_files``), validated from the snapshot the job started from.  A plaintext table is read or written only with option
 ``encryption=none``.
 """
 
