@@ -122,6 +122,7 @@ def test_bad_overwrite_options_fail_clearly_and_commit_nothing(icespark, kms, km
     text = error(**{"overwrite-filter": "id >>> 3"})
     assert "overwrite-filter" in text and "cannot parse row filter" in text
     assert "must be static or dynamic" in error(**{"overwrite-mode": "dynamc"})
+    assert "overwrite-filter is empty" in error(**{"overwrite-filter": "  "})  # never a full overwrite
     assert "exclude each other" in error(**{"overwrite-mode": "dynamic", "overwrite-filter": "id > 3"})
     with pytest.raises(Exception, match="goes with mode"):
         (icespark.createDataFrame(new).write.format(FORMAT).options(**kms_options).option("overwrite-mode", "dynamic")

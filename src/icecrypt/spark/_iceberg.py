@@ -636,7 +636,10 @@ class IcebergWriter(DataSourceArrowWriter):
         mode = (self.options.get(OPT_OVERWRITE_MODE) or "static").strip().lower()
         if mode not in ("static", "dynamic"):
             raise ValueError(f"{NAME}: option {OPT_OVERWRITE_MODE}={mode!r} must be static or dynamic")
-        row_filter = (self.options.get(OPT_OVERWRITE_FILTER) or "").strip() or None
+        row_filter = self.options.get(OPT_OVERWRITE_FILTER)
+        if row_filter is not None and not row_filter.strip():  # never a full overwrite by mistake
+            raise ValueError(f"{NAME}: option {OPT_OVERWRITE_FILTER} is empty; to replace every row, leave it out")
+        row_filter = row_filter.strip() if row_filter is not None else None
         isolation = (self.options.get(OPT_ISOLATION_LEVEL) or "").strip().lower() or None
         if isolation is not None and isolation not in (SERIALIZABLE, SNAPSHOT):
             raise ValueError(f"{NAME}: option {OPT_ISOLATION_LEVEL}={isolation!r} must be {SERIALIZABLE} or {SNAPSHOT}")
