@@ -172,3 +172,15 @@ def test_concurrent_append_to_a_replaced_partition(icespark, kms, kms_options, k
         table = EncryptedTable.load(str(location), kms=kms)
         got = table.scan(row_filter="category = 'beta'").to_arrow()
         assert _sorted(got).equals(_sorted(new))
+
+
+def test_overwrite_filter_on_a_branch_leaves_main_alone(icespark, kms, kms_options, tmp_path):
+    location = tmp_path / "events"
+    before = _sorted(_table(location, kms).scan().to_arrow())
+    new = _rows(range(800, 803), ("gamma",), 4)
+    _save(icespark, new, location, kms_options, **{"overwrite-filter": "category = 'gamma'", "branch": "audit"})
+
+    table = EncryptedTable.load(str(location), kms=kms)
+    assert _sorted(table.scan().to_arrow()).equals(before)  # main is untouched
+    kept = before.filter(pc.not_equal(before["category"], "gamma"))
+    assert _sorted(table.scan(branch="audit").to_arrow()).equals(_sorted(pa.concat_tables([kept, new])))
