@@ -74,8 +74,12 @@ against the table schema.  Each task writes encrypted data files with
 :func:`icecrypt.table.ops.write.write_files` (a fresh DEK per file, no commit) and returns
 their manifest records; ``commit()`` makes one snapshot of all of them (``append_files``
 or ``overwrite_files``); ``abort()`` deletes the tasks' files (and a table this job
-created that is still empty).  A plaintext table is read or written only with option
-``encryption=none``.
+created that is still empty).  An overwrite with option ``overwrite-filter`` (an Iceberg
+row filter: the rows it matches are replaced) or ``overwrite-mode=dynamic`` (the
+partitions the DataFrame has rows in are replaced) commits through the row-level
+committer instead (:mod:`icecrypt.table.ops.rowlevel`: ``overwrite_files_by_filter``,
+``dynamic_partition_overwrite_files``), validated from the snapshot the job started
+from.  A plaintext table is read or written only with option ``encryption=none``.
 
 Streaming: ``spark.readStream`` (the rows appended by new snapshots) and ``df.writeStream``
 (one snapshot per epoch, exactly once) are :mod:`icecrypt.spark._stream`.
@@ -131,6 +135,9 @@ from icecrypt.table import (
 )
 from icecrypt.table.files.io import PathOutsideTableWarning
 from icecrypt.table.commit.pin import trusted_pin
+from icecrypt.table.ops.rowlevel import SERIALIZABLE, SNAPSHOT
+from icecrypt.table.model.changes import MAIN_BRANCH
+from icecrypt.table.ops.write import _bind_filter, _head_id
 from icecrypt.table.read.scan import parse_row_filter
 from icecrypt.table.read.travel import resolve_read
 
@@ -162,6 +169,16 @@ OPT_TABLE_KEY_ID = "table-key-id"
 OPT_WRITE_FORMAT = "write-format"
 #: writes: bytes of Arrow data per data file (default: the table's write.target-file-size-bytes)
 OPT_TARGET_FILE_SIZE = "target-file-size-bytes"
+#: writes (mode overwrite): ``static`` (default: the whole table, or the rows of
+#: ``overwrite-filter``) or ``dynamic`` (only the partitions the DataFrame has rows in:
+#: Java's ReplacePartitions; Iceberg's Spark option of the same name)
+OPT_OVERWRITE_MODE = "overwrite-mode"
+#: writes (mode overwrite): an Iceberg row filter; the rows it matches are replaced by the
+#: DataFrame's (Iceberg's ``DataFrameWriterV2.overwrite(condition)``)
+OPT_OVERWRITE_FILTER = "overwrite-filter"
+#: writes (dynamic or filtered overwrite): ``serializable`` or ``snapshot`` (default: the
+#: table's write.delete.isolation-level, else serializable)
+OPT_ISOLATION_LEVEL = "isolation-level"
 
 #: reads and writes: the name of an ``icecrypt.catalog`` catalog; load()/save() then take a
 #: table identifier (``db.table``), and commits go through the catalog.  Its properties
@@ -202,6 +219,7 @@ _STREAM_OPTIONS = (OPT_STREAM_FROM_TIMESTAMP, OPT_MAX_FILES_PER_BATCH, OPT_MAX_R
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
                           OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE,
+                          OPT_OVERWRITE_MODE, OPT_OVERWRITE_FILTER, OPT_ISOLATION_LEVEL,
                           OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG, *_STREAM_OPTIONS})
 _KMS_PREFIX = "encryption.kms"
 
@@ -602,6 +620,7 @@ class IcebergWriter(DataSourceArrowWriter):
         if self.wap_id is not None and (overwrite or self.branch is not None):
             raise ValueError(f"{NAME}: option {OPT_WAP_ID} stages an append; it goes with neither "
                              f"{OPT_BRANCH} nor an overwrite")
+        self.dynamic, self.overwrite_filter, self.isolation = self._overwrite_options(overwrite)
         table, self.created = self._open_or_create(schema)
         # one id for every data file of this job (file names carry it), so the driver
         # finds what attempts that died before reporting left behind
@@ -611,10 +630,44 @@ class IcebergWriter(DataSourceArrowWriter):
         # that keep it (a version that dropped encryption.key-id never gets a plaintext file)
         self.table_key_id, self.table_uuid = table.pin.table_key_id, table.pin.table_uuid
         self.metadata_location = table.metadata_location
+        # where the job starts: a dynamic or filtered overwrite validates the commits since
+        # (Java's validateFromSnapshot), so one that added rows it would replace is a conflict
+        self.start_snapshot_id = _head_id(table.metadata, self.branch or MAIN_BRANCH)
         self.filesystem = table.filesystem
         self.location_map = table.location_map or None
         self.table_roots = table.pin.roots()  # abort deletes nothing outside these
         self.renames = _column_names(table, schema, self.location)
+        if self.overwrite_filter is not None:  # a bad filter fails here, before any task writes
+            try:
+                _bind_filter(self.overwrite_filter, table.schema)
+            except (ValueError, TypeError) as exc:
+                if self.created:
+                    self._drop_if_empty()
+                raise ValueError(f"{NAME}: option {OPT_OVERWRITE_FILTER}={self.overwrite_filter!r} on table "
+                                 f"{self.location}: {exc}") from None
+
+    def _overwrite_options(self, overwrite: bool) -> tuple[bool, str | None, str | None]:
+        """(dynamic partition overwrite, overwrite filter, isolation level) of the options."""
+        mode = (self.options.get(OPT_OVERWRITE_MODE) or "static").strip().lower()
+        if mode not in ("static", "dynamic"):
+            raise ValueError(f"{NAME}: option {OPT_OVERWRITE_MODE}={mode!r} must be static or dynamic")
+        row_filter = self.options.get(OPT_OVERWRITE_FILTER)
+        if row_filter is not None and not row_filter.strip():  # never a full overwrite by mistake
+            raise ValueError(f"{NAME}: option {OPT_OVERWRITE_FILTER} is empty; to replace every row, leave it out")
+        row_filter = row_filter.strip() if row_filter is not None else None
+        isolation = (self.options.get(OPT_ISOLATION_LEVEL) or "").strip().lower() or None
+        if isolation is not None and isolation not in (SERIALIZABLE, SNAPSHOT):
+            raise ValueError(f"{NAME}: option {OPT_ISOLATION_LEVEL}={isolation!r} must be {SERIALIZABLE} or {SNAPSHOT}")
+        given = [f"{OPT_OVERWRITE_MODE}=dynamic"] * (mode == "dynamic") + [OPT_OVERWRITE_FILTER] * bool(row_filter)
+        if given and not overwrite:
+            raise ValueError(f"{NAME}: option {given[0]} goes with mode('overwrite'), not an append")
+        if len(given) == 2:
+            raise ValueError(f"{NAME}: options {OPT_OVERWRITE_MODE}=dynamic and {OPT_OVERWRITE_FILTER} exclude each "
+                             "other (a dynamic overwrite replaces the partitions the DataFrame has rows in)")
+        if isolation is not None and not given:
+            raise ValueError(f"{NAME}: option {OPT_ISOLATION_LEVEL} goes with {OPT_OVERWRITE_MODE}=dynamic or "
+                             f"{OPT_OVERWRITE_FILTER} (an append or a full overwrite cannot conflict)")
+        return mode == "dynamic", row_filter, isolation
 
     def _open_or_create(self, schema: StructType) -> tuple[EncryptedTable, bool]:
         key_id = (self.options.get(OPT_TABLE_KEY_ID) or "").strip() or None
@@ -695,13 +748,21 @@ class IcebergWriter(DataSourceArrowWriter):
     # --- driver -------------------------------------------------------------------------------
 
     def commit(self, messages: list[TaskDataFiles | None]) -> None:
+        from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite_files, overwrite_files_by_filter
         from icecrypt.table.ops.write import append_files, overwrite_files
 
         data_files = [f for message in messages if message is not None for f in message.data_files]
         try:
             table = self._table(commit=True)
-            # deletes the data files if it fails (a tag named as branch, WAP not enabled, ...)
-            if self.overwrite:
+            # deletes the data files if it fails (a tag named as branch, WAP not enabled, a
+            # conflict with a concurrent commit, ...)
+            if self.overwrite_filter is not None:
+                overwrite_files_by_filter(table, data_files, self.overwrite_filter, isolation_level=self.isolation,
+                                          branch=self.branch, start_snapshot_id=self.start_snapshot_id)  # fmt: skip
+            elif self.dynamic:
+                dynamic_partition_overwrite_files(table, data_files, isolation_level=self.isolation,
+                                                  branch=self.branch, start_snapshot_id=self.start_snapshot_id)
+            elif self.overwrite:
                 overwrite_files(table, data_files, branch=self.branch)
             else:
                 append_files(table, data_files, branch=self.branch, wap_id=self.wap_id)
@@ -758,7 +819,10 @@ class IcebergWriter(DataSourceArrowWriter):
                 self.filesystem.delete_dir(metadata_dir)
 
     def __repr__(self) -> str:
-        return f"<IcebergWriter {self.location} {'overwrite' if self.overwrite else 'append'}>"
+        kind = "append"
+        if self.overwrite:
+            kind = "overwrite filtered" if self.overwrite_filter else "overwrite dynamic" if self.dynamic else "overwrite"
+        return f"<IcebergWriter {self.location} {kind}>"
 
 
 def _task_attempt_id() -> int:

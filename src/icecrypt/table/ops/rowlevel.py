@@ -31,9 +31,10 @@ change wrote are deleted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,8 +61,10 @@ __all__ = [
     "UpsertResult",
     "delete_rows",
     "dynamic_partition_overwrite",
+    "dynamic_partition_overwrite_files",
     "merge",
     "overwrite_by_filter",
+    "overwrite_files_by_filter",
     "update",
     "upsert",
     "write_mode",
@@ -84,6 +87,8 @@ _REMOVES = ("overwrite", "replace", "delete")
 _ADDS_DELETES = ("overwrite", "delete")
 #: beyond this many key values a merge's conflict filter is a range per join column
 _IN_LIMIT = 200
+#: ``start_snapshot_id`` not given: the change is validated from the head it is planned on
+_NOW: Any = object()
 
 
 def write_mode(properties: Mapping[str, str] | None, operation: str, *, default: str = COPY_ON_WRITE) -> str:
@@ -275,6 +280,8 @@ class _Plan:
     new_rows: pa.Table | None
     conflicts: Callable[[dict[str, Any], int], bool] | None  # a new data file conflicts (serializable)
     conflict_what: str
+    #: data files written already (``write_files`` on Spark executors), added with new_rows'
+    files: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _resolve(base: _Base, outcome: _Outcome, mode: str) -> tuple[dict, list, pa.Table | None]:
@@ -319,7 +326,8 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
     """Write the new rows, deletion vectors and manifests once; commit them as one
     snapshot of the branch, re-applied (after validation) on a newer version when needed.
     Returns the snapshot id (None when the change changes nothing)."""
-    if not plan.removed and not plan.vectors and (plan.new_rows is None or plan.new_rows.num_rows == 0):
+    if (not plan.removed and not plan.vectors and not plan.files
+            and (plan.new_rows is None or plan.new_rows.num_rows == 0)):  # fmt: skip
         return None
     target, metadata = base.target, base.metadata
     snapshot_id = _write._new_snapshot_id(metadata)
@@ -329,19 +337,23 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
     commit_id = str(uuid.uuid4())
     manager = target.manager(metadata)
     io = target.io(manager)
-    written: list[str] = []
+    written: list[str] = [f["file_path"] for f in plan.files]  # deleted if this raises
     once: list[Any] = []  # manifests written once, in every attempt's snapshot
     added: list[dict[str, Any]] = []
     try:
+        _write._check_data_files(io, plan.files)
+        data_files = list(plan.files)
+        spec = specs[metadata.get("default-spec-id", 0)]
         if plan.new_rows is not None and plan.new_rows.num_rows:
             properties = metadata.get("properties") or {}
-            spec = specs[metadata.get("default-spec-id", 0)]
-            data_files, started = write_data_files(
+            rewritten, started = write_data_files(
                 io, plan.new_rows, schema=schema, spec=spec, location=metadata["location"], properties=properties,
                 options=DataWriteOptions.from_properties(properties), lineage=True,
                 sort_order_id=metadata.get("default-sort-order-id", 0), sort_order=table_sort_order(metadata),
             )  # fmt: skip
             written += started
+            data_files += rewritten
+        if data_files:
             written.append(manifest_location := f"{location}/metadata/{commit_id}-m0.avro")
             once.append(write_manifest(
                 io, manifest_location, _write._added_entries(data_files, snapshot_id), spec=spec, schema=schema,
@@ -468,7 +480,7 @@ def _validate(
     if planned is not None and current is None:
         raise CommitConflictError(
             f"{where}: the {plan.operation} was planned on snapshot {planned}, which is no longer an ancestor of "
-            "the head of {branch!r} (rolled back or expired): cannot validate what changed since; nothing was committed"
+            f"the head of {branch!r} (rolled back or expired): cannot validate what changed since; nothing was committed"
         )
     touched = set(plan.removed) | {v.data_file["file_path"] for v in plan.vectors}
     for snapshot in reversed(chain):
@@ -870,14 +882,65 @@ def overwrite_by_filter(
     """Delete the rows matching ``overwrite_filter`` (files it matches whole removed, the
     rest per ``write.delete.mode``) and append ``data``, in one snapshot."""
     base = _plan_base(table, branch)
+    rows = _conform_data(table, data, "overwrite")
+    return _commit(base, _overwrite_plan(base, overwrite_filter, isolation_level, rows, []))
+
+
+def overwrite_files_by_filter(
+    table: Any, data_files: list[dict[str, Any]], overwrite_filter: Any, *, isolation_level: str | None = None,
+    branch: str | None = None, start_snapshot_id: int | None | object = _NOW,
+) -> int | None:
+    """:func:`overwrite_by_filter` with data files written by
+    :func:`~icecrypt.table.ops.write.write_files` (on Spark executors) instead of rows:
+    the rows matching ``overwrite_filter`` go and ``data_files`` are added, in one
+    snapshot, validated as ``overwrite_by_filter`` is.
+
+    ``start_snapshot_id``: the head of the branch when the data files' job started (None:
+    the table was empty).  The commits since then are validated as a concurrent commit
+    is (Java's ``validateFromSnapshot``): under serializable isolation one that added
+    data matching the filter is a conflict.  If this raises, the data files are deleted
+    (unless a catalog could not tell whether the commit landed)."""
+    with _discarded_on_error(table, data_files):
+        base = _plan_base(table, branch)
+        plan = _overwrite_plan(base, overwrite_filter, isolation_level, None, data_files)
+        _validate_since(base, plan, start_snapshot_id)
+    return _commit(base, plan)
+
+
+def _overwrite_plan(
+    base: _Base, overwrite_filter: Any, isolation_level: str | None, rows: pa.Table | None,
+    files: list[dict[str, Any]],
+) -> _Plan:
     mode = write_mode(base.metadata.get("properties"), "delete")
     isolation = _isolation_for(base, "delete", isolation_level)
     outcome, expression = _deleted(base, overwrite_filter)
-    outcome.comes = _with_lineage(_conform_data(table, data, "overwrite"))
+    if rows is not None:
+        outcome.comes = _with_lineage(rows)
     removed, vectors, new_rows = _resolve(base, outcome, mode)
-    plan = _Plan("overwrite", isolation, removed, vectors, new_rows, _expression_conflicts(table.schema, expression),
-                 f"the overwrite filter {expression}")  # fmt: skip
-    return _commit(base, plan)
+    return _Plan("overwrite", isolation, removed, vectors, new_rows,
+                 _expression_conflicts(base.table.schema, expression), f"the overwrite filter {expression}",
+                 files=list(files))  # fmt: skip
+
+
+def _validate_since(base: _Base, plan: _Plan, start_snapshot_id: int | None | object) -> None:
+    """Validate the commits between ``start_snapshot_id`` (where the job that wrote the
+    change's data started) and the head the change was planned on, as a concurrent
+    commit is validated (``_NOW``: nothing to validate)."""
+    if start_snapshot_id is _NOW or start_snapshot_id == base.head_id:
+        return
+    manager = base.target.manager(base.metadata)
+    _validate(base.target.io(manager), manager, base.metadata, start_snapshot_id, plan, base.target.metadata_location,
+              base.branch)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _discarded_on_error(table: Any, data_files: list[dict[str, Any]]) -> Iterator[None]:
+    """Delete ``data_files`` (written for a change that is being planned) if planning fails."""
+    try:
+        yield
+    except BaseException:
+        _write._cleanup(_Target.of(table).io(None), [f["file_path"] for f in data_files])
+        raise
 
 
 def _conform_data(table: Any, data: Any, what: str) -> pa.Table:
@@ -900,27 +963,63 @@ def dynamic_partition_overwrite(
     from icecrypt.table.files.write_data import _PartitionPlan
 
     base = _plan_base(table, branch)
-    isolation = _isolation_for(base, "delete", isolation_level)
     rows = _conform_data(table, data, "dynamic_partition_overwrite")
     if rows.num_rows == 0:
         return None  # no partition to replace
+    spec = _write._specs(base.metadata)[base.metadata.get("default-spec-id", 0)]
+    plan_parts = _PartitionPlan.create(spec, _write._schema(base.metadata))
+    replaced = {tuple(values) for batch in rows.to_batches() for values, _ in plan_parts.split(batch)}
+    return _commit(base, _replace_partitions(base, replaced, isolation_level, _with_lineage(rows), []))
+
+
+def dynamic_partition_overwrite_files(
+    table: Any, data_files: list[dict[str, Any]], *, isolation_level: str | None = None, branch: str | None = None,
+    start_snapshot_id: int | None | object = _NOW,
+) -> int | None:
+    """:func:`dynamic_partition_overwrite` with data files written by
+    :func:`~icecrypt.table.ops.write.write_files` (on Spark executors): the partitions
+    they are in are replaced by them, in one snapshot.  ``start_snapshot_id`` as for
+    :func:`overwrite_files_by_filter` (a commit since then that added data to a replaced
+    partition is a conflict under serializable isolation).  If this raises, the data files
+    are deleted (unless a catalog could not tell whether the commit landed)."""
+    if not data_files:
+        return None  # no partition to replace
+    with _discarded_on_error(table, data_files):
+        base = _plan_base(table, branch)
+        spec = _write._specs(base.metadata)[base.metadata.get("default-spec-id", 0)]
+        names = [f.name for f in spec.fields]
+        for record in data_files:
+            if sorted(record.get("partition") or {}) != sorted(names):
+                raise ValueError(
+                    f"{record.get('file_path')}: written with partition fields {sorted(record.get('partition') or {})}"
+                    f", but the table's partition spec {spec.spec_id} has {names} (it changed while the data was "
+                    "written); nothing was committed"
+                )
+        replaced = {_partition_key(record, names) for record in data_files}
+        plan = _replace_partitions(base, replaced, isolation_level, None, data_files)
+        _validate_since(base, plan, start_snapshot_id)
+    return _commit(base, plan)
+
+
+def _partition_key(record: dict[str, Any], names: list[str]) -> tuple:
+    partition = record.get("partition") or {}
+    return tuple(partition.get(n) for n in names)
+
+
+def _replace_partitions(
+    base: _Base, replaced: set[tuple], isolation_level: str | None, rows: pa.Table | None,
+    files: list[dict[str, Any]],
+) -> _Plan:
+    """The plan of a dynamic overwrite that replaces the partitions ``replaced`` (of the
+    current spec) with ``rows`` and ``files``."""
+    isolation = _isolation_for(base, "delete", isolation_level)
     spec_id = base.metadata.get("default-spec-id", 0)
     spec = _write._specs(base.metadata)[spec_id]
-    plan_parts = _PartitionPlan.create(spec, _write._schema(base.metadata))
     names = [f.name for f in spec.fields]
-    replaced: set[tuple] = set()
-    for batch in rows.to_batches():
-        for values, _ in plan_parts.split(batch):
-            replaced.add(tuple(values))
-
-    def key(record: dict[str, Any]) -> tuple:
-        partition = record.get("partition") or {}
-        return tuple(partition.get(n) for n in names)
 
     def conflicts(record: dict[str, Any], record_spec: int) -> bool:
-        return not spec.fields or (record_spec == spec_id and key(record) in replaced)
+        return not spec.fields or (record_spec == spec_id and _partition_key(record, names) in replaced)
 
     removed = {path: record for path, (record, sid) in base.files.items() if conflicts(record, sid)}
-    plan = _Plan("overwrite", isolation, removed, [], _with_lineage(rows), conflicts,
-                 f"the partitions it replaces ({len(replaced)})")  # fmt: skip
-    return _commit(base, plan)
+    return _Plan("overwrite", isolation, removed, [], rows, conflicts, f"the partitions it replaces ({len(replaced)})",
+                 files=list(files))  # fmt: skip
