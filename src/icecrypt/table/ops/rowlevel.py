@@ -897,6 +897,7 @@ def dynamic_partition_overwrite(
     """Java's ReplacePartitions: every partition (of the current spec) that ``data``
     has rows in loses all its rows, and ``data`` is appended, in one snapshot; an
     unpartitioned table is replaced whole.  Data files of other specs are kept."""
+    from icecrypt.table.files.manifest_write import to_internal
     from icecrypt.table.files.write_data import _PartitionPlan
 
     base = _plan_base(table, branch)
@@ -913,9 +914,12 @@ def dynamic_partition_overwrite(
         for values, _ in plan_parts.split(batch):
             replaced.add(tuple(values))
 
+    types = [f.field_type for f in spec.partition_type(_write._schema(base.metadata)).fields]
+
     def key(record: dict[str, Any]) -> tuple:
+        # as the manifest holds it (a uuid's 16 bytes, a date) -> as split gives it
         partition = record.get("partition") or {}
-        return tuple(partition.get(n) for n in names)
+        return tuple(to_internal(partition.get(n), t) for n, t in zip(names, types))
 
     def conflicts(record: dict[str, Any], record_spec: int) -> bool:
         return not spec.fields or (record_spec == spec_id and key(record) in replaced)
