@@ -186,3 +186,39 @@ def test_pyiceberg_reads_plaintext_variant(tmp_path, transform):
     if transform == "bucket":
         files = list(static.scan(row_filter=EqualTo("u", UUIDS[3])).plan_files())
         assert {f.file.partition[0] for f in files} == {_bucket(UUIDS[3])}
+
+
+@pytest.mark.parametrize("value", ["not-a-uuid", "0123456789abcdef0123"])
+def test_manifest_with_a_malformed_uuid_partition_value(tmp_path, kms, value):
+    """A manifest whose writer schema holds the uuid partition value as a string that is
+    no uuid (a writer with the key, or storage of a plaintext table): reading the table
+    fails with FormatError naming the manifest, and so does a dynamic overwrite that
+    compares partitions, not a bare ValueError."""
+    from tablelib import rewrite_chain
+
+    from icecrypt.errors import FormatError
+
+    table = _create(tmp_path, kms, "identity")
+    table.append(_rows(0, 10))
+    table = reload(table)
+
+    def change(entries: list[dict]) -> list[dict]:
+        for entry in entries:
+            entry["data_file"]["partition"]["u_part"] = value
+        return entries
+
+    rewrite_chain(table, 0, change, schema_change=_partition_as_string)
+    with pytest.raises(FormatError, match=r"manifest .*-m0\.avro: malformed entry"):
+        reload(table).scan().to_arrow()
+    from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite
+
+    with pytest.raises(FormatError, match=r"data file .*\.parquet: its partition \['u_part'\] does not hold values"):
+        dynamic_partition_overwrite(reload(table), _rows(0, 10))
+
+
+def _partition_as_string(schema: dict) -> dict:
+    (data_file,) = [f for f in schema["fields"] if f["name"] == "data_file"]
+    (partition,) = [f for f in data_file["type"]["fields"] if f["name"] == "partition"]
+    for field in partition["type"]["fields"]:
+        field["type"] = ["null", "string"]
+    return schema

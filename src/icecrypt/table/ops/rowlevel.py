@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterThanOrEqual, In, LessThanOrEqual
 
-from icecrypt.errors import CommitConflictError
+from icecrypt.errors import CommitConflictError, FormatError
 from icecrypt.table.commit.target import _Target
 from icecrypt.table.files.manifest_write import ADDED, DATA, DELETED, EXISTING, POSITION_DELETES, write_manifest
 from icecrypt.table.files.write_data import DataWriteOptions, table_sort_order, write_data_files
@@ -919,7 +919,12 @@ def dynamic_partition_overwrite(
     def key(record: dict[str, Any]) -> tuple:
         # as the manifest holds it (a uuid's 16 bytes, a date) -> as split gives it
         partition = record.get("partition") or {}
-        return tuple(to_internal(partition.get(n), t) for n, t in zip(names, types))
+        try:
+            return tuple(to_internal(partition.get(n), t) for n, t in zip(names, types))
+        except (TypeError, ValueError):
+            raise FormatError(
+                f"data file {record.get('file_path')}: its partition {sorted(partition)} does not hold values of {[str(t) for t in types]}"
+            ) from None
 
     def conflicts(record: dict[str, Any], record_spec: int) -> bool:
         return not spec.fields or (record_spec == spec_id and key(record) in replaced)
