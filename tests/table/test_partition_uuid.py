@@ -145,6 +145,8 @@ def test_dynamic_overwrite_replaces_uuid_partition(tmp_path, kms):
     got = reload(table).scan(row_filter=EqualTo("u", UUIDS[3])).to_arrow()
     assert got.column("name").to_pylist() == ["new"]
     assert reload(table).scan().to_arrow().num_rows == 30 - len([i for i in range(30) if i % 9 and i % 8 == 3]) + 1
+    # one partition changed: the manifest's 16 bytes and the new rows' UUID count once
+    assert reload(table).current_snapshot().summary["changed-partition-count"] == "1"
 
 
 @pytest.mark.parametrize("row_filter", ["eq", "in", "not_in", "ne", "and"])

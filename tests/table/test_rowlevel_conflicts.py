@@ -248,3 +248,4 @@ def test_dynamic_partition_overwrite_of_a_date_partition(tmp_path, kms, transfor
     table.append(rows([1, 2, 3], days))
     table.dynamic_partition_overwrite(rows([9], days[:1]))
     assert sorted(table.refresh().scan().to_arrow().column("id").to_pylist()) == [3, 9]
+    assert table.refresh().current_snapshot().summary["changed-partition-count"] == "1"
