@@ -473,7 +473,7 @@ def _arrow_stats(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[str,
             continue
         if isinstance(field.field_type, (FloatType, DoubleType)):
             column = pc.filter(column, pc.invert(pc.is_nan(column)))
-        extremes = pc.min_max(column)
+        extremes = pc.min_max(_storage(column))  # a uuid: its 16 bytes, unsigned order
         lower, upper = extremes["min"].as_py(), extremes["max"].as_py()
         if lower is None:
             continue
