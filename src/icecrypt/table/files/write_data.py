@@ -73,7 +73,7 @@ from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet w
 from icecrypt.table.files.manifest_write import DATA, to_internal
 from icecrypt.table.model.metadata_columns import LINEAGE
 from icecrypt.table.files.write_io import TableIO
-from icecrypt.table.model.schema import arrow_write_schema
+from icecrypt.table.model.schema import arrow_storage, arrow_write_schema
 
 __all__ = ["DataWriteOptions", "conform", "iter_batches", "write_data_files"]
 
@@ -236,7 +236,7 @@ def _transform_array(transform: Transform, source_type: IcebergType, values: pa.
 
 def _transform_distinct(transform: Transform, source_type: IcebergType, values: pa.Array) -> pa.Array:
     """PyIceberg's scalar transform, applied once per distinct value."""
-    encoded = pc.dictionary_encode(_storage(values))  # a uuid: its 16 bytes
+    encoded = pc.dictionary_encode(arrow_storage(values))  # a uuid: its 16 bytes
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
     function = transform.transform(source_type)
@@ -328,15 +328,6 @@ def sort_rows(table: pa.Table, order: SortOrder, schema: Schema) -> pa.Table:
     return table.take(pc.sort_indices(pa.table(keys, names=names), sort_keys=sort_keys))
 
 
-def _storage(array: Any) -> Any:
-    """``array`` itself, or the storage of an extension array (a uuid's 16 bytes)."""
-    if not isinstance(array.type, pa.BaseExtensionType):
-        return array
-    if isinstance(array, pa.Array):
-        return array.storage
-    return pa.chunked_array([c.storage for c in array.chunks], array.type.storage_type)
-
-
 @dataclass(frozen=True)
 class _PartitionPlan:
     spec: PartitionSpec
@@ -366,7 +357,7 @@ class _PartitionPlan:
         result_types = [f.transform.result_type(t) for f, (_, t) in zip(self.spec.fields, self.sources)]
         names = [f"p{i}" for i in range(len(keys))]
         # Arrow groups on no extension type (uuid): group on its storage (the 16 bytes)
-        keys = [_storage(key) for key in keys]
+        keys = [arrow_storage(key) for key in keys]
         grouping = pa.table(keys + [pa.array(range(batch.num_rows), pa.int64())], names=names + ["row"])
         groups = grouping.group_by(names, use_threads=False).aggregate([("row", "list")])
         for index in range(groups.num_rows):
@@ -473,7 +464,7 @@ def _arrow_stats(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[str,
             continue
         if isinstance(field.field_type, (FloatType, DoubleType)):
             column = pc.filter(column, pc.invert(pc.is_nan(column)))
-        extremes = pc.min_max(_storage(column))  # a uuid: its 16 bytes, unsigned order
+        extremes = pc.min_max(arrow_storage(column))  # a uuid: its 16 bytes, unsigned order
         lower, upper = extremes["min"].as_py(), extremes["max"].as_py()
         if lower is None:
             continue

@@ -43,6 +43,7 @@ from pyiceberg.types import (
 )
 
 __all__ = [
+    "arrow_storage",
     "arrow_write_schema",
     "iceberg_schema",
     "partition_struct",
@@ -52,6 +53,17 @@ __all__ = [
     "struct_to_avro",
     "struct_to_json",
 ]
+
+
+def arrow_storage(array: Any) -> Any:
+    """``array`` (an Arrow array or chunked array) itself, or the storage of an extension
+    array: a uuid column's 16 bytes, which Arrow's compute functions (grouping, hashing,
+    min/max, comparisons) take where they have no kernel for its uuid type."""
+    if not isinstance(array.type, pa.BaseExtensionType):
+        return array
+    if isinstance(array, pa.Array):
+        return array.storage
+    return pa.chunked_array([c.storage for c in array.chunks], array.type.storage_type)
 
 
 # --- Iceberg JSON (SchemaParser / PartitionSpecParser / SortOrderParser order) ----------
