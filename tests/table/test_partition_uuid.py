@@ -245,3 +245,21 @@ def test_uuid_bounds_of_avro_and_parquet_data_files(tmp_path, kms, file_format):
         assert (bounds[0][2], bounds[1][2]) == (held[0], held[-1])
     got = table.scan(row_filter=EqualTo("u", UUIDS[7])).to_arrow()
     assert sorted(got.column("id").to_pylist()) == [i for i in range(40) if i % 9 and i % 8 == 7]
+
+
+def test_sort_order_on_a_uuid_column(tmp_path, kms):
+    """A table sorted by a uuid column (Arrow cannot sort its uuid type) writes its
+    files in the uuids' unsigned byte order, nulls last, descending as asked."""
+    from icecrypt.table import read_task
+
+    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=kms, table_key_id="keyA")
+    table.replace_sort_order().desc("u", null_order="nulls-last").asc("id").commit()
+    table.append(_rows(0, 40))
+    (task,) = reload(table).scan().plan_files()
+    stored = pa.Table.from_batches(list(read_task(task, table.filesystem)))
+    keys = [(None if b is None else bytes(b), i) for b, i in
+            zip(stored.column("u").cast(pa.binary(16)).to_pylist(), stored.column("id").to_pylist())]  # fmt: skip
+    present = [k for k in keys if k[0] is not None]
+    assert keys == present + [k for k in keys if k[0] is None]
+    assert present == sorted(present, key=lambda k: (tuple(-b for b in k[0]), k[1]))
+    assert sorted(stored.column("id").to_pylist()) == list(range(40))

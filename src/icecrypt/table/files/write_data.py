@@ -319,6 +319,7 @@ def sort_rows(table: pa.Table, order: SortOrder, schema: Schema) -> pa.Table:
     for i, field in enumerate(order.fields):
         values = _sort_source(table, schema, field.source_id)
         key = _transform_array(field.transform, schema.find_field(field.source_id).field_type, values)
+        key = arrow_storage(key)  # a uuid sorts by its 16 bytes (unsigned, as its bounds)
         nulls_first = field.null_order == NullOrder.NULLS_FIRST
         keys += [pc.is_valid(key) if nulls_first else pc.is_null(key), key]  # False sorts first
         names += [f"n{i}", f"k{i}"]
