@@ -263,3 +263,15 @@ def test_sort_order_on_a_uuid_column(tmp_path, kms):
     assert keys == present + [k for k in keys if k[0] is None]
     assert present == sorted(present, key=lambda k: (tuple(-b for b in k[0]), k[1]))
     assert sorted(stored.column("id").to_pylist()) == list(range(40))
+
+
+@pytest.mark.parametrize("transform", ["identity", "bucket"])
+def test_partition_metadata_column(tmp_path, kms, transform):
+    """The ``_partition`` metadata column of a uuid-partitioned table holds each row's
+    partition value (Arrow builds no uuid scalar from Python values)."""
+    table = _create(tmp_path, kms, transform)
+    table.append(_rows(0, 20))
+    got = reload(table).scan(columns=["id", "u", "_partition"]).to_arrow().to_pylist()
+    assert len(got) == 20
+    for row in got:
+        assert row["_partition"] == {"u_part": _partition_of(transform, row["u"])}

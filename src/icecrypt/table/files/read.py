@@ -17,6 +17,7 @@ batch) plus the deletes.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -60,7 +61,7 @@ from icecrypt.table.model.metadata_columns import (
     is_metadata,
     without_metadata,
 )
-from icecrypt.table.model.schema import arrow_write_schema
+from icecrypt.table.model.schema import arrow_storage_type, arrow_write_schema
 
 __all__ = ["FileScanTask", "ReadSpec", "TaskFile", "arrow_schema", "read_task"]
 
@@ -716,7 +717,12 @@ def _partition_scalar(task: FileScanTask, struct_type: pa.StructType) -> pa.Scal
     """The task's ``_partition`` value (planned into its constants) as an Arrow scalar."""
     value = task.constants.get(PARTITION_ID) or {}
     try:
-        return pa.scalar(value, type=struct_type)
+        # Arrow builds no uuid from Python values: the 16 bytes on the storage type, cast
+        storage = arrow_storage_type(struct_type)
+        if storage == struct_type:
+            return pa.scalar(value, type=struct_type)
+        plain = {k: v.bytes if isinstance(v, uuid.UUID) else v for k, v in value.items()}
+        return pa.scalar(plain, type=storage).cast(struct_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
         raise FormatError(f"{task.file.path}: partition value {value!r} does not fit {struct_type} ({exc})") from None
 
