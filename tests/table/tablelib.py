@@ -155,9 +155,10 @@ def rewrite_manifest_list(table: EncryptedTable, change_records) -> None:
     edit_metadata(Path(table.metadata_location), rewrap)
 
 
-def rewrite_chain(table: EncryptedTable, manifest_index: int, change_entries) -> None:
+def rewrite_chain(table: EncryptedTable, manifest_index: int, change_entries, *, schema_change=None) -> None:
     """Rewrite one manifest of the current snapshot with ``change_entries(records)``
-    applied, re-encrypted under its own key, and carry its new length up the chain."""
+    applied (and its Avro schema with ``schema_change(schema)``, if given),
+    re-encrypted under its own key, and carry its new length up the chain."""
 
     def change_list(records: list[dict]) -> list[dict]:
         target = records[manifest_index]
@@ -165,6 +166,8 @@ def rewrite_chain(table: EncryptedTable, manifest_index: int, change_entries) ->
         path = table.fs_path(target["manifest_path"])
         with avro.read_records(path, manifest_km, raw=True) as r:
             schema, meta, entries = r.schema, r.metadata, list(r)
+        if schema_change is not None:
+            schema = schema_change(schema)
         new_km = avro.write_records(path, schema, change_entries(entries), key_metadata=manifest_km, metadata=_user_meta(meta))
         target["manifest_length"] = new_km.file_length
         target["key_metadata"] = new_km.encode()

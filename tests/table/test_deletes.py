@@ -128,3 +128,15 @@ def test_equality_mask_several_columns():
     assert equality_delete_mask(keys, all_null).tolist() == [False, False, False, False, True, False]
     empty = deletes.slice(0, 0)
     assert not equality_delete_mask(keys, empty).any()
+
+
+def test_equality_mask_on_uuid_columns():
+    """Equality deletes keyed on a uuid column (Arrow's uuid type has no hash or join
+    kernel): matched on the 16 bytes, nulls equal nulls, alone and with another column."""
+    import uuid
+
+    ids = [uuid.UUID(int=i << 64 | i).bytes for i in range(4)]
+    keys = pa.table({"u": pa.array([*ids, None], pa.uuid()), "k": [1, 1, 2, 1, 1]})
+    deletes = pa.table({"u": pa.array([ids[2], None, ids[1]], pa.uuid()), "k": [2, 1, 2]})
+    assert equality_delete_mask(keys.select(["u"]), deletes.select(["u"])).tolist() == [False, True, True, False, True]
+    assert equality_delete_mask(keys, deletes).tolist() == [False, False, True, False, True]

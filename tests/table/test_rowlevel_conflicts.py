@@ -221,3 +221,31 @@ def test_a_branch_is_validated_on_its_own_history(tmp_path, kms, monkeypatch):
     _race(monkeypatch, lambda: rival.delete("id = 8", branch="dev"))
     with pytest.raises(CommitConflictError, match="added delete file"):
         table.update({"v": "y"}, where="id = 7", branch="dev")
+
+
+@pytest.mark.parametrize("transform", ["identity", "day"])
+def test_dynamic_partition_overwrite_of_a_date_partition(tmp_path, kms, transform):
+    """A date partition value (identity of a date, day of a timestamp) reads back from the
+    manifest as a date but is a day count when the new rows are split: the partition the
+    new rows fall in is replaced, the other kept (before, no partition matched and the
+    old rows stayed beside the new)."""
+    import datetime
+
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform, IdentityTransform
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("d", pa.date32()),
+                        pa.field("ts", pa.timestamp("us"))])  # fmt: skip
+    source, part = (2, IdentityTransform()) if transform == "identity" else (3, DayTransform())
+    spec = PartitionSpec(PartitionField(source_id=source, field_id=1000, transform=part, name="p"))
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="keyA", partition_spec=spec)
+    days = [datetime.date(2024, 1, 1), datetime.date(2024, 1, 1), datetime.date(2024, 3, 9)]
+
+    def rows(ids, when):
+        return pa.table({"id": pa.array(ids, pa.int64()), "d": pa.array(when, pa.date32()),
+                         "ts": pa.array([datetime.datetime.combine(w, datetime.time(13)) for w in when], pa.timestamp("us"))})  # fmt: skip
+
+    table.append(rows([1, 2, 3], days))
+    table.dynamic_partition_overwrite(rows([9], days[:1]))
+    assert sorted(table.refresh().scan().to_arrow().column("id").to_pylist()) == [3, 9]
+    assert table.refresh().current_snapshot().summary["changed-partition-count"] == "1"

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from icecrypt import ags1
 from icecrypt.errors import FormatError
+from icecrypt.table.model.schema import arrow_storage
 
 __all__ = ["DV_MAGIC", "decode_deletion_vector", "deleted_mask", "equality_delete_mask", "read_dv_blob"]
 
@@ -212,6 +213,9 @@ def equality_delete_mask(keys: pa.Table, deletes: pa.Table) -> np.ndarray:
     n = keys.num_rows
     if deletes.num_rows == 0 or n == 0:
         return np.zeros(n, dtype=bool)
+    # a uuid key compares as its 16 bytes (Arrow hashes and joins no extension type)
+    keys = pa.table([arrow_storage(c) for c in keys.columns], names=keys.column_names)
+    deletes = pa.table([arrow_storage(c) for c in deletes.columns], names=deletes.column_names)
     if keys.num_columns == 1:
         hit = pc.is_in(keys.column(0), value_set=deletes.column(0).combine_chunks().unique(), skip_nulls=False)
         return hit.to_numpy(zero_copy_only=False).astype(bool, copy=False)

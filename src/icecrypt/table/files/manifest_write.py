@@ -194,6 +194,8 @@ def to_internal(value: Any, field_type: IcebergType) -> Any:
         return ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond
     if isinstance(field_type, UUIDType) and isinstance(value, str):
         return uuidlib.UUID(value)
+    if isinstance(field_type, UUIDType) and isinstance(value, bytes) and len(value) == 16:
+        return uuidlib.UUID(bytes=value)
     return value
 
 
@@ -256,6 +258,25 @@ class ManifestSummary:
         return [summary.to_record() for _, summary in self._fields]
 
 
+def _avro_entries(entries: Sequence[dict[str, Any]], partition_type: StructType) -> Sequence[dict[str, Any]]:
+    """``entries`` as the Avro writer takes them: a uuid partition value (a ``uuid.UUID``
+    from a new data file) becomes its 16 big-endian bytes, the Avro ``fixed`` with logical
+    type uuid the spec maps it to and Iceberg Java writes (fastavro takes a UUID only for a
+    string).  The caller's entries are left as they are; other entries pass unchanged."""
+    uuids = [f.name for f in partition_type.fields if isinstance(f.field_type, UUIDType)]
+    if not uuids:
+        return entries
+
+    def converted(entry: dict[str, Any]) -> dict[str, Any]:
+        partition = entry["data_file"].get("partition") or {}
+        if not any(isinstance(partition.get(name), uuidlib.UUID) for name in uuids):
+            return entry
+        values = {k: v.bytes if k in uuids and isinstance(v, uuidlib.UUID) else v for k, v in partition.items()}
+        return {**entry, "data_file": {**entry["data_file"], "partition": values}}
+
+    return [converted(entry) for entry in entries]
+
+
 @dataclass
 class WrittenManifest:
     """A manifest written by this commit, ready for the manifest list.
@@ -298,7 +319,7 @@ def write_manifest(
     summary = ManifestSummary(partition_type)
     for entry in entries:
         summary.add(entry)
-    length, key = io.write_avro(location, avro_schema, entries, metadata)
+    length, key = io.write_avro(location, avro_schema, _avro_entries(entries, partition_type), metadata)
     record = {
         "manifest_path": location,
         "manifest_length": length,

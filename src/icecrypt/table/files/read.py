@@ -17,6 +17,7 @@ batch) plus the deletes.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,10 +26,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-from pyiceberg.expressions.visitors import bind, extract_field_ids
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    BooleanExpression,
+    BoundLiteralPredicate,
+    BoundReference,
+    BoundSetPredicate,
+)
+from pyiceberg.expressions.literals import FixedLiteral
+from pyiceberg.expressions.visitors import bind, extract_field_ids, visit
 from pyiceberg.schema import Schema, prune_columns
-from pyiceberg.types import DateType, LongType, NestedField, StringType
+from pyiceberg.types import DateType, FixedType, LongType, NestedField, StringType, UUIDType
 
 from icecrypt.errors import FormatError
 from icecrypt.keys import StandardKeyMetadata
@@ -48,11 +56,12 @@ from icecrypt.table.model.metadata_columns import (
     ROW_ID,
     ROW_POSITION,
     SPEC_ID,
+    RebuildingVisitor,
     filter_schema,
     is_metadata,
     without_metadata,
 )
-from icecrypt.table.model.schema import arrow_write_schema
+from icecrypt.table.model.schema import arrow_storage_type, arrow_write_schema
 
 __all__ = ["FileScanTask", "ReadSpec", "TaskFile", "arrow_schema", "read_task"]
 
@@ -574,7 +583,11 @@ def read_task(task: FileScanTask, filesystem: pafs.FileSystem | None = None, *, 
     if has_filter:
         from pyiceberg.io.pyarrow import expression_to_pyarrow
 
-        arrow_filter = expression_to_pyarrow(bind(batch_schema, spec.row_filter, spec.case_sensitive), batch_schema)
+        bound = bind(batch_schema, spec.row_filter, spec.case_sensitive)
+        uuid_columns = [f.name for f in batch_schema.fields if isinstance(f.field_type, UUIDType)]
+        if uuid_columns:
+            bound = visit(bound, _UuidAsFixed())
+        arrow_filter = expression_to_pyarrow(bound, batch_schema)
     output = _Projector(arrow_schema(batch_schema), spec.projected, {}, None, task.file.path)
     names = {f.field_id: f.name for f in read_schema.fields}
     mark_deleted = metadata is not None and metadata.mark_deleted
@@ -592,9 +605,39 @@ def read_task(task: FileScanTask, filesystem: pafs.FileSystem | None = None, *, 
             if keep is not None and not mark_deleted:
                 batch = batch.filter(pa.array(keep))
             if arrow_filter is not None and batch.num_rows:
-                batch = batch.filter(arrow_filter)
+                batch = _filter(batch, arrow_filter, uuid_columns)
             if batch.num_rows:
                 yield output(batch)
+
+
+class _UuidAsFixed(RebuildingVisitor):
+    """A bound filter whose predicates on uuid columns compare the 16 bytes as
+    ``fixed[16]``: Arrow has no compute kernel for its uuid extension type, so the rows
+    are filtered on the columns' storage (see :func:`_filter`)."""
+
+    def visit_bound_predicate(self, predicate: Any) -> BooleanExpression:
+        ref = predicate.term.ref()
+        if not isinstance(ref.field.field_type, UUIDType):
+            return predicate
+        field = NestedField(ref.field.field_id, ref.field.name, FixedType(16), required=ref.field.required)
+        term = BoundReference(field, ref.accessor)
+        if isinstance(predicate, BoundSetPredicate):
+            return type(predicate)(term, {FixedLiteral(lit.value) for lit in predicate.literals})
+        if isinstance(predicate, BoundLiteralPredicate):
+            return type(predicate)(term, FixedLiteral(predicate.literal.value))
+        return type(predicate)(term)
+
+
+def _filter(batch: pa.RecordBatch, arrow_filter: Any, uuid_columns: list[str]) -> pa.RecordBatch:
+    """The rows of ``batch`` that ``arrow_filter`` keeps; uuid columns are compared on
+    their storage (the 16 bytes), for which the filter was written."""
+    if not uuid_columns:
+        return batch.filter(arrow_filter)
+    columns = [c.storage if n in uuid_columns and isinstance(c.type, pa.BaseExtensionType) else c
+               for n, c in zip(batch.schema.names, batch.columns)]  # fmt: skip
+    view = pa.RecordBatch.from_arrays([*columns, pa.array(range(batch.num_rows), pa.int64())],
+                                      names=[*batch.schema.names, "\0row"])  # fmt: skip
+    return batch.take(view.filter(arrow_filter).column("\0row"))
 
 
 class _MetadataValues:
@@ -674,7 +717,12 @@ def _partition_scalar(task: FileScanTask, struct_type: pa.StructType) -> pa.Scal
     """The task's ``_partition`` value (planned into its constants) as an Arrow scalar."""
     value = task.constants.get(PARTITION_ID) or {}
     try:
-        return pa.scalar(value, type=struct_type)
+        # Arrow builds no uuid from Python values: the 16 bytes on the storage type, cast
+        storage = arrow_storage_type(struct_type)
+        if storage == struct_type:
+            return pa.scalar(value, type=struct_type)
+        plain = {k: v.bytes if isinstance(v, uuid.UUID) else v for k, v in value.items()}
+        return pa.scalar(plain, type=storage).cast(struct_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
         raise FormatError(f"{task.file.path}: partition value {value!r} does not fit {struct_type} ({exc})") from None
 

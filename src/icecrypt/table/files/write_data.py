@@ -73,7 +73,7 @@ from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet w
 from icecrypt.table.files.manifest_write import DATA, to_internal
 from icecrypt.table.model.metadata_columns import LINEAGE
 from icecrypt.table.files.write_io import TableIO
-from icecrypt.table.model.schema import arrow_write_schema
+from icecrypt.table.model.schema import arrow_storage, arrow_write_schema
 
 __all__ = ["DataWriteOptions", "conform", "iter_batches", "write_data_files"]
 
@@ -236,7 +236,7 @@ def _transform_array(transform: Transform, source_type: IcebergType, values: pa.
 
 def _transform_distinct(transform: Transform, source_type: IcebergType, values: pa.Array) -> pa.Array:
     """PyIceberg's scalar transform, applied once per distinct value."""
-    encoded = pc.dictionary_encode(values)
+    encoded = pc.dictionary_encode(arrow_storage(values))  # a uuid: its 16 bytes
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
     function = transform.transform(source_type)
@@ -319,6 +319,7 @@ def sort_rows(table: pa.Table, order: SortOrder, schema: Schema) -> pa.Table:
     for i, field in enumerate(order.fields):
         values = _sort_source(table, schema, field.source_id)
         key = _transform_array(field.transform, schema.find_field(field.source_id).field_type, values)
+        key = arrow_storage(key)  # a uuid sorts by its 16 bytes (unsigned, as its bounds)
         nulls_first = field.null_order == NullOrder.NULLS_FIRST
         keys += [pc.is_valid(key) if nulls_first else pc.is_null(key), key]  # False sorts first
         names += [f"n{i}", f"k{i}"]
@@ -356,6 +357,8 @@ class _PartitionPlan:
         ]
         result_types = [f.transform.result_type(t) for f, (_, t) in zip(self.spec.fields, self.sources)]
         names = [f"p{i}" for i in range(len(keys))]
+        # Arrow groups on no extension type (uuid): group on its storage (the 16 bytes)
+        keys = [arrow_storage(key) for key in keys]
         grouping = pa.table(keys + [pa.array(range(batch.num_rows), pa.int64())], names=names + ["row"])
         groups = grouping.group_by(names, use_threads=False).aggregate([("row", "list")])
         for index in range(groups.num_rows):
@@ -462,7 +465,7 @@ def _arrow_stats(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[str,
             continue
         if isinstance(field.field_type, (FloatType, DoubleType)):
             column = pc.filter(column, pc.invert(pc.is_nan(column)))
-        extremes = pc.min_max(column)
+        extremes = pc.min_max(arrow_storage(column))  # a uuid: its 16 bytes, unsigned order
         lower, upper = extremes["min"].as_py(), extremes["max"].as_py()
         if lower is None:
             continue

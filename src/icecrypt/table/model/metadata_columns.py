@@ -57,6 +57,7 @@ __all__ = [
     "ROW_ID",
     "ROW_POSITION",
     "SPEC_ID",
+    "RebuildingVisitor",
     "filter_schema",
     "is_metadata",
     "lineage_columns",
@@ -145,9 +146,8 @@ def filter_schema(schema: Schema, *, lineage: bool = True) -> Schema:
     return Schema(*schema.fields, *extra, schema_id=schema.schema_id)
 
 
-class _WithoutMetadata(BooleanExpressionVisitor[BooleanExpression]):
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
+class RebuildingVisitor(BooleanExpressionVisitor[BooleanExpression]):
+    """A visitor that rebuilds an expression as it is (subclasses change predicates)."""
 
     def visit_true(self) -> BooleanExpression:
         return AlwaysTrue()
@@ -163,6 +163,17 @@ class _WithoutMetadata(BooleanExpressionVisitor[BooleanExpression]):
 
     def visit_or(self, left_result: BooleanExpression, right_result: BooleanExpression) -> BooleanExpression:
         return Or(left_result, right_result)
+
+    def visit_unbound_predicate(self, predicate: UnboundPredicate) -> BooleanExpression:
+        return predicate
+
+    def visit_bound_predicate(self, predicate: BoundPredicate) -> BooleanExpression:
+        return predicate
+
+
+class _WithoutMetadata(RebuildingVisitor):
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
 
     def visit_unbound_predicate(self, predicate: UnboundPredicate) -> BooleanExpression:
         return AlwaysTrue() if predicate.term.name.lower() in self.names else predicate

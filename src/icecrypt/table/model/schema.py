@@ -43,6 +43,8 @@ from pyiceberg.types import (
 )
 
 __all__ = [
+    "arrow_storage",
+    "arrow_storage_type",
     "arrow_write_schema",
     "iceberg_schema",
     "partition_struct",
@@ -52,6 +54,31 @@ __all__ = [
     "struct_to_avro",
     "struct_to_json",
 ]
+
+
+def arrow_storage(array: Any) -> Any:
+    """``array`` (an Arrow array or chunked array) itself, or the storage of an extension
+    array: a uuid column's 16 bytes, which Arrow's compute functions (grouping, hashing,
+    min/max, comparisons) take where they have no kernel for its uuid type."""
+    if not isinstance(array.type, pa.BaseExtensionType):
+        return array
+    if isinstance(array, pa.Array):
+        return array.storage
+    return pa.chunked_array([c.storage for c in array.chunks], array.type.storage_type)
+
+
+def arrow_storage_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with every extension type (PyIceberg's uuid) replaced by its storage type."""
+    if isinstance(t, pa.BaseExtensionType):
+        return arrow_storage_type(t.storage_type)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(arrow_storage_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(arrow_storage_type(t.key_type)),
+                       t.item_field.with_type(arrow_storage_type(t.item_type)))  # fmt: skip
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(arrow_storage_type(t.value_type)))
+    return t
 
 
 # --- Iceberg JSON (SchemaParser / PartitionSpecParser / SortOrderParser order) ----------

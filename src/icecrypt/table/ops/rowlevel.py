@@ -44,9 +44,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterThanOrEqual, In, LessThanOrEqual
 
-from icecrypt.errors import CommitConflictError
+from icecrypt.errors import CommitConflictError, FormatError
 from icecrypt.table.commit.target import _Target
-from icecrypt.table.files.manifest_write import ADDED, DATA, DELETED, EXISTING, POSITION_DELETES, write_manifest
+from icecrypt.table.files.manifest_write import (
+    ADDED, DATA, DELETED, EXISTING, POSITION_DELETES, to_internal, write_manifest,
+)
 from icecrypt.table.files.write_data import DataWriteOptions, table_sort_order, write_data_files
 from icecrypt.table.files.write_dv import DeletionVector, puffin_file
 from icecrypt.table.model import changes as _model
@@ -995,15 +997,28 @@ def dynamic_partition_overwrite_files(
                     f", but the table's partition spec {spec.spec_id} has {names} (it changed while the data was "
                     "written); nothing was committed"
                 )
-        replaced = {_partition_key(record, names) for record in data_files}
+        types = _partition_types(base, spec)
+        replaced = {_partition_key(record, names, types) for record in data_files}
         plan = _replace_partitions(base, replaced, isolation_level, None, data_files)
         _validate_since(base, plan, start_snapshot_id)
     return _commit(base, plan)
 
 
-def _partition_key(record: dict[str, Any], names: list[str]) -> tuple:
+def _partition_types(base: _Base, spec: Any) -> list[Any]:
+    return [f.field_type for f in spec.partition_type(_write._schema(base.metadata)).fields]
+
+
+def _partition_key(record: dict[str, Any], names: list[str], types: list[Any]) -> tuple:
+    """A data file's partition as the partition plan's split gives it, whether the record
+    came from a manifest (a uuid's 16 bytes, a date) or from a writer."""
     partition = record.get("partition") or {}
-    return tuple(partition.get(n) for n in names)
+    try:
+        return tuple(to_internal(partition.get(n), t) for n, t in zip(names, types))
+    except (TypeError, ValueError):
+        raise FormatError(
+            f"data file {record.get('file_path')}: its partition {sorted(partition)} does not hold values of "
+            f"{[str(t) for t in types]}"
+        ) from None
 
 
 def _replace_partitions(
@@ -1016,9 +1031,10 @@ def _replace_partitions(
     spec_id = base.metadata.get("default-spec-id", 0)
     spec = _write._specs(base.metadata)[spec_id]
     names = [f.name for f in spec.fields]
+    types = _partition_types(base, spec)
 
     def conflicts(record: dict[str, Any], record_spec: int) -> bool:
-        return not spec.fields or (record_spec == spec_id and _partition_key(record, names) in replaced)
+        return not spec.fields or (record_spec == spec_id and _partition_key(record, names, types) in replaced)
 
     removed = {path: record for path, (record, sid) in base.files.items() if conflicts(record, sid)}
     return _Plan("overwrite", isolation, removed, [], rows, conflicts, f"the partitions it replaces ({len(replaced)})",

@@ -23,6 +23,7 @@ catalog could not tell whether the commit landed (then the files are kept).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import posixpath
 import secrets
 import time
@@ -39,6 +40,7 @@ import pyarrow.fs as pafs
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
+from pyiceberg.types import DateType, TimestampType
 
 from icecrypt import __version__
 from icecrypt.errors import CommitConflictError, FormatError, PathOutsideTableError
@@ -57,6 +59,7 @@ from icecrypt.table.files.manifest_write import (
     POSITION_DELETES,
     WrittenManifest,
     resolve_entries,
+    to_internal,
     write_manifest,
     write_manifest_list,
 )
@@ -208,6 +211,23 @@ def _tally(files: list[dict[str, Any]]) -> dict[str, int]:
     return t
 
 
+def _partition_key(partition: dict[str, Any] | None) -> str:
+    """A partition as one key, whether its values were read from a manifest (a date, a
+    datetime, a uuid's 16 bytes) or come from splitting new rows (days, micros, a UUID),
+    so that a partition a commit both adds to and removes from counts once."""
+
+    def internal(value: Any) -> Any:
+        if isinstance(value, uuid.UUID):
+            return value.bytes
+        if isinstance(value, datetime.datetime):
+            return to_internal(value, TimestampType())
+        if isinstance(value, datetime.date):
+            return to_internal(value, DateType())
+        return value
+
+    return repr(sorted((name, internal(value)) for name, value in (partition or {}).items()))
+
+
 def _summary(change: _Change, parent: dict[str, Any] | None) -> dict[str, str]:
     """The snapshot summary, with Java's property names, order and running totals."""
     add, rem = _tally(change.added_files), _tally(change.removed_files)
@@ -231,7 +251,7 @@ def _summary(change: _Change, parent: dict[str, Any] | None) -> dict[str, str]:
     ):  # fmt: skip
         if value:
             result[name] = str(value)
-    partitions = {repr(sorted((f["partition"] or {}).items())) for f in change.added_files + change.removed_files}
+    partitions = {_partition_key(f["partition"]) for f in change.added_files + change.removed_files}
     result["changed-partition-count"] = str(len(partitions))
     before = (parent or {}).get("summary") or {}
     for name, delta in (

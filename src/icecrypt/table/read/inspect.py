@@ -35,6 +35,7 @@ from icecrypt.table.files.manifest import (
     read_manifest,
 )
 from icecrypt.table.files.metadata import Snapshot
+from icecrypt.table.model.schema import arrow_storage_type
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
@@ -99,24 +100,11 @@ def _promoted_bound(field_type: Any, value: bytes, from_bytes: Any) -> Any:
     return from_bytes(field_type, value)
 
 
-def _storage_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with every extension type (PyIceberg's uuid) replaced by its storage type."""
-    if isinstance(t, pa.BaseExtensionType):
-        return _storage_type(t.storage_type)
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_storage_type(f.type)) for f in t])
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_storage_type(t.key_type)), t.item_field.with_type(_storage_type(t.item_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_storage_type(t.value_type)))
-    return t
-
-
 def _table_from_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """``pa.Table.from_pylist`` for a schema that may nest extension types (a uuid
     bound or partition value in a struct), which Arrow cannot build from Python values
     directly: built on the storage types, then cast to ``schema``."""
-    storage = pa.schema([f.with_type(_storage_type(f.type)) for f in schema])
+    storage = pa.schema([f.with_type(arrow_storage_type(f.type)) for f in schema])
     if storage == schema:
         return pa.Table.from_pylist(rows, schema=schema)
     return pa.Table.from_pylist(rows, schema=storage).cast(schema)

@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import os
 import threading
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -271,7 +272,7 @@ class _Evaluators:
             partition_schema = Schema(*spec.partition_type(self.schema).fields)
             evaluate = expression_evaluator(partition_schema, self._projected(file.spec_id), self.case_sensitive)
             self._partition[file.spec_id] = evaluate
-        return evaluate(file.partition)
+        return evaluate(_literal_form(file.partition))
 
     def metrics(self, file: ContentFile) -> bool:
         if self._metrics is None:
@@ -283,6 +284,14 @@ class _Evaluators:
                 if bounds and field_id in bounds and len(bounds[field_id]) != width:
                     return True
         return self._metrics.eval(file)
+
+
+def _literal_form(partition: tuple) -> tuple:
+    """``partition`` as PyIceberg's bound literals hold values: a uuid as its 16 bytes
+    (a UUIDLiteral's value), so an identity-partitioned uuid compares equal."""
+    if not any(isinstance(v, uuid.UUID) for v in partition):
+        return partition
+    return tuple(v.bytes if isinstance(v, uuid.UUID) else v for v in partition)
 
 
 def _widened_bounds(table: EncryptedTable, schema: Schema) -> tuple[tuple[int, int], ...]:
