@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from test_rowlevel_model import SCHEMA, _props, _rows
+from test_write_commit import _race
 
 from icecrypt import CommitConflictError
 from icecrypt.kms.memory import MemoryKms
@@ -19,19 +20,6 @@ from icecrypt.table import EncryptedTable
 from icecrypt.table.ops import write as _write
 
 MODES = ("copy-on-write", "merge-on-read")
-
-
-def _race(monkeypatch, rival) -> None:
-    """``rival()`` commits after the next operation planned and wrote its files, right
-    before its commit (a real concurrent commit through another table object)."""
-    original = _write._commit_change
-
-    def racing(*args, **kwargs):
-        monkeypatch.setattr(_write, "_commit_change", original)
-        rival()
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(_write, "_commit_change", racing)
 
 
 def _files(root: Path) -> set[str]:
