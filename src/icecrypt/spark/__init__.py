@@ -55,12 +55,14 @@ __all__ = [
     "ParquetDataSource",
     "configure",
     "jar_path",
+    "merge",
     "native_available",
     "read_table",
     "register",
     "executor_conf",
     "pack_environment",
     "rewrite_data_files",
+    "upsert",
     "use_archive",
     "wrap_keys",
     "write",
@@ -94,6 +96,23 @@ def rewrite_data_files(spark: Any, table_path: str, **options: Any) -> Any:
     from icecrypt.spark._maintenance import rewrite_data_files as run
 
     return run(spark, table_path, **options)
+
+
+def merge(spark: Any, location: str, source: Any, on: list[str], **options: Any) -> Any:
+    """A distributed MERGE of the DataFrame ``source`` into an encrypted table: the join
+    and the data files in executors, one commit on the driver (see
+    :func:`icecrypt.spark._merge.merge`)."""
+    from icecrypt.spark._merge import merge as run
+
+    return run(spark, location, source, on, **options)
+
+
+def upsert(spark: Any, location: str, source: Any, join_cols: list[str] | None = None, **options: Any) -> Any:
+    """PyIceberg's upsert of the DataFrame ``source``, distributed as :func:`merge` is
+    (see :func:`icecrypt.spark._merge.upsert`)."""
+    from icecrypt.spark._merge import upsert as run
+
+    return run(spark, location, source, join_cols, **options)
 
 
 def register(spark: Any) -> None:

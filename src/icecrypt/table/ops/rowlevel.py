@@ -65,6 +65,7 @@ __all__ = [
     "dynamic_partition_overwrite",
     "dynamic_partition_overwrite_files",
     "merge",
+    "merge_files",
     "overwrite_by_filter",
     "overwrite_files_by_filter",
     "update",
@@ -760,6 +761,17 @@ def _changed(rows: pa.Table, t_idx: np.ndarray, source: pa.Table, s_idx: np.ndar
     return differs
 
 
+def check_merge_actions(when_matched_update: Any, when_matched_delete: bool, when_not_matched_insert: Any,
+                        what: str) -> None:
+    """ValueError unless the merge actions are ones :func:`merge` takes."""
+    if when_matched_update is not None and when_matched_update != "all" and not isinstance(when_matched_update, Mapping):
+        raise ValueError(f"{what}: when_matched_update must be None, 'all' or a mapping of column to value")
+    if when_not_matched_insert not in (None, "all"):
+        raise ValueError(f"{what}: when_not_matched_insert must be None or 'all'")
+    if when_matched_delete and when_matched_update is not None:
+        raise ValueError(f"{what}: a matched row is either updated or deleted, not both")
+
+
 def merge(
     table: Any,
     source: Any,
@@ -776,12 +788,7 @@ def merge(
     """Merge ``source`` into the table on the join columns ``on`` (see
     :meth:`EncryptedTable.merge <icecrypt.table.EncryptedTable.merge>`)."""
     what = operation
-    if when_matched_update is not None and when_matched_update != "all" and not isinstance(when_matched_update, Mapping):
-        raise ValueError(f"{what}: when_matched_update must be None, 'all' or a mapping of column to value")
-    if when_not_matched_insert not in (None, "all"):
-        raise ValueError(f"{what}: when_not_matched_insert must be None or 'all'")
-    if when_matched_delete and when_matched_update is not None:
-        raise ValueError(f"{what}: a matched row is either updated or deleted, not both")
+    check_merge_actions(when_matched_update, when_matched_delete, when_not_matched_insert, what)
     on = list(on) if isinstance(on, (list, tuple)) else on
     source = _conform_source(table, source, on, what)
     base = _plan_base(table, branch)
@@ -876,6 +883,73 @@ def upsert(
         isolation_level=isolation_level, operation="merge", branch=branch,
     )  # fmt: skip
     return UpsertResult(result.rows_updated, result.rows_inserted, result.snapshot_id)
+
+
+def merge_files(
+    table: Any, data_files: list[dict[str, Any]], *, removed: list[str] | tuple[str, ...] = (),
+    deleted_positions: Mapping[str, Any] | None = None, conflict_filter: Any = None,
+    isolation_level: str | None = None, branch: str | None = None, start_snapshot_id: int | None | object = _NOW,
+) -> int | None:
+    """A merge whose rows were joined and written elsewhere (Spark executors, with
+    :func:`~icecrypt.table.ops.write.write_files`), committed as :func:`merge` commits:
+    the data files ``removed`` (copy-on-write: the files the merge rewrote) are removed,
+    the positions ``deleted_positions`` (data file path -> row positions; merge-on-read)
+    are added to the files' deletion vectors, and ``data_files`` are added, in one
+    snapshot.  ``conflict_filter`` (a row filter, default everything) is what a
+    concurrent data file must not match under serializable isolation (the source's
+    keys).  ``start_snapshot_id``: the snapshot the merge read the target rows at; the
+    commits since are validated as a concurrent commit is.  If this raises, the data
+    files are deleted (unless a catalog could not tell whether the commit landed)."""
+    deleted_positions = dict(deleted_positions or {})
+    with _discarded_on_error(table, data_files):
+        base = _plan_base(table, branch)
+        isolation = _isolation_for(base, "merge", isolation_level)
+        expression, _ = _write._bind_filter(AlwaysTrue() if conflict_filter is None else conflict_filter, table.schema)
+        touched = list(dict.fromkeys([*removed, *deleted_positions]))
+        plan = _Plan("merge", isolation, {p: base.files[p][0] for p in removed if p in base.files}, [], None,
+                     _expression_conflicts(table.schema, expression), f"the source's keys ({expression})",
+                     files=list(data_files))  # fmt: skip
+        plan.vectors = [_write._Vector(base.files[p][0], base.files[p][1], np.zeros(0, np.int64))
+                        for p in deleted_positions if p in base.files and p not in plan.removed]  # fmt: skip
+        _validate_since(base, plan, start_snapshot_id)  # a file removed since the start is a conflict here
+        missing = [p for p in touched if p not in base.files]
+        if missing:
+            raise CommitConflictError(f"{missing[0]}: the data file this merge changes is not a live data file of "
+                                      f"the head of {base.branch!r}; nothing was committed")
+        plan.vectors = _merged_vectors(base, {p: v for p, v in deleted_positions.items() if p not in plan.removed},
+                                       plan.removed)  # fmt: skip
+    return _commit(base, plan)
+
+
+def _merged_vectors(base: _Base, deleted: Mapping[str, Any], removed: dict[str, dict[str, Any]]) -> list[_write._Vector]:
+    """The deletion vectors of ``deleted`` (path -> positions) joined with the rows the
+    files have deleted already; a file all of whose rows are then deleted goes to
+    ``removed`` instead."""
+    if not deleted:
+        return []
+    from icecrypt.table.files.read import _positions
+
+    filesystem = base.table.locations.filesystem
+    cache: dict = {}
+    existing: dict[str, list[np.ndarray]] = {}
+    for task in base.scan(columns=[]).plan_files():
+        if task.file.path in deleted:
+            now = _positions(task, filesystem, cache)
+            if now is not None:
+                existing.setdefault(task.file.path, []).append(now)
+    vectors = []
+    for path, given in deleted.items():
+        record, spec_id = base.files[path]
+        positions = np.asarray(given, dtype=np.int64)
+        count = int(record["record_count"])
+        if positions.size and (positions.min() < 0 or positions.max() >= count):
+            raise ValueError(f"{path}: a deleted row position is outside the data file's {count} rows")
+        positions = np.unique(np.concatenate([positions, *existing.get(path, [])]))
+        if positions.size == count:
+            removed[path] = record
+        elif positions.size:
+            vectors.append(_write._Vector(record, spec_id, positions))
+    return vectors
 
 
 def overwrite_by_filter(
