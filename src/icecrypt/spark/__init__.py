@@ -98,13 +98,21 @@ def rewrite_data_files(spark: Any, table_path: str, **options: Any) -> Any:
     return run(spark, table_path, **options)
 
 
-def merge(spark: Any, location: str, source: Any, on: list[str], **options: Any) -> Any:
-    """A distributed MERGE of the DataFrame ``source`` into an encrypted table: the join
-    and the data files in executors, one commit on the driver (see
-    :func:`icecrypt.spark._merge.merge`)."""
+def merge(
+    spark: Any, location: str, source: Any, on: list[str], *, when_matched_update: Any = None,
+    when_matched_delete: bool = False, when_not_matched_insert: str | None = None, **options: Any,
+) -> Any:
+    """A distributed MERGE of the DataFrame ``source`` into an encrypted table on the
+    join columns ``on``: the join and the data files in executors, one commit on the
+    driver.  ``when_matched_update``: None, ``"all"`` or a mapping of column to a Spark
+    Column (over ``target.<name>`` and ``source.<name>``) or a constant;
+    ``when_matched_delete``; ``when_not_matched_insert``: None or ``"all"``.  ``options``:
+    the ``icecrypt.iceberg`` options plus ``branch`` and ``isolation-level``.  Returns a
+    ``MergeResult`` (see :func:`icecrypt.spark._merge.merge`)."""
     from icecrypt.spark._merge import merge as run
 
-    return run(spark, location, source, on, **options)
+    return run(spark, location, source, on, when_matched_update=when_matched_update,
+               when_matched_delete=when_matched_delete, when_not_matched_insert=when_not_matched_insert, **options)
 
 
 def upsert(spark: Any, location: str, source: Any, join_cols: list[str] | None = None, **options: Any) -> Any:

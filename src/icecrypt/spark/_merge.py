@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterThanOrEqual, LessThanOrEqual
 
 from icecrypt.spark._common import OPT_PATH
-from icecrypt.spark._iceberg import NAME, OPT_BRANCH, OPT_ISOLATION_LEVEL, IcebergWriter, _open_table
+from icecrypt.spark._iceberg import NAME, OPT_BRANCH, OPT_ISOLATION_LEVEL, IcebergWriter, TaskDataFiles, _open_table
 from icecrypt.table.model.changes import MAIN_BRANCH
 from icecrypt.table.ops.rowlevel import MergeResult, UpsertResult, check_merge_actions, merge_files, write_mode
 from icecrypt.table.ops.write import _head_id
@@ -196,8 +196,15 @@ def _merge(
         inserted = 0 if inserts is None else inserts.count()
     if not data_files and not removed and not positions:
         return MergeResult(updated, deleted, inserted, None)
+    target_table = table
+    if writer is not None:
+        try:
+            target_table = writer._table(commit=True)
+        except BaseException:
+            writer.abort([TaskDataFiles(data_files)])  # not committed: the job's files go
+            raise
     snapshot_id = merge_files(
-        writer._table(commit=True) if writer is not None else table, data_files, removed=removed,
+        target_table, data_files, removed=removed,
         deleted_positions=positions, conflict_filter=_conflict_filter(table, source, on), isolation_level=isolation,
         branch=branch, start_snapshot_id=start,
     )  # fmt: skip
