@@ -28,6 +28,11 @@ def _table(location, kms, mode: str) -> EncryptedTable:
     return table
 
 
+def _lineage(table: EncryptedTable) -> dict[int, tuple[int, int]]:
+    rows = table.scan(columns=["id", "_row_id", "_last_updated_sequence_number"]).to_arrow().to_pylist()
+    return {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows}
+
+
 def _files_on_disk(location) -> set[str]:
     return {p.name for p in (location / "data").rglob("*") if p.is_file()}
 
@@ -46,9 +51,20 @@ def test_merge_and_upsert_equal_the_table_api(icespark, kms, kms_options, tmp_pa
     source = source.set_column(1, "category", pa.array(["gamma"] + [
         ("alpha", "beta", "gamma")[i % 3] for i in range(6, 15)] + ["delta"] * 5))  # keys' rows keep their category
 
+    before = _lineage(spark_table)
     got = icecrypt.spark.merge(icespark, location, _source(icespark, source), ["id"], when_matched_update="all",
                                when_not_matched_insert="all", **kms_options)
     want = api_table.merge(source, ["id"], when_matched_update="all", when_not_matched_insert="all")
+    # row lineage as the table API keeps it: moved and updated rows keep their row ids (an
+    # updated row takes the merge's sequence number), new rows get new, unique ids
+    spark_table.refresh()
+    after, api_after = _lineage(spark_table), _lineage(api_table)
+    assert {i: after[i] for i in before} == {i: api_after[i] for i in before}
+    assert all(after[i][0] == before[i][0] for i in before)
+    merged = spark_table.snapshots()[-1].sequence_number
+    assert {i for i in before if after[i][1] == merged} == set(range(5, 15))
+    new_ids = [after[i][0] for i in after if i not in before]
+    assert len(new_ids) == 5 and len(set(new_ids)) == 5 and min(new_ids) > max(v[0] for v in before.values())
     assert (got.rows_updated, got.rows_deleted, got.rows_inserted) == (10, 0, 5)
     assert (got.rows_updated, got.rows_deleted, got.rows_inserted) == (
         want.rows_updated, want.rows_deleted, want.rows_inserted)

@@ -728,7 +728,9 @@ class IcebergWriter(DataSourceArrowWriter):
 
     # --- tasks -------------------------------------------------------------------------------
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskDataFiles:
+    def write(self, iterator: Iterator[pa.RecordBatch], *, lineage: bool = False) -> TaskDataFiles:
+        """A task's data files.  ``lineage`` (row-level changes, :mod:`icecrypt.spark._merge`):
+        the batches also carry ``_row_id`` and ``_last_updated_sequence_number``."""
         from icecrypt.table.ops.write import write_files
 
         renames = self.renames
@@ -740,7 +742,7 @@ class IcebergWriter(DataSourceArrowWriter):
         try:
             data_files = write_files(self._table(), batches(), file_format=self.file_format,
                                      target_file_size=self.target_file_size, operation_id=self.operation_id,
-                                     task_id=_task_attempt_id())
+                                     task_id=_task_attempt_id(), lineage=lineage)
         except Exception as exc:
             raise file_error(exc, f"{NAME}: writing data files of table {self.location}") from exc
         return TaskDataFiles(data_files)

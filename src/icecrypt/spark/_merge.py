@@ -39,6 +39,7 @@ from icecrypt.table.ops.write import _head_id
 __all__ = ["merge", "upsert"]
 
 _RECORDS = "records"
+_LINEAGE = ("_row_id", "_last_updated_sequence_number")
 
 
 def merge(
@@ -102,6 +103,9 @@ def _merge(
     from pyspark.sql import functions as F
 
     check_merge_actions(when_matched_update, when_matched_delete, when_not_matched_insert, what)
+    # row lineage of the rows written: moved rows keep theirs, new values get the commit's
+    no_row_id = F.lit(None).cast("long").alias("_row_id")
+    no_sequence = F.lit(None).cast("long").alias("_last_updated_sequence_number")
     on = list(on) if isinstance(on, (list, tuple)) else on
     _check_keys(source, on, what)
     options = _string_options(options)
@@ -109,6 +113,10 @@ def _merge(
     isolation = (options.pop(OPT_ISOLATION_LEVEL, None) or "").strip().lower() or None
     table = _open_table(options, location)
     names = [f.name for f in table.schema.fields]
+    hidden = [n for n in names if n.lower() in ("_file", "_pos", *_LINEAGE)]
+    if hidden:  # it would hide the metadata column the merge reads (row places, lineage)
+        raise ValueError(f"{what}: the table {location} has a column named {hidden[0]!r}, which hides Iceberg's "
+                         "metadata column of that name; a merge needs it (rename the column)")
     for key in on:
         if key not in names:
             raise ValueError(f"{what}: join column {key!r} is not a column of the table {location} "
@@ -125,7 +133,8 @@ def _merge(
 
     # the target's rows at the start snapshot, with their places
     read_options = {k: v for k, v in options.items() if k != OPT_BRANCH}
-    reader = spark.read.format(NAME).options(**read_options).option("columns", ",".join([*names, "_file", "_pos"]))
+    reader = spark.read.format(NAME).options(**read_options).option("columns",
+                                                                     ",".join([*names, "_file", "_pos", *_LINEAGE]))
     if start is not None:
         reader = reader.option("snapshot-id", str(start))
     target_rows = reader.load(location)
@@ -158,10 +167,13 @@ def _merge(
         else:
             columns = [_column(when_matched_update[n]) if n in when_matched_update else F.col(f"target.`{n}`")
                        for n in names]  # fmt: skip
-        pieces.append(matched.select(*[c.cast(types[n]).alias(n) for c, n in zip(columns, names)]))
+        # an updated row keeps its row id; its sequence number is the commit's (null: inherited)
+        pieces.append(matched.select(*[c.cast(types[n]).alias(n) for c, n in zip(columns, names)],
+                                     F.col("target._row_id").alias("_row_id"), no_sequence))  # fmt: skip
     inserts = None
     if when_not_matched_insert == "all":
-        inserts = src.join(target, condition, "left_anti").select(*[F.col(f"source.`{n}`").alias(n) for n in names])
+        inserts = src.join(target, condition, "left_anti").select(*[F.col(f"source.`{n}`").alias(n) for n in names],
+                                                                  no_row_id, no_sequence)  # fmt: skip
         pieces.append(inserts)
     removed: list[str] = []
     positions: dict[str, list[int]] = {}
@@ -177,7 +189,7 @@ def _merge(
             if removed:
                 files = spark.createDataFrame([(p,) for p in removed], "_file string")
                 pieces.append(target_rows.join(F.broadcast(files), "_file", "left_semi")
-                              .join(goes, ["_file", "_pos"], "left_anti").select(*names))  # fmt: skip
+                              .join(goes, ["_file", "_pos"], "left_anti").select(*names, *_LINEAGE))  # fmt: skip
         else:
             for r in places:
                 positions.setdefault(r["_file"], []).append(r["_pos"])
@@ -187,7 +199,7 @@ def _merge(
     data_files: list[dict[str, Any]] = []
     writer = None
     if written is not None:
-        writer = IcebergWriter({**options, OPT_PATH: location}, written.schema, False)
+        writer = IcebergWriter({**options, OPT_PATH: location}, written.select(*names).schema, False)
         try:
             data_files = _write(writer, written)
         except BaseException:
@@ -225,7 +237,7 @@ def _write(writer: IcebergWriter, rows: Any) -> list[dict[str, Any]]:
     schema = pa.schema([pa.field(_RECORDS, pa.binary())])
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        message = writer.write(batches)
+        message = writer.write(batches, lineage=True)
         yield pa.RecordBatch.from_pylist([{_RECORDS: pickle.dumps(list(message.data_files))}], schema=schema)
 
     return [record for row in rows.mapInArrow(task, f"{_RECORDS} binary").collect()

@@ -623,7 +623,7 @@ def create(
 
 def _write_new_data(
     target: _Target, base: dict[str, Any], data: Any, file_format: str | None, target_file_size: int | None,
-    operation_id: str | None = None, task_id: int = 0, *, check_kek: bool = True,
+    operation_id: str | None = None, task_id: int = 0, *, check_kek: bool = True, lineage: bool = False,
 ) -> tuple[TableIO, list[dict[str, Any]], list[str], PartitionSpec, Schema]:
     io = target.io(target.manager(base, check_kek=check_kek))
     schema = _schema(base)
@@ -633,7 +633,7 @@ def _write_new_data(
     data_files, started = write_data_files(
         io, data, schema=schema, spec=spec, location=base["location"], properties=properties,
         options=options, sort_order_id=base.get("default-sort-order-id", 0), operation_id=operation_id,
-        task_id=task_id, sort_order=table_sort_order(base),
+        task_id=task_id, sort_order=table_sort_order(base), lineage=lineage,
     )  # fmt: skip
     return io, data_files, started, spec, schema
 
@@ -649,7 +649,7 @@ def _added_entries(data_files: list[dict[str, Any]], snapshot_id: int) -> list[d
 
 def write_files(
     table: Any, data: Any, *, file_format: str | None = None, target_file_size: int | None = None,
-    operation_id: str | None = None, task_id: int = 0,
+    operation_id: str | None = None, task_id: int = 0, lineage: bool = False,
 ) -> list[dict[str, Any]]:
     """Write ``data`` as data files of the table's current schema and partition spec,
     without committing them; returns their manifest ``data_file`` records (plain,
@@ -661,14 +661,16 @@ def write_files(
     (unique per task attempt) go into the file names,
     ``<task id>-<pid>-<operation id>-<count>.<ext>``, as Java's ``OutputFileFactory``
     names them: the driver can then find files of attempts that died before reporting
-    (:func:`remove_job_leftovers`).
+    (:func:`remove_job_leftovers`).  With ``lineage``, ``data`` also has the columns
+    ``_row_id`` and ``_last_updated_sequence_number`` (rows a row-level change moves keep
+    them; nulls are assigned at commit) and the files store them.
     """
     target = _Target.of(table)
     _, base = target.latest()
     # data files need fresh DEKs only: no KEK is checked here (a Spark executor may have no
     # KMS access); the driver's append_files checks it before it commits anything
     _, data_files, _, _, _ = _write_new_data(target, base, data, file_format, target_file_size, operation_id, task_id,
-                                             check_kek=False)
+                                             check_kek=False, lineage=lineage)
     return data_files
 
 
