@@ -108,7 +108,9 @@ def merge(
     Column (over ``target.<name>`` and ``source.<name>``) or a constant;
     ``when_matched_delete``; ``when_not_matched_insert``: None or ``"all"``.  ``options``:
     the ``icecrypt.iceberg`` options plus ``branch`` and ``isolation-level``.  Returns a
-    ``MergeResult`` (see :func:`icecrypt.spark._merge.merge`)."""
+    :class:`~icecrypt.table.MergeResult`; moved and updated rows keep their row
+    lineage.  On a conflict with a commit since the target was read,
+    :class:`~icecrypt.CommitConflictError`, and the executors' files are deleted."""
     from icecrypt.spark._merge import merge as run
 
     return run(spark, location, source, on, when_matched_update=when_matched_update,
@@ -116,8 +118,10 @@ def merge(
 
 
 def upsert(spark: Any, location: str, source: Any, join_cols: list[str] | None = None, **options: Any) -> Any:
-    """PyIceberg's upsert of the DataFrame ``source``, distributed as :func:`merge` is
-    (see :func:`icecrypt.spark._merge.upsert`)."""
+    """PyIceberg's upsert of the DataFrame ``source``, distributed as :func:`merge` is:
+    matched rows whose values differ are updated, the others inserted; the source must
+    not repeat a key.  ``join_cols`` default: the schema's identifier fields.  Returns an
+    :class:`~icecrypt.table.UpsertResult`."""
     from icecrypt.spark._merge import upsert as run
 
     return run(spark, location, source, join_cols, **options)
