@@ -6,6 +6,7 @@ on an identical table."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
@@ -93,6 +94,37 @@ def test_merge_and_upsert_equal_the_table_api(icespark, kms, kms_options, tmp_pa
     for task in spark_table.scan().plan_files():  # the executors' files are encrypted
         with open(task.file.fs_path, "rb") as handle:
             assert handle.read(4) == b"PARE"
+
+
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_update_equals_the_table_api(icespark, kms, kms_options, tmp_path, mode):
+    from pyspark.sql import functions as F
+
+    spark_table, api_table = _table(tmp_path / "spark", kms, mode), _table(tmp_path / "api", kms, mode)
+    for table in (spark_table, api_table):
+        table.update_properties().set("write.update.mode", mode).commit()
+    location = str(tmp_path / "spark")
+    before = _lineage(spark_table)
+    snapshot = icecrypt.spark.update(icespark, location, {"qty": F.col("qty") * 10 + F.col("id")},
+                                     "category = 'beta' and id < 105", **kms_options)
+    api_table.update({"qty": pc.field("qty") * 10 + pc.field("id").cast(pa.int32())},
+                     where="category = 'beta' and id < 105")
+    spark_table.refresh()
+    assert spark_table.current_snapshot_id == snapshot
+    assert _sorted(spark_table.scan().to_arrow()).equals(_sorted(api_table.scan().to_arrow()))
+    after = _lineage(spark_table)
+    assert after == _lineage(api_table) and {i: v[0] for i, v in after.items()} == {i: v[0] for i, v in before.items()}
+    assert (int(spark_table.snapshots()[-1].summary.get("added-dvs", 0)) > 0) == (mode == "merge-on-read")
+    assert spark_table.verify().ok
+
+    head, files = spark_table.current_snapshot_id, _files_on_disk(tmp_path / "spark")
+    assert icecrypt.spark.update(icespark, location, {"qty": 1}, "id = 99999", **kms_options) is None
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        icecrypt.spark.update(icespark, location, {"nope": 1}, "id = 1", **kms_options)
+    with pytest.raises(ValueError, match="where="):
+        icecrypt.spark.update(icespark, location, {"qty": 1}, "missing_column = 1", **kms_options)
+    spark_table.refresh()
+    assert spark_table.current_snapshot_id == head and _files_on_disk(tmp_path / "spark") == files
 
 
 def test_a_commit_since_the_read_is_a_conflict(icespark, kms, kms_options, tmp_path, monkeypatch):

@@ -62,6 +62,7 @@ __all__ = [
     "executor_conf",
     "pack_environment",
     "rewrite_data_files",
+    "update",
     "upsert",
     "use_archive",
     "wrap_keys",
@@ -115,6 +116,18 @@ def merge(
 
     return run(spark, location, source, on, when_matched_update=when_matched_update,
                when_matched_delete=when_matched_delete, when_not_matched_insert=when_not_matched_insert, **options)
+
+
+def update(spark: Any, location: str, set: Any, where: str | None = None, **options: Any) -> int | None:
+    """A distributed ``UPDATE``: the rows matching the Iceberg row filter ``where`` (every
+    row when None) take the values of ``set`` (column -> a Spark Column over the row's
+    columns, or a constant), read, changed and written in executors and committed once on
+    the driver, by the table's ``write.update.mode``, with Java's conflict checks
+    (``isolation-level`` option, default ``write.update.isolation-level``).  Rows keep
+    their row ids.  Returns the new snapshot id (None when no row matched)."""
+    from icecrypt.spark._merge import update as run
+
+    return run(spark, location, set, where, **options)
 
 
 def upsert(spark: Any, location: str, source: Any, join_cols: list[str] | None = None, **options: Any) -> Any:

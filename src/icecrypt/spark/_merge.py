@@ -24,19 +24,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterThanOrEqual, LessThanOrEqual
+from pyiceberg.expressions.visitors import bind
 
 from icecrypt.spark._common import OPT_PATH
 from icecrypt.spark._iceberg import NAME, OPT_BRANCH, OPT_ISOLATION_LEVEL, IcebergWriter, TaskDataFiles, _open_table
 from icecrypt.table.model.changes import MAIN_BRANCH
+from icecrypt.table.read.scan import parse_row_filter
 from icecrypt.table.ops.rowlevel import MergeResult, UpsertResult, check_merge_actions, merge_files, write_mode
 from icecrypt.table.ops.write import _head_id
 
-__all__ = ["merge", "upsert"]
+__all__ = ["merge", "update", "upsert"]
 
 _RECORDS = "records"
 _LINEAGE = ("_row_id", "_last_updated_sequence_number")
@@ -112,11 +114,7 @@ def _merge(
     branch = (options.get(OPT_BRANCH) or "").strip() or None
     isolation = (options.pop(OPT_ISOLATION_LEVEL, None) or "").strip().lower() or None
     table = _open_table(options, location)
-    names = [f.name for f in table.schema.fields]
-    hidden = [n for n in names if n.lower() in ("_file", "_pos", *_LINEAGE)]
-    if hidden:  # it would hide the metadata column the merge reads (row places, lineage)
-        raise ValueError(f"{what}: the table {location} has a column named {hidden[0]!r}, which hides Iceberg's "
-                         "metadata column of that name; a merge needs it (rename the column)")
+    names = _columns(table, location, what)
     for key in on:
         if key not in names:
             raise ValueError(f"{what}: join column {key!r} is not a column of the table {location} "
@@ -132,12 +130,12 @@ def _merge(
     start = _head_id(table.metadata, branch or MAIN_BRANCH)
 
     # the target's rows at the start snapshot, with their places
-    read_options = {k: v for k, v in options.items() if k != OPT_BRANCH}
-    reader = spark.read.format(NAME).options(**read_options).option("columns",
-                                                                     ",".join([*names, "_file", "_pos", *_LINEAGE]))
-    if start is not None:
-        reader = reader.option("snapshot-id", str(start))
-    target_rows = reader.load(location)
+    if start is None:
+        read_options = {k: v for k, v in options.items() if k != OPT_BRANCH}
+        target_rows = spark.read.format(NAME).options(**read_options).option(
+            "columns", ",".join([*names, "_file", "_pos", *_LINEAGE])).load(location)
+    else:
+        target_rows = _target_rows(spark, location, options, names, start)
     types = {f.name: f.dataType for f in target_rows.schema.fields}
     source = source.select(*[(F.col(f"`{n}`") if n in source.columns else F.lit(None)).cast(types[n]).alias(n)
                              for n in names])  # fmt: skip
@@ -175,21 +173,40 @@ def _merge(
         inserts = src.join(target, condition, "left_anti").select(*[F.col(f"source.`{n}`").alias(n) for n in names],
                                                                   no_row_id, no_sequence)  # fmt: skip
         pieces.append(inserts)
+    count, snapshot_id = _rewrite(spark, table, location, options, names, target_rows, goes, pieces, mode,
+                                  lambda: _conflict_filter(table, source, on), isolation, branch, start, "merge")
+    if when_matched_update is not None:
+        updated = count
+    else:
+        deleted = count
+    inserted = 0 if inserts is None or snapshot_id is None else inserts.count()
+    return MergeResult(updated, deleted, inserted, snapshot_id)
+
+
+def _rewrite(
+    spark: Any, table: Any, location: str, options: dict[str, str], names: list[str], target_rows: Any, goes: Any,
+    pieces: list[Any], mode: str, conflict_filter: Callable[[], Any], isolation: str | None, branch: str | None,
+    start: int | None, kind: str,
+) -> tuple[int, int | None]:
+    """Write and commit a row-level change: ``goes`` (the ``_file``, ``_pos`` of the
+    target rows that go, or None) and ``pieces`` (DataFrames of rows to write, with the
+    table's columns and row lineage).  Copy-on-write rewrites the files rows go from
+    (their other rows join ``pieces``); merge-on-read collects the positions (only) for
+    the driver's deletion vectors.  Returns (rows that went, snapshot id or None)."""
+    from pyspark.sql import functions as F
+
     removed: list[str] = []
     positions: dict[str, list[int]] = {}
+    count = 0
     if goes is not None:
         places = goes.collect()  # positions only
         count = len(places)
-        if when_matched_update is not None:
-            updated = count
-        else:
-            deleted = count
         if mode == "copy-on-write":
             removed = sorted({r["_file"] for r in places})
             if removed:
                 files = spark.createDataFrame([(p,) for p in removed], "_file string")
-                pieces.append(target_rows.join(F.broadcast(files), "_file", "left_semi")
-                              .join(goes, ["_file", "_pos"], "left_anti").select(*names, *_LINEAGE))  # fmt: skip
+                pieces = [*pieces, target_rows.join(F.broadcast(files), "_file", "left_semi")
+                          .join(goes, ["_file", "_pos"], "left_anti").select(*names, *_LINEAGE)]  # fmt: skip
         else:
             for r in places:
                 positions.setdefault(r["_file"], []).append(r["_pos"])
@@ -205,9 +222,8 @@ def _merge(
         except BaseException:
             writer.abort([])  # removes what the job's tasks wrote (found by the job's id)
             raise
-        inserted = 0 if inserts is None else inserts.count()
     if not data_files and not removed and not positions:
-        return MergeResult(updated, deleted, inserted, None)
+        return count, None
     target_table = table
     if writer is not None:
         try:
@@ -216,13 +232,80 @@ def _merge(
             writer.abort([TaskDataFiles(data_files)])  # not committed: the job's files go
             raise
     snapshot_id = merge_files(
-        target_table, data_files, removed=removed,
-        deleted_positions=positions, conflict_filter=_conflict_filter(table, source, on), isolation_level=isolation,
-        branch=branch, start_snapshot_id=start,
+        target_table, data_files, removed=removed, deleted_positions=positions, conflict_filter=conflict_filter(),
+        isolation_level=isolation, branch=branch, start_snapshot_id=start, kind=kind,
     )  # fmt: skip
     if writer is not None:
         writer._remove_leftovers(table, [f["file_path"] for f in data_files])
-    return MergeResult(updated, deleted, inserted, snapshot_id)
+    return count, snapshot_id
+
+
+def update(spark: Any, location: str, assignments: Mapping[str, Any], where: str | None = None,
+           **options: Any) -> int | None:
+    """``UPDATE ... SET ... WHERE`` in Spark: the rows of the table at ``location``
+    matching the Iceberg row filter ``where`` (every row when None) take the values of
+    ``assignments`` (column -> Spark Column over the row's columns, or a constant), as
+    :meth:`EncryptedTable.update <icecrypt.table.EncryptedTable.update>` does; the rows
+    are read, changed and written in executors, and committed once on the driver by the
+    table's ``write.update.mode``.  ``options``: the ``icecrypt.iceberg`` options plus
+    ``branch`` and ``isolation-level``.  Returns the new snapshot id (None when no row
+    matched)."""
+    from pyspark.sql import functions as F
+
+    if not isinstance(assignments, Mapping) or not assignments:
+        raise ValueError("update: set must be a non-empty mapping of column name to a value or a Spark Column")
+    if where is not None and (not isinstance(where, str) or not where.strip()):
+        raise ValueError(f"update: where must be a row filter string (or None for every row), not {where!r}")
+    options = _string_options(options)
+    branch = (options.get(OPT_BRANCH) or "").strip() or None
+    isolation = (options.pop(OPT_ISOLATION_LEVEL, None) or "").strip().lower() or None
+    table = _open_table(options, location)
+    names = _columns(table, location, "update")
+    unknown = [n for n in assignments if n not in names]
+    if unknown:
+        raise ValueError(f"update: no column {unknown[0]!r} in the table {location} to set")
+    if where is not None:
+        try:  # a filter that does not parse or names no column: refused before any job runs
+            bind(table.schema, parse_row_filter(where), case_sensitive=True)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"update: where={where!r} on the table {location}: {exc}") from None
+    mode = write_mode(table.properties, "update")
+    start = _head_id(table.metadata, branch or MAIN_BRANCH)
+    if start is None:
+        return None
+    target_rows = _target_rows(spark, location, options, names, start)
+    matched = target_rows if where is None else _target_rows(spark, location, options, names, start, where)
+    types = {f.name: f.dataType for f in target_rows.schema.fields}
+    columns = [_column(assignments[n]) if n in assignments else F.col(f"`{n}`") for n in names]
+    # an updated row keeps its row id; its sequence number is the commit's (null: inherited)
+    changed = matched.select(*[c.cast(types[n]).alias(n) for c, n in zip(columns, names)], F.col("_row_id"),
+                             F.lit(None).cast("long").alias("_last_updated_sequence_number"))  # fmt: skip
+    goes = matched.select("_file", "_pos")
+    _, snapshot_id = _rewrite(spark, table, location, options, names, target_rows, goes, [changed], mode,
+                              lambda: where or AlwaysTrue(), isolation, branch, start, "update")
+    return snapshot_id
+
+
+def _columns(table: Any, location: str, what: str) -> list[str]:
+    """The table's column names; refused when one hides a metadata column a change reads."""
+    names = [f.name for f in table.schema.fields]
+    hidden = [n for n in names if n.lower() in ("_file", "_pos", *_LINEAGE)]
+    if hidden:  # it would hide the metadata column the change reads (row places, lineage)
+        raise ValueError(f"{what}: the table {location} has a column named {hidden[0]!r}, which hides Iceberg's "
+                         "metadata column of that name; a row-level change needs it (rename the column)")
+    return names
+
+
+def _target_rows(spark: Any, location: str, options: Mapping[str, str], names: list[str], snapshot_id: int,
+                 where: str | None = None) -> Any:
+    """The table's rows at ``snapshot_id`` (those matching ``where``), with their places
+    (``_file``, ``_pos``) and row lineage."""
+    read_options = {k: v for k, v in options.items() if k != OPT_BRANCH}
+    reader = (spark.read.format(NAME).options(**read_options).option("snapshot-id", str(snapshot_id))
+              .option("columns", ",".join([*names, "_file", "_pos", *_LINEAGE])))  # fmt: skip
+    if where is not None:
+        reader = reader.option("filter", where)
+    return reader.load(location)
 
 
 def _column(value: Any) -> Any:
@@ -247,7 +330,6 @@ def _write(writer: IcebergWriter, rows: Any) -> list[dict[str, Any]]:
 def _conflict_filter(table: Any, source: Any, on: list[str]) -> BooleanExpression:
     """The range of the source's keys, per join column (what a concurrent data file must
     not match under serializable isolation)."""
-    from pyiceberg.expressions.visitors import bind
     from pyspark.sql import functions as F
 
     bounds = source.agg(*[f(F.col(f"`{k}`")).alias(f"{f.__name__}_{n}") for n, k in enumerate(on)

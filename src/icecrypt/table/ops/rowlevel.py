@@ -889,6 +889,7 @@ def merge_files(
     table: Any, data_files: list[dict[str, Any]], *, removed: list[str] | tuple[str, ...] = (),
     deleted_positions: Mapping[str, Any] | None = None, conflict_filter: Any = None,
     isolation_level: str | None = None, branch: str | None = None, start_snapshot_id: int | None | object = _NOW,
+    kind: str = "merge",
 ) -> int | None:
     """A merge whose rows were joined and written elsewhere (Spark executors, with
     :func:`~icecrypt.table.ops.write.write_files`), committed as :func:`merge` commits:
@@ -898,16 +899,21 @@ def merge_files(
     snapshot.  ``conflict_filter`` (a row filter, default everything) is what a
     concurrent data file must not match under serializable isolation (the source's
     keys).  ``start_snapshot_id``: the snapshot the merge read the target rows at; the
-    commits since are validated as a concurrent commit is.  If this raises, the data
-    files are deleted (unless a catalog could not tell whether the commit landed)."""
+    commits since are validated as a concurrent commit is.  ``kind``: ``merge`` or
+    ``update`` (an update's rows changed elsewhere: ``write.update.isolation-level``).  If
+    this raises, the data files are deleted (unless a catalog could not tell whether the
+    commit landed)."""
+    if kind not in ("merge", "update"):
+        raise ValueError(f"kind must be merge or update, not {kind!r}")
     deleted_positions = dict(deleted_positions or {})
     with _discarded_on_error(table, data_files):
         base = _plan_base(table, branch)
-        isolation = _isolation_for(base, "merge", isolation_level)
+        isolation = _isolation_for(base, kind, isolation_level)
         expression, _ = _write._bind_filter(AlwaysTrue() if conflict_filter is None else conflict_filter, table.schema)
         touched = list(dict.fromkeys([*removed, *deleted_positions]))
-        plan = _Plan("merge", isolation, {p: base.files[p][0] for p in removed if p in base.files}, [], None,
-                     _expression_conflicts(table.schema, expression), f"the source's keys ({expression})",
+        plan = _Plan(kind, isolation, {p: base.files[p][0] for p in removed if p in base.files}, [], None,
+                     _expression_conflicts(table.schema, expression),
+                     f"the source's keys ({expression})" if kind == "merge" else f"its filter ({expression})",
                      files=list(data_files))  # fmt: skip
         plan.vectors = [_write._Vector(base.files[p][0], base.files[p][1], np.zeros(0, np.int64))
                         for p in deleted_positions if p in base.files and p not in plan.removed]  # fmt: skip
