@@ -1,5 +1,6 @@
-"""A distributed MERGE into an encrypted Iceberg table (:func:`icecrypt.spark.merge`,
-:func:`icecrypt.spark.upsert`): the heavy work in executors, the commit on the driver.
+"""A distributed MERGE or UPDATE of an encrypted Iceberg table (:func:`icecrypt.spark.merge`,
+:func:`icecrypt.spark.upsert`, :func:`icecrypt.spark.update`): the heavy work in
+executors, the commit on the driver.
 
 The driver notes the head ``S`` of the branch, and Spark reads the target rows at ``S``
 with ``icecrypt.iceberg`` (with the metadata columns ``_file`` and ``_pos``) and joins
@@ -34,9 +35,9 @@ from pyiceberg.expressions.visitors import bind
 from icecrypt.spark._common import OPT_PATH
 from icecrypt.spark._iceberg import NAME, OPT_BRANCH, OPT_ISOLATION_LEVEL, IcebergWriter, TaskDataFiles, _open_table
 from icecrypt.table.model.changes import MAIN_BRANCH
-from icecrypt.table.read.scan import parse_row_filter
 from icecrypt.table.ops.rowlevel import MergeResult, UpsertResult, check_merge_actions, merge_files, write_mode
 from icecrypt.table.ops.write import _head_id
+from icecrypt.table.read.scan import parse_row_filter
 
 __all__ = ["merge", "update", "upsert"]
 
