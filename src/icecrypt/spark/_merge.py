@@ -131,12 +131,7 @@ def _merge(
     start = _head_id(table.metadata, branch or MAIN_BRANCH)
 
     # the target's rows at the start snapshot, with their places
-    if start is None:
-        read_options = {k: v for k, v in options.items() if k != OPT_BRANCH}
-        target_rows = spark.read.format(NAME).options(**read_options).option(
-            "columns", ",".join([*names, "_file", "_pos", *_LINEAGE])).load(location)
-    else:
-        target_rows = _target_rows(spark, location, options, names, start)
+    target_rows = _target_rows(spark, location, options, names, start)
     types = {f.name: f.dataType for f in target_rows.schema.fields}
     source = source.select(*[(F.col(f"`{n}`") if n in source.columns else F.lit(None)).cast(types[n]).alias(n)
                              for n in names])  # fmt: skip
@@ -297,13 +292,15 @@ def _columns(table: Any, location: str, what: str) -> list[str]:
     return names
 
 
-def _target_rows(spark: Any, location: str, options: Mapping[str, str], names: list[str], snapshot_id: int,
+def _target_rows(spark: Any, location: str, options: Mapping[str, str], names: list[str], snapshot_id: int | None,
                  where: str | None = None) -> Any:
-    """The table's rows at ``snapshot_id`` (those matching ``where``), with their places
-    (``_file``, ``_pos``) and row lineage."""
+    """The table's rows at ``snapshot_id`` (none: a table without a snapshot; those
+    matching ``where``), with their places (``_file``, ``_pos``) and row lineage."""
     read_options = {k: v for k, v in options.items() if k != OPT_BRANCH}
-    reader = (spark.read.format(NAME).options(**read_options).option("snapshot-id", str(snapshot_id))
-              .option("columns", ",".join([*names, "_file", "_pos", *_LINEAGE])))  # fmt: skip
+    reader = spark.read.format(NAME).options(**read_options).option("columns",
+                                                                     ",".join([*names, "_file", "_pos", *_LINEAGE]))
+    if snapshot_id is not None:
+        reader = reader.option("snapshot-id", str(snapshot_id))
     if where is not None:
         reader = reader.option("filter", where)
     return reader.load(location)
