@@ -6,6 +6,7 @@ Run as ``python cluster_job.py spec.json`` (see ``conftest.run_driver``).  The s
      "conf": {...},            # session configuration (ignored for sc://)
      "env": {...},             # set in os.environ before the session starts
      "archive": "/path/env.tar",  # optional: icecrypt.spark.use_archive(archive) first
+     "configure": true,        # optional: icecrypt.spark.configure(builder) (the jar)
      "steps": [{"name": ..., "op": "probe" | "write" | "read", ...}, ...]}
 
 Steps:
@@ -15,8 +16,12 @@ Steps:
   error), the working directory and whether ``ICECRYPT_KEYSTORE`` is set.
 * ``write`` — ``rows`` rows (``id``, ``category``, ``amount``; ids from ``first``) in
   ``partitions`` partitions written with ``format``/``options``/``mode`` to ``path``.
-* ``read`` — the rows at ``path`` read with ``format``/``options``: count, id sum and a
-  digest of the sorted rows.
+* ``delete`` / ``tamper`` — on the driver, with the table API and the keystore the
+  driver's ``ICECRYPT_KEYSTORE`` names: rows matching ``where`` deleted from the table at
+  ``path``, or one byte flipped in a data file of it that has no deletes (``victim``).
+* ``read`` — the rows at ``path`` read with ``format``/``options`` (with ``native``:
+  ``icecrypt.spark.read_table`` with that option): count, id sum, a digest of the sorted
+  rows and whether the plan scans with Spark's Parquet reader and with Python tasks.
 
 Every step also reports how long it took (``seconds``; for the report, never asserted).
 
@@ -79,10 +84,34 @@ def run_step(spark, step: dict) -> dict:
         writer.mode(step.get("mode", "append")).save(step["path"])
         return {}
     if op == "read":
-        df = spark.read.format(step["format"]).options(**step.get("options", {})).load(step["path"])
+        if "native" in step:  # icecrypt.spark.read_table with option native=<step's value>
+            import icecrypt.spark
+
+            df = icecrypt.spark.read_table(spark, step["path"], **step.get("options", {}), native=step["native"])
+        else:
+            df = spark.read.format(step["format"]).options(**step.get("options", {})).load(step["path"])
         rows = [tuple(r) for r in df.select("id", "category", "amount").collect()]
+        jdf = getattr(df, "_jdf", None)  # None through Spark Connect
+        plan = jdf.queryExecution().executedPlan().toString() if jdf is not None else ""
         return {"count": len(rows), "id_sum": sum(r[0] for r in rows), "digest": rows_digest(rows),
-                "partitions": step.get("report_partitions") and df.rdd.getNumPartitions()}
+                "partitions": step.get("report_partitions") and df.rdd.getNumPartitions(),
+                "spark_parquet_scan": "FileScan parquet" in plan, "python_tasks": "MapInArrow" in plan}
+    if op in ("delete", "tamper"):  # on the driver, with the table API and the driver's KMS
+        from icecrypt.kms.local import LocalKms
+        from icecrypt.table import EncryptedTable
+
+        table = EncryptedTable.load(step["path"], kms=LocalKms(os.environ["ICECRYPT_KEYSTORE"]))
+        if op == "delete":
+            table.delete(step["where"])
+            return {}
+        # one byte flipped in the middle of a data file without deletes (one the native path reads)
+        victim = next(t.file.fs_path for t in table.scan().plan_files() if not t.deletes)
+        with open(victim, "r+b") as f:
+            f.seek(os.path.getsize(victim) // 2)
+            byte = f.read(1)[0]
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte ^ 0x01]))
+        return {"victim": victim}
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -100,6 +129,8 @@ def session(spec: dict):
     builder = SparkSession.builder.master(master).appName(spec.get("app", "icecrypt-cluster-test"))
     for key, value in conf.items():
         builder = builder.config(key, value)
+    if spec.get("configure"):  # icecrypt's jar in spark.jars: every executor has it from the start
+        builder = icecrypt.spark.configure(builder)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

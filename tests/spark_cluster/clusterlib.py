@@ -18,6 +18,7 @@ from servers import HOST
 HERE = Path(__file__).resolve().parent
 MASTER_KEY = "master"
 ROWS = 3000
+NATIVE_DELETED = 100  # rows the standalone run deletes from its native-read table
 #: bound on a JVM's start (it takes ~3-8 s on the 2-core test machines)
 START_TIMEOUT = 90.0
 #: bound on one driver subprocess (a hang guard, never an assertion on time)
@@ -146,6 +147,17 @@ def standalone_steps(root, kms_file: dict, kms_env: dict) -> list[dict]:
         # executors never call the KMS: the same table with the driver-only KMS
         write("ice_append_driver_kms", "icecrypt.iceberg", table, kms_env, first=ROWS + 1000, rows=500),
         read("ice_read_driver_kms", "icecrypt.iceberg", table, kms_env),
+    ]
+    # Spark's own Parquet reader in the executor's JVM (icecrypt.spark.read_table), keys from
+    # the driver only; then a delete (a file read in Python workers beside it) and a tampered file
+    native = "native-table"
+    steps += [
+        write("native_create", "icecrypt.iceberg", native, {**kms_file, "table-key-id": MASTER_KEY}),
+        {**read("native_read", "icecrypt.iceberg", native, kms_env), "native": "true"},
+        {"name": "native_delete", "op": "delete", "path": str(root / native), "where": f"id < {NATIVE_DELETED}"},
+        {**read("native_read_deletes", "icecrypt.iceberg", native, kms_env), "native": "true"},
+        {"name": "native_tamper", "op": "tamper", "path": str(root / native)},
+        {**read("native_read_tampered", "icecrypt.iceberg", native, kms_env), "native": "true"},
     ]
     return steps
 

@@ -152,7 +152,7 @@ def cluster_run(spark_standalone, executor_archive, tmp_path_factory) -> Cluster
     kms_env = {"encryption.kms-type": "local"}  # the keystore comes from $ICECRYPT_KEYSTORE: the driver's only
     (root / "events").mkdir()
     conf = {**driver_conf(), "spark.eventLog.enabled": "true", "spark.eventLog.dir": (root / "events").as_uri()}
-    spec = {"master": spark_standalone.url, "conf": conf, "archive": executor_archive["archive"],
+    spec = {"master": spark_standalone.url, "conf": conf, "archive": executor_archive["archive"], "configure": True,
             "env": {"ICECRYPT_KEYSTORE": str(keystore)}, "steps": standalone_steps(root, kms_file, kms_env)}
     result = run_driver("cluster_job.py", spec, cwd=root)
     return ClusterRun(root, LocalKms(keystore), result["steps"])

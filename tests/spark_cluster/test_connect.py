@@ -3,7 +3,8 @@
 The client (``cluster_job.py`` with ``SparkSession.builder.remote("sc://...")``) registers
 the data sources, which the server unpickles and runs in its own Python workers (this
 venv's Python, ``local[2]``).  Through Connect: Avro and Parquet files written and read
-back, a table made outside Spark read, appended to and read again with ``icecrypt.iceberg``.
+back, a table made outside Spark read, appended to and read again with ``icecrypt.iceberg``,
+and ``icecrypt.spark.read_table`` (the Python path there).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def connect_run(spark_connect, tmp_path_factory):
          "first": 1000, "rows": 500, "options": kms},
         {"name": "ice_read_again", "op": "read", "format": "icecrypt.iceberg", "path": str(root / "table"),
          "options": kms},
+        # read_table through Connect: no JVM on the client, so the Python path (or, with
+        # native=true, an error saying why)
+        {"name": "read_table_auto", "op": "read", "native": "auto", "path": str(root / "table"), "options": kms},
+        {"name": "read_table_native", "op": "read", "native": "true", "path": str(root / "table"), "options": kms},
     ]
     spec = {"master": spark_connect.url, "steps": steps}
     return root, LocalKms(keystore), run_driver("cluster_job.py", spec, cwd=root)["steps"]
@@ -71,3 +76,10 @@ def test_iceberg_through_connect(connect_run):
     assert _ok(steps, "ice_read_again")["digest"] == rows_digest(expected_rows(0, 1500))
     table = EncryptedTable.load(str(root / "table"), kms=kms)
     assert len(table.snapshots()) == 2 and table.scan().to_arrow().num_rows == 1500
+
+
+def test_read_table_through_connect_takes_the_python_path(connect_run):
+    root, kms, steps = connect_run
+    assert _ok(steps, "read_table_auto")["digest"] == rows_digest(expected_rows(0, 1500))
+    refused = steps["read_table_native"]
+    assert not refused["ok"] and "Spark Connect" in refused["error"], refused

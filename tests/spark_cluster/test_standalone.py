@@ -13,7 +13,8 @@ its results:
   driver's ``ICECRYPT_KEYSTORE``; the worker's environment has no such variable, as an
   executor host without the KMS role or credentials), the file sources with the default
   ``keys.transport=executor`` fail with a ``KmsError`` from the executors, and with
-  ``keys.transport=task`` read and write; ``icecrypt.iceberg`` reads and appends either way.
+  ``keys.transport=task`` read and write; ``icecrypt.iceberg`` reads and appends either way;
+* ``icecrypt.spark.read_table`` reads through Spark's Parquet reader in the executor's JVM.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import pytest
 
 from cluster_job import expected_rows, rows_digest
-from clusterlib import ROWS
+from clusterlib import NATIVE_DELETED, ROWS
 from icecrypt import avro, parquet
 from icecrypt.keys.manifest import read_key_manifest
 from icecrypt.table import EncryptedTable
@@ -116,9 +117,10 @@ def test_no_key_material_in_event_log_or_executor_logs(cluster_run, spark_standa
     keys = []
     for manifest in root.glob("*-keys.json"):
         keys += [km.encryption_key for km in read_key_manifest(manifest, kms).values()]
-    table = EncryptedTable.load(str(root / "table"), kms=kms)
-    keys += [task.file.key().encryption_key for task in table.scan().plan_files()]
-    assert len(keys) >= 10
+    for name in ("table", "native-table"):  # the native reads put their files' keys in read options
+        table = EncryptedTable.load(str(root / name), kms=kms)
+        keys += [task.file.key().encryption_key for task in table.scan().plan_files()]
+    assert len(keys) >= 12
     events = [p for p in (root / "events").rglob("*") if p.is_file()]  # Spark 4: a directory per application
     assert events and sum(p.stat().st_size for p in events) > 0
     logs = events + [p for p in spark_standalone.work_dir.rglob("std*") if p.is_file()]
@@ -127,3 +129,22 @@ def test_no_key_material_in_event_log_or_executor_logs(cluster_run, spark_standa
         for key in keys:
             for form in _key_forms(key):
                 assert form not in text, f"key material in {path}"
+
+
+def test_native_read_on_the_cluster(cluster_run):
+    """icecrypt.spark.read_table on the cluster: the executor's JVM decrypts with the jar
+    (spark.jars, icecrypt.spark.configure) and the keys the driver planned, with no KMS on
+    the executors; beside a file with deletes read in Python workers; a tampered file
+    fails the read naming it."""
+    steps = cluster_run.steps
+    read = _ok(steps, "native_read")
+    _same_rows(read, expected_rows(0, ROWS))
+    assert read["spark_parquet_scan"] and not read["python_tasks"]
+    _ok(steps, "native_delete")
+    read = _ok(steps, "native_read_deletes")
+    _same_rows(read, expected_rows(NATIVE_DELETED, ROWS - NATIVE_DELETED))
+    assert read["spark_parquet_scan"] and read["python_tasks"]
+    victim = _ok(steps, "native_tamper")["victim"]
+    failed = steps["native_read_tampered"]
+    assert not failed["ok"], "a tampered file must fail the read"
+    assert victim.rsplit("/", 1)[-1] in failed["error"] and "tag" in failed["error"].lower(), failed["error"][:3000]
