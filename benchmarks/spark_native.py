@@ -8,10 +8,13 @@ project's factory), ``spark.read.format("icecrypt.iceberg")`` (the Python path, 
 reference) and ``spark.read.parquet`` on the plaintext files.  Queries: ``count()``,
 ``groupBy(category)`` with count/sum/max, two columns with ``qty < 10`` and ``sum(amount)``
 (the Python path gets the columns as option ``columns``).  Write: 2M cached rows appended to
-an encrypted table through ``icecrypt.iceberg`` versus ``df.write.parquet``.  Median of the
-rounds after a warm-up round; the order of the variants alternates every round.
+an encrypted table through ``icecrypt.iceberg`` versus ``df.write.parquet``.  Then the
+reads again with a deletion vector on every data file (5 % of the rows deleted; target
+<= 1.5 x) against Spark's Parquet on the live rows in plaintext.  Median of the rounds
+after a warm-up round; the order of the variants alternates every round.
 
     .venv/bin/python benchmarks/spark_native.py [--rows 3000000] [--write-rows 2000000] [--rounds 3]
+                                                [--no-deletes]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from icecrypt.kms.local import LocalKms  # noqa: E402
 from icecrypt.table import EncryptedTable  # noqa: E402
 
 TARGET = 1.3
+DV_TARGET = 1.5  # a table with deletion vectors
 
 
 def main() -> None:
@@ -46,6 +50,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=3_000_000)
     parser.add_argument("--write-rows", type=int, default=2_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-deletes", dest="deletes", action="store_false",
+                        help="skip the queries on the tables with deletion vectors")
     parser.add_argument("--dir", default=None, help="where the tables go (default: a temporary directory)")
     args = parser.parse_args()
 
@@ -66,7 +72,7 @@ def main() -> None:
         try:
             icecrypt.spark.register(spark)
             kms_options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(root / "keystore.json")}
-            plain_files = str(plain / "data")
+            plain_files = str(plain / "data" / "*.parquet")
             reads = {
                 "native": lambda cols=None: icecrypt.spark.read_table(spark, str(enc), **kms_options, native="true"),
                 "python": lambda cols=None: spark.read.format("icecrypt.iceberg").options(**kms_options)
@@ -129,10 +135,47 @@ def main() -> None:
             w, s = med[("write", "icecrypt")], med[("write", "spark")]
             print(f"{f'write {args.write_rows:,} rows (append)':<34} {'-':>9} {w:>9.2f} {s:>8.2f} {'-':>13} "
                   f"{w / s:>12.2f}x   {'ok' if w / s <= TARGET else 'ABOVE TARGET'} (Python write path)")
+            if args.deletes:
+                _with_deletion_vectors(spark, root, enc, plain, kms, reads, queries, args.rounds)
         finally:
             stop_spark(spark)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _with_deletion_vectors(spark, root: Path, enc: Path, plain: Path, kms: LocalKms, reads: dict, queries: dict,
+                           rounds: int) -> None:
+    """The queries again after ``qty < 5`` (5 % of the rows, in every file) is deleted from
+    both tables (merge-on-read: a deletion vector per data file), against Spark's Parquet
+    on the live rows in plaintext (written once by Spark) and on the plaintext twin's files
+    (all rows: Spark cannot apply Iceberg's deletes)."""
+    for location, table_kms in ((enc, kms), (plain, None)):
+        EncryptedTable.load(str(location), kms=table_kms).delete("qty < 5")
+    live = str(root / "live")
+    spark.read.parquet(str(plain / "data" / "*.parquet")).where("qty >= 5").write.parquet(live)
+    variants = {"native": reads["native"], "python": reads["python"], "spark": lambda cols=None: spark.read.parquet(live),
+                "spark, all rows": reads["spark"]}
+    times: dict[tuple[str, str], list[float]] = {}
+    results: dict[tuple[str, str], object] = {}
+    for round_number in range(rounds + 1):
+        order = list(variants) if round_number % 2 == 0 else list(reversed(variants))
+        for query, run in queries.items():
+            for variant in order:
+                t0 = time.perf_counter()
+                results[(query, variant)] = run(variants[variant])
+                if round_number:
+                    times.setdefault((query, variant), []).append(time.perf_counter() - t0)
+    for query in queries:
+        if len({repr(results[(query, v)]) for v in ("native", "python", "spark")}) != 1:
+            raise SystemExit(f"{query} after deletes: the variants gave different results")
+    med = {key: statistics.median(value) for key, value in times.items()}
+    print(f"\nwith a deletion vector on every data file (5 % of the rows deleted; target <= {DV_TARGET}):")
+    print(f"{'query':<34} {'native s':>9} {'python s':>9} {'spark s':>8} {'native/spark':>13} {'python/spark':>13} "
+          f"{'spark all rows s':>17}")
+    for query in queries:
+        n, p, sp, a = (med[(query, v)] for v in ("native", "python", "spark", "spark, all rows"))
+        print(f"{query:<34} {n:>9.2f} {p:>9.2f} {sp:>8.2f} {n / sp:>12.2f}x {p / sp:>12.2f}x {a:>17.2f}"
+              f"   {'ok' if n / sp <= DV_TARGET else 'ABOVE TARGET'}")
 
 
 def _empty_table(path: Path, kms: LocalKms) -> str:

@@ -2,7 +2,9 @@
 native path, ``icecrypt.spark._native``) gives, row for row, what the Python path
 (``icecrypt.iceberg``) and ``EncryptedTable.scan()`` give: on the tables Iceberg Java wrote
 (../shared/tables), and on tables icecrypt writes with a renamed and a re-added column and
-with deletes; tampered files fail the read, naming the file."""
+with deletes (deletion vectors and position deletes applied on Spark's reader by the
+LiveRows filter, equality deletes in Python tasks); tampered files fail the read, naming
+the file."""
 
 from __future__ import annotations
 
@@ -98,10 +100,10 @@ def test_icecrypt_table_renamed_readded_columns_and_deletes(nspark, tmp_path):
     assert native == python == scan and len(scan) == 102
     assert "FileScan parquet" in plan and "MapInArrow" not in plan
     assert {json.loads(line)[1] for line in scan} >= {"n0", "x"}  # the renamed column's values
-    table.delete("id < 10")  # position deletes or a deletion vector on the first file
+    table.delete("id < 10")  # a deletion vector on the first file: Spark's reader with the deletes filter
     native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
     assert native == python == scan and len(scan) == 92
-    assert "FileScan parquet" in plan and "MapInArrow" in plan
+    assert "FileScan parquet" in plan and "icecrypt_live_row" in plan and "MapInArrow" not in plan
 
 
 def test_tampered_file_fails_the_native_read_naming_it(nspark, tmp_path):
@@ -209,3 +211,100 @@ def test_plaintext_table_with_encryption_none(nspark, tmp_path):
     table.append(pa.table({"id": pa.array(range(30), pa.int64()), "name": [f"p{i}" for i in range(30)]}))
     native, python, scan, plan, _ = _three_ways(nspark, table.location, table, {"encryption": "none"})
     assert native == python == scan and len(scan) == 30 and "FileScan parquet" in plan
+
+
+def _ids(keep) -> str:
+    """A row filter naming the ids in 0..1999 for which ``keep(id)`` holds (no arithmetic in filters)."""
+    return "id IN (" + ", ".join(str(i) for i in range(2000) if keep(i)) + ")"
+
+
+def _deletes_table(location, kms, properties=None) -> EncryptedTable:
+    """4 data files of 500 rows (ids 0..1999), row groups of a few hundred bytes."""
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
+    table = EncryptedTable.create(location, schema, kms=kms, table_key_id="master" if kms else None,
+                                  properties={"write.parquet.row-group-size-bytes": "1500", **(properties or {})})
+    for part in range(4):
+        ids = range(part * 500, part * 500 + 500)
+        table.append(pa.table({"id": pa.array(ids, pa.int64()), "name": [f"n{i % 11}" for i in ids],
+                               "amount": [i * 0.25 for i in ids]}))
+    return table
+
+
+def test_deletes_applied_on_spark_reader_split_files(nspark, tmp_path):
+    """Deletion vectors on every file (deleted again, merged; a merge-on-read update; a
+    delete that drops a whole file's rows) are applied by the LiveRows filter on Spark's
+    reader, also when Spark splits a file into several partitions by row group: native,
+    Python path and scan agree row for row, with a projection too."""
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
+    table = _deletes_table(str(tmp_path / "t"), LocalKms(keystore), {"write.update.mode": "merge-on-read"})
+    saved = nspark.conf.get("spark.sql.files.maxPartitionBytes")
+    nspark.conf.set("spark.sql.files.maxPartitionBytes", "4096")  # several splits per file
+    try:
+        steps = [lambda: table.delete(_ids(lambda i: i % 7 == 0)), lambda: table.delete("id < 40 or id >= 1990"),
+                 lambda: table.update({"name": "updated"}, where=_ids(lambda i: i % 5 == 1)),
+                 lambda: table.delete("id >= 500 and id < 1000")]
+        for number, step in enumerate(steps):
+            step()
+            native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
+            assert native == python == scan, f"step {number}"
+            assert "icecrypt_live_row" in plan and "MapInArrow" not in plan
+            native, python, scan, _, _ = _three_ways(nspark, table.location, table, options, ["amount", "id"])
+            assert native == python == scan, f"step {number}, projected"
+        frame = icecrypt.spark.read_table(nspark, table.location, **options, native="true")
+        assert frame.rdd.getNumPartitions() > 4  # the files were split
+        want = {i for i in range(2000) if i % 7 and 40 <= i < 1990 and not 500 <= i < 1000}
+        assert {row.id for row in frame.select("id").collect()} == want
+    finally:
+        nspark.conf.set("spark.sql.files.maxPartitionBytes", saved)
+
+
+def test_deletes_with_odd_paths_and_a_metadata_column(nspark, tmp_path):
+    """A table under a path with a space and non-ASCII letters (the filter matches the
+    file Spark reports), and a table with a column named ``_metadata`` (Spark's row
+    positions hidden: its files with deletes go to the Python path)."""
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
+    table = _deletes_table(str(tmp_path / "dir with space ünï" / "t"), LocalKms(keystore))
+    table.delete(_ids(lambda i: i % 3 == 0))
+    native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
+    assert native == python == scan and len(scan) == 1333 and "icecrypt_live_row" in plan
+
+    schema = pa.schema([("id", pa.int64()), ("_metadata", pa.string())])
+    shadow = EncryptedTable.create(str(tmp_path / "shadow"), schema, kms=LocalKms(keystore), table_key_id="master")
+    shadow.append(pa.table({"id": pa.array(range(50), pa.int64()), "_metadata": [f"m{i}" for i in range(50)]}))
+    shadow.append(pa.table({"id": pa.array(range(50, 60), pa.int64()), "_metadata": ["x"] * 10}))
+    shadow.delete("id < 5")
+    native, python, scan, plan, _ = _three_ways(nspark, shadow.location, shadow, options)
+    assert native == python == scan and len(scan) == 55
+    assert "MapInArrow" in plan and "icecrypt_live_row" not in plan and "FileScan parquet" in plan
+
+
+def test_the_deletes_filter_fails_closed(nspark, tmp_path):
+    """LiveRows refuses a row of a file it has no deletes for (never keeps it unfiltered)
+    and a malformed buffer; a tampered deletion vector fails the read naming it."""
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    plain = _deletes_table(str(tmp_path / "plain"), None)
+    files = sorted(str(p) for p in (tmp_path / "plain" / "data").rglob("*.parquet"))
+    import numpy as np
+
+    live = _native._live_rows(nspark, {f"file://{files[0]}": np.array([1, 2], dtype=np.int64)})
+    frame = nspark.read.parquet(f"file://{files[1]}").where(live)
+    with pytest.raises(Exception, match="has no deletes planned for that file"):
+        frame.collect()
+    kept = nspark.read.parquet(f"file://{files[0]}").where(live).count()
+    assert kept == 498 and plain.scan().to_arrow().num_rows == 2000
+    with pytest.raises(Exception, match=r"malformed deletes buffer \(BufferUnderflowException\)"):
+        nspark.sparkContext._jvm.org.icecrypt.spark.LiveRows.filter(b"\0\0\0\x05abc")
+
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore), "native": "true"}
+    table = _deletes_table(str(tmp_path / "t"), LocalKms(keystore))
+    table.delete(_ids(lambda i: i % 4 == 0))
+    victim = next(p for p in (tmp_path / "t" / "data").rglob("*.puffin"))
+    flip_byte(victim, os.path.getsize(victim) // 2)
+    with pytest.raises(Exception) as caught:
+        icecrypt.spark.read_table(nspark, table.location, **options).collect()
+    assert victim.name in str(caught.value), str(caught.value)[:2000]

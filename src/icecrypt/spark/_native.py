@@ -8,16 +8,19 @@
     df = icecrypt.spark.read_table(spark, "/warehouse/db/events", **kms_options)
 
 The scan is planned here, on the driver, as ``icecrypt.iceberg`` plans it (KMS -> KEK ->
-manifest list -> manifests -> file scan tasks).  The Parquet data files of tasks without
-deletes go to Spark's file source (``spark.read.format("parquet")``, vectorized reader,
-column pruning, filter pushdown, whole-stage codegen): parquet-java decrypts them with the
-project's ``DecryptionPropertiesFactory`` (``org.icecrypt.spark.FileDecryption``, in the
-jar :func:`jar_path` names), which takes each file's DEK and AAD prefix from the read's
+manifest list -> manifests -> file scan tasks).  The Parquet data files go to Spark's file
+source (``spark.read.format("parquet")``, vectorized reader, column pruning, filter
+pushdown, whole-stage codegen): parquet-java decrypts them with the project's
+``DecryptionPropertiesFactory`` (``org.icecrypt.spark.FileDecryption``, in the jar
+:func:`jar_path` names), which takes each file's DEK and AAD prefix from the read's
 Hadoop configuration.  Columns are matched by Iceberg field id
 (``spark.sql.parquet.fieldId.read.enabled``), so renamed and re-added columns read right.
-Everything else — tasks with deletion vectors, position or equality deletes, Avro data
-files — is read by :func:`icecrypt.table.read_task` in Python workers (``mapInArrow``
-over the planned tasks), and the two are unioned.  The rows are those of
+Deletion vectors and position deletes are read here, on the driver, as read_task reads
+them (authenticated), and applied on Spark's reader by ``org.icecrypt.spark.LiveRows``, a
+filter on the scan's ``_metadata.row_index`` that drops each file's deleted positions.
+Everything else — files with equality deletes, Avro data files, files under a table with a
+``_metadata`` column — is read by :func:`icecrypt.table.read_task` in Python workers
+(``mapInArrow`` over the planned tasks), and the parts are unioned.  The rows are those of
 ``EncryptedTable.scan()``.
 
 The native path is taken when it applies: a classic (not Connect) session with the jar
@@ -227,10 +230,39 @@ def _schema_fields(schema: Mapping[str, Any]) -> Iterator[tuple[Any, str]]:
 
 
 def _native_task(task: Any, encrypted: bool) -> bool:
-    """A task Spark's Parquet reader reads as read_task does: a Parquet data file without
-    deletes (with key metadata in an encrypted table)."""
-    return (task.file.file_format == "PARQUET" and not task.deletes
-            and (task.file.key_metadata is not None or not encrypted))
+    """A task Spark's Parquet reader can read: a Parquet data file (with key metadata in an
+    encrypted table) whose deletes, if any, are deletion vectors or position deletes (the
+    equality deletes of a task send its file to the Python path)."""
+    from icecrypt.table.files.manifest import EQUALITY_DELETES
+
+    return (task.file.file_format == "PARQUET" and (task.file.key_metadata is not None or not encrypted)
+            and all(d.content != EQUALITY_DELETES for d in task.deletes))
+
+
+#: the largest row position the deletes filter takes (LiveRows: 32-bit bitmaps)
+_MAX_FILTERED_POSITION = 2**31 - 1
+
+
+def _deleted_positions(tasks: list[Any], filesystem: Any, cache: dict) -> Any:
+    """The sorted deleted row positions of the data file of ``tasks`` (its splits, which
+    share its deletes), read on the driver as read_task reads them; None when none is."""
+    from icecrypt.table.files.read import _positions
+
+    if not tasks[0].deletes:
+        return None
+    return _positions(tasks[0], filesystem, cache)
+
+
+def _deletes_buffer(positions: Mapping[str, Any]) -> bytes:
+    """LiveRows' buffer: per file, its path as given to Spark and its deleted positions."""
+    import struct
+
+    out = bytearray()
+    for path, deleted in positions.items():
+        name = path.encode("utf-8")
+        out += struct.pack(">i", len(name)) + name + struct.pack(">i", len(deleted))
+        out += deleted.astype(">i8", copy=False).tobytes()
+    return bytes(out)
 
 
 # --- the read --------------------------------------------------------------------------------
@@ -308,17 +340,36 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
     by_file: dict[str, list[Any]] = {}
     for task in tasks:
         by_file.setdefault(task.file.path, []).append(task)
-    native_files = {path: group[0].file for path, group in by_file.items()
-                    if all(_native_task(t, encrypted) for t in group)}
-    rest = [t for t in tasks if t.file.path not in native_files]
-    if not native_files:
-        return None, "no Parquet data file without deletes in the scan"
-    output = spark_schema(scan.arrow_schema)
-    spark_paths = {_spark_path(f.fs_path, table.filesystem): f for f in native_files.values()}
-    if None in spark_paths:
-        return None, "the table is not on the local file system"
-    if any(set(path) & set("*?[]{}\\") for path in spark_paths):
+    # Spark's _metadata column (the row positions the deletes filter needs) is hidden by a
+    # table column of that name: files with deletes then stay on the Python path
+    positions_readable = all(f.name.lower() != "_metadata" for f in scan.projected.fields)
+    files: dict[str, Any] = {}  # Spark path -> data file, every file Spark's reader reads
+    filtered: dict[str, Any] = {}  # Spark path -> deleted positions, the files with deletes
+    rest: list[Any] = []
+    cache: dict = {}
+    for group in by_file.values():
+        file = group[0].file
+        path = _spark_path(file.fs_path, table.filesystem)
+        if path is None:
+            return None, "the table is not on the local file system"
+        if not all(_native_task(t, encrypted) for t in group) or (group[0].deletes and not positions_readable):
+            rest.extend(group)
+            continue
+        try:
+            deleted = _deleted_positions(group, table.filesystem, cache)
+        except Exception as exc:
+            raise file_error(exc, f"{ib.NAME}: reading the deletes of {file.path} in table {location}") from exc
+        if deleted is not None and int(deleted[-1]) > _MAX_FILTERED_POSITION:
+            rest.extend(group)
+            continue
+        files[path] = file
+        if deleted is not None:
+            filtered[path] = deleted
+    if not files:
+        return None, "no Parquet data file without equality deletes in the scan"
+    if any(set(path) & set("*?[]{}\\") for path in files):
         return None, "a data file path holds glob characters (Spark's file source expands them)"
+    output = spark_schema(scan.arrow_schema)
     spark.conf.set(FIELD_ID_READ, "true")
     spark.conf.set(FIELD_ID_IGNORE_MISSING, "false")
     # a file that fails to decrypt or is gone fails the read, whatever the session's
@@ -327,24 +378,47 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
               .option("ignoreCorruptFiles", "false").option("ignoreMissingFiles", "false"))
     if encrypted:
         reader = (reader.option(FACTORY_PROPERTY, FACTORY_CLASS).option(READ_ID_PROPERTY, uuid.uuid4().hex)
-                  .option(KEYS_PROPERTY, _file_keys(spark_paths)))
+                  .option(KEYS_PROPERTY, _file_keys(files)))
+    parts = []
+    for paths in ([path for path in files if path not in filtered], list(filtered)):
+        if not paths:
+            continue
+        loaded = reader.load(paths)
+        # Spark's file index must hold exactly the planned files: one it skipped (a hidden
+        # name) would lose rows silently, so such a read takes the Python path
+        listed = len(set(loaded.inputFiles()))
+        if listed != len(paths):
+            return None, f"Spark's Parquet source lists {listed} of the {len(paths)} planned data files"
+        if paths[0] in filtered:
+            loaded = loaded.where(_live_rows(spark, {path: filtered[path] for path in paths}))
+        parts.append(_as_output(loaded, output))
+    if rest:
+        parts.append(_python_part(spark, rest, scan, output, table, location))
+    frame = parts[0]
+    for part in parts[1:]:
+        frame = frame.unionAll(part)
+    return frame, ""
+
+
+def _live_rows(spark: Any, positions: Mapping[str, Any]) -> Any:
+    """The filter column (icecrypt's LiveRows UDF on ``_metadata.row_index``) that drops
+    the deleted rows of the files in ``positions`` (Spark path -> deleted positions)."""
+    from pyspark.sql.classic.column import Column
+
+    return Column(spark._jvm.org.icecrypt.spark.LiveRows.filter(_deletes_buffer(positions)))
+
+
+def _as_output(loaded: Any, output: Any) -> Any:
+    """``loaded`` (Spark's Parquet source) with the Python path's column types: a cast only
+    where Spark's reader gives another type (every column expression costs the driver a few
+    calls into the JVM: 6 columns cast were ~40 % of a read's planning)."""
     from pyspark.sql import functions as F
 
-    loaded = reader.load(list(spark_paths))
-    # Spark's file index must hold exactly the planned files: one it skipped (a hidden name)
-    # would lose rows silently, so such a read takes the Python path
-    listed = len(set(loaded.inputFiles()))
-    if listed != len(spark_paths):
-        return None, f"Spark's Parquet source lists {listed} of the {len(spark_paths)} planned data files"
-    # a cast only where Spark's reader gives another type than the Python path's (every column
-    # expression costs the driver a few calls into the JVM: 6 columns cast were ~40 % of planning)
     given = [(f.name, f.dataType.simpleString()) for f in loaded.schema.fields]
-    same = given == [(f.name, f.dataType.simpleString()) for f in output.fields]
-    native = loaded if same else loaded.select(
+    if given == [(f.name, f.dataType.simpleString()) for f in output.fields]:
+        return loaded
+    return loaded.select(
         *[F.col("`" + f.name.replace("`", "``") + "`").cast(f.dataType).alias(f.name) for f in output.fields])
-    if not rest:
-        return native, ""
-    return native.unionAll(_python_part(spark, rest, scan, output, table, location)), ""
 
 
 def _python_part(spark: Any, tasks: list[Any], scan: Any, output: Any, table: Any, location: str) -> Any:
