@@ -14,7 +14,12 @@ reads again with a deletion vector on every data file (5 % of the rows deleted; 
 after a warm-up round; the order of the variants alternates every round.
 
     .venv/bin/python benchmarks/spark_native.py [--rows 3000000] [--write-rows 2000000] [--rounds 3]
-                                                [--no-deletes]
+                                                [--no-deletes] [--master spark://127.0.0.1:7077]
+
+For a standalone cluster on this host, start a master and a worker from the pyspark wheel
+(``$SPARK_HOME/bin/spark-class org.apache.spark.deploy.master.Master --host 127.0.0.1`` and
+``... org.apache.spark.deploy.worker.Worker spark://127.0.0.1:7077 --cores 2``) and pass
+``--master``; the driver then runs here and the queries in the worker's executor.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def main() -> None:
     parser.add_argument("--no-deletes", dest="deletes", action="store_false",
                         help="skip the queries on the tables with deletion vectors")
     parser.add_argument("--dir", default=None, help="where the tables go (default: a temporary directory)")
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master, e.g. spark://127.0.0.1:7077 for a standalone cluster on this host "
+                             "(its executors share the tables' directory and this Python)")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="icecrypt-spark-native-", dir=args.dir))
@@ -64,8 +72,12 @@ def main() -> None:
               f"{time.perf_counter() - started:.0f} s)")
 
         os.environ["PYSPARK_PYTHON"] = sys.executable
-        builder = SparkSession.builder.master("local[2]").appName("icecrypt-bench-spark-native")
-        for key, value in spark_conf().items():
+        builder = SparkSession.builder.master(args.master).appName("icecrypt-bench-spark-native")
+        conf = spark_conf()
+        if not args.master.startswith("local"):  # one executor with the 2 cores, as local[2] has
+            conf.update({"spark.executor.cores": "2", "spark.cores.max": "2", "spark.executor.memory": "4g",
+                         "spark.executorEnv.PYSPARK_PYTHON": sys.executable})
+        for key, value in conf.items():
             builder = builder.config(key, value)
         spark = icecrypt.spark.configure(builder).getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")

@@ -331,8 +331,8 @@ def test_no_key_in_logs_outputs_errors_and_plans(tmp_path, capfd, spark):
 def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     """``icecrypt.spark.read_table`` hands Spark's Parquet reader each file's DEK and AAD
     prefix in the read's options: a Spark application (tests/native_hygiene_job.py, its
-    own JVM with the UI, an event log and DEBUG logs) reads a table natively and through
-    the Python part; no DEK, KEK or master key shows in any explain mode, the UI's REST
+    own JVM with the UI, an event log and DEBUG logs) reads a table natively (with a
+    deletion vector's filter) and through the Python part; no DEK, KEK or master key shows in any explain mode, the UI's REST
     answers (SQL plans, environment, stages, jobs, executors), the event log, or the
     driver's and executors' logs and output.  The DEKs are found in the option's value
     (the search works on what travels)."""
@@ -343,7 +343,9 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
                               kms=kms, table_key_id="master")
     for start in (0, 50):
         t.append(pa.table({"id": pa.array(range(start, start + 50), pa.int64()), "s": [f"v{i % 3}" for i in range(50)]}))
-    t.delete("id < 3")  # the first file's rows go through the Python part
+    t.delete("id < 3")  # the first file's deletion vector: applied on Spark's reader
+    # an Avro data file: read by the Python part, whose tasks carry its key metadata
+    t.append(pa.table({"id": pa.array([100, 101], pa.int64()), "s": ["v0", "v1"]}), file_format="avro")
     out = tmp_path / "out"
     out.mkdir()
     job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_hygiene_job.py")
@@ -351,13 +353,13 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     proc = subprocess.run([sys.executable, job, t.location, str(keystore), str(out)], capture_output=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert b"rows 97" in proc.stdout
+    assert b"rows 99" in proc.stdout
     evidence = Evidence()
     evidence.add("job stdout", proc.stdout)
     evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
     assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
     explain = (out / "explain.txt").read_text()
-    assert "FileScan parquet" in explain and "MapInArrow" in explain
+    assert "FileScan parquet" in explain and "icecrypt_live_row" in explain and "MapInArrow" in explain
     evidence.add("explain", explain)
     rest = json.loads((out / "rest.json").read_text())
     assert "FileScan parquet" in rest["sql?details=true&planDescription=true"]
