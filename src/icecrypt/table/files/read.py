@@ -504,7 +504,9 @@ def _positions(task: FileScanTask, fs: pafs.FileSystem, cache: dict | None) -> n
         parts.append(mine.column("pos").to_numpy())
     if not parts:
         return None
-    positions = np.unique(np.concatenate(parts).astype(np.int64, copy=False))
+    positions = (np.concatenate(parts) if len(parts) > 1 else parts[0]).astype(np.int64, copy=False)
+    if len(parts) > 1 or not bool(np.all(positions[1:] > positions[:-1])):  # a lone DV: sorted, unique
+        positions = np.unique(positions)
     return positions if len(positions) else None
 
 
