@@ -280,6 +280,8 @@ def test_deletes_with_odd_paths_and_a_metadata_column(nspark, tmp_path):
     native, python, scan, plan, _ = _three_ways(nspark, shadow.location, shadow, options)
     assert native == python == scan and len(scan) == 55
     assert "MapInArrow" in plan and "icecrypt_live_row" not in plan and "FileScan parquet" in plan
+    native, python, scan, plan, _ = _three_ways(nspark, shadow.location, shadow, options, ["id"])  # not projected
+    assert native == python == scan and len(scan) == 55 and "icecrypt_live_row" not in plan
 
 
 def test_the_deletes_filter_fails_closed(nspark, tmp_path):

@@ -342,7 +342,7 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
         by_file.setdefault(task.file.path, []).append(task)
     # Spark's _metadata column (the row positions the deletes filter needs) is hidden by a
     # table column of that name: files with deletes then stay on the Python path
-    positions_readable = all(f.name.lower() != "_metadata" for f in scan.projected.fields)
+    positions_readable = all(f.name.lower() != "_metadata" for f in (*scan.schema.fields, *scan.projected.fields))
     files: dict[str, Any] = {}  # Spark path -> data file, every file Spark's reader reads
     filtered: dict[str, Any] = {}  # Spark path -> deleted positions, the files with deletes
     rest: list[Any] = []
@@ -359,8 +359,8 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
             deleted = _deleted_positions(group, table.filesystem, cache)
         except Exception as exc:
             raise file_error(exc, f"{ib.NAME}: reading the deletes of {file.path} in table {location}") from exc
-        if deleted is not None and int(deleted[-1]) > _MAX_FILTERED_POSITION:
-            rest.extend(group)
+        if deleted is not None and not 0 <= int(deleted[0]) <= int(deleted[-1]) <= _MAX_FILTERED_POSITION:
+            rest.extend(group)  # positions LiveRows does not take: read_task ignores those out of range
             continue
         files[path] = file
         if deleted is not None:
