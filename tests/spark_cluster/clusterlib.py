@@ -149,7 +149,7 @@ def standalone_steps(root, kms_file: dict, kms_env: dict) -> list[dict]:
         read("ice_read_driver_kms", "icecrypt.iceberg", table, kms_env),
     ]
     # Spark's own Parquet reader in the executor's JVM (icecrypt.spark.read_table), keys from
-    # the driver only; then a delete (a file read in Python workers beside it) and a tampered file
+    # the driver only; then a delete (its deletion vector applied on Spark's reader) and a tampered file
     native = "native-table"
     steps += [
         write("native_create", "icecrypt.iceberg", native, {**kms_file, "table-key-id": MASTER_KEY}),

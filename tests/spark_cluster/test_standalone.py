@@ -134,16 +134,16 @@ def test_no_key_material_in_event_log_or_executor_logs(cluster_run, spark_standa
 def test_native_read_on_the_cluster(cluster_run):
     """icecrypt.spark.read_table on the cluster: the executor's JVM decrypts with the jar
     (spark.jars, icecrypt.spark.configure) and the keys the driver planned, with no KMS on
-    the executors; beside a file with deletes read in Python workers; a tampered file
-    fails the read naming it."""
+    the executors; a file's deletion vector applied there by the jar's LiveRows filter
+    (shipped in the task); a tampered file fails the read naming it."""
     steps = cluster_run.steps
     read = _ok(steps, "native_read")
     _same_rows(read, expected_rows(0, ROWS))
-    assert read["spark_parquet_scan"] and not read["python_tasks"]
+    assert read["spark_parquet_scan"] and not read["python_tasks"] and not read["deletes_filter"]
     _ok(steps, "native_delete")
     read = _ok(steps, "native_read_deletes")
     _same_rows(read, expected_rows(NATIVE_DELETED, ROWS - NATIVE_DELETED))
-    assert read["spark_parquet_scan"] and read["python_tasks"]
+    assert read["spark_parquet_scan"] and read["deletes_filter"] and not read["python_tasks"]
     victim = _ok(steps, "native_tamper")["victim"]
     failed = steps["native_read_tampered"]
     assert not failed["ok"], "a tampered file must fail the read"
