@@ -341,8 +341,9 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
     for task in tasks:
         by_file.setdefault(task.file.path, []).append(task)
     # Spark's _metadata column (the row positions the deletes filter needs) is hidden by a
-    # table column of that name: files with deletes then stay on the Python path
-    positions_readable = all(f.name.lower() != "_metadata" for f in (*scan.schema.fields, *scan.projected.fields))
+    # column of that name in the read schema (the table's, which holds every projected
+    # column): files with deletes then stay on the Python path
+    positions_readable = all(f.name.lower() != "_metadata" for f in scan.schema.fields)
     files: dict[str, Any] = {}  # Spark path -> data file, every file Spark's reader reads
     filtered: dict[str, Any] = {}  # Spark path -> deleted positions, the files with deletes
     rest: list[Any] = []
