@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build src/icecrypt/spark/icecrypt-spark.jar, icecrypt's own JVM code for Spark's Parquet
-# reader (java/src: parquet-java's DecryptionPropertiesFactory and a deletes filter), with
+# reader (java/src: parquet-java's DecryptionPropertiesFactory, a deletes filter and the
+# analyzer rule that routes icecrypt.iceberg reads to the native path), with
 # javac against the jars that ship with pyspark.  Nothing is downloaded.
 #
 #   scripts/build-jar.sh [PYTHON]     PYTHON: an interpreter with pyspark (default python3);
@@ -22,8 +23,9 @@ shopt -s nullglob
 classpath=("$jars"/parquet-hadoop-*.jar "$jars"/parquet-column-*.jar "$jars"/parquet-common-*.jar \
            "$jars"/hadoop-client-api-*.jar "$jars"/slf4j-api-*.jar "$jars"/spark-core_*.jar \
            "$jars"/spark-sql-api_*.jar "$jars"/spark-unsafe_*.jar "$jars"/spark-common-utils_*.jar "$jars"/scala-library-*.jar \
-           "$jars"/scala-reflect-*.jar "$jars"/kryo-shaded-*.jar "$jars"/RoaringBitmap-*.jar)
-((${#classpath[@]} >= 12)) || { echo "build-jar: Parquet, Hadoop and Spark jars not found in $jars" >&2; exit 1; }
+           "$jars"/scala-reflect-*.jar "$jars"/kryo-shaded-*.jar "$jars"/RoaringBitmap-*.jar \
+           "$jars"/spark-sql_*.jar "$jars"/spark-catalyst_*.jar)
+((${#classpath[@]} >= 14)) || { echo "build-jar: Parquet, Hadoop and Spark jars not found in $jars" >&2; exit 1; }
 command -v javac >/dev/null || { echo "build-jar: javac not found (a JDK 17 or later is needed)" >&2; exit 1; }
 
 work=$(mktemp -d)
