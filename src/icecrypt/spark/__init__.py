@@ -44,7 +44,7 @@ from icecrypt.keys import ENCRYPTION_TABLE_KEY, StandardKeyMetadata
 from icecrypt.kms import KeyManagementClient, create_kms_client
 from icecrypt.spark._common import OPT_JOB_ID, OPT_KEYS_MANIFEST, OPT_KEYS_WRAPPED, resolve
 from icecrypt.spark._keys import wrap_keys as _wrap_keys
-from icecrypt.spark._native import configure, jar_path, native_available, read_table
+from icecrypt.spark._native import configure, jar_path, native_available, read_table, route
 from icecrypt.spark._ship import executor_conf, pack_environment, use_archive
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "native_available",
     "read_table",
     "register",
+    "route",
     "executor_conf",
     "pack_environment",
     "rewrite_data_files",
@@ -145,8 +146,11 @@ def register(spark: Any) -> None:
     ``icecrypt.iceberg``) with a SparkSession.  Registering again is harmless.
 
     ``icecrypt.iceberg`` needs pyiceberg (the ``iceberg`` extra); without it that source
-    is skipped with a warning and the file sources are still registered.
+    is skipped with a warning and the file sources are still registered.  In a session
+    built with :func:`configure`, its batch reads then take the native path where it
+    applies (:func:`route`; option ``native=false`` turns that off for a read).
     """
+    iceberg = False
     for entry in DATA_SOURCES:
         module, _, name = entry.partition(":")
         try:
@@ -157,6 +161,9 @@ def register(spark: Any) -> None:
             warnings.warn(f"icecrypt.spark: {entry} not registered: {exc}", stacklevel=2)
             continue
         spark.dataSource.register(source)
+        iceberg = iceberg or name == "IcebergDataSource"
+    if iceberg:
+        route(spark)
 
 
 def wrap_keys(

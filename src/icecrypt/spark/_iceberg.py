@@ -216,11 +216,14 @@ OPT_SKIP_DELETES = "streaming-skip-delete-snapshots"
 _STREAM_OPTIONS = (OPT_STREAM_FROM_TIMESTAMP, OPT_MAX_FILES_PER_BATCH, OPT_MAX_ROWS_PER_BATCH, OPT_SKIP_OVERWRITES,
                    OPT_SKIP_DELETES)
 
+#: read option of the native path (icecrypt.spark._native: auto, true, false)
+OPT_NATIVE = "native"
+
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
                           OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE,
                           OPT_OVERWRITE_MODE, OPT_OVERWRITE_FILTER, OPT_ISOLATION_LEVEL,
-                          OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG, *_STREAM_OPTIONS})
+                          OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG, *_STREAM_OPTIONS, OPT_NATIVE})
 _KMS_PREFIX = "encryption.kms"
 
 

@@ -31,6 +31,15 @@ that differ only by case, types Spark's Parquet reader does not map — time, uu
 nanosecond timestamps, geo, variant, unknown).  Otherwise, or with option
 ``native=false``, :func:`read_table` returns ``spark.read.format("icecrypt.iceberg")``.
 
+Routed reads: in a session built with :func:`configure` (which adds icecrypt's session
+extension, ``org.icecrypt.spark.Extensions``), ``spark.read.format("icecrypt.iceberg")``
+takes the same path by itself.  The extension's analyzer rule
+(``org.icecrypt.spark.NativeRouting``) hands each batch read of the Python source to the
+planner :func:`route` registered for the session (over Py4J, on the driver), and puts the
+DataFrame it answers with in the relation's place when the columns match; Spark's
+optimizer then prunes and pushes filters into the Parquet scan.  Option ``native`` means
+what it means for :func:`read_table`.
+
 Key transport: per read, one data source option ``icecrypt.secret.file-keys`` holding the
 DEK and AAD prefix of each planned file (never a KEK or master key).  Spark turns
 DataFrameReader options into the scan's Hadoop configuration, broadcast to the executors;
@@ -43,11 +52,16 @@ The Python tasks carry their files' key metadata as ``icecrypt.iceberg``'s do.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
+import logging
 import os
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+_log = logging.getLogger("icecrypt.spark")
 
 #: the jar with icecrypt's JVM code (built by scripts/build-jar.sh, shipped in the wheel)
 JAR_NAME = "icecrypt-spark.jar"
@@ -64,8 +78,13 @@ FIELD_ID_IGNORE_MISSING = "spark.sql.parquet.fieldId.read.ignoreMissing"
 #: read option: ``auto`` (default: native when it applies), ``true`` (native or an error
 #: saying why not), ``false`` (always the Python path)
 OPT_NATIVE = "native"
+#: the session extension (static: set when the session is built, by :func:`configure`) whose
+#: analyzer rule routes ``icecrypt.iceberg`` reads, and that rule
+EXTENSIONS_PROPERTY = "spark.sql.extensions"
+EXTENSIONS_CLASS = "org.icecrypt.spark.Extensions"
+ROUTING_CLASS = "org.icecrypt.spark.NativeRouting"
 
-__all__ = ["FACTORY_CLASS", "JAR_NAME", "configure", "jar_path", "native_available", "read_table"]
+__all__ = ["FACTORY_CLASS", "JAR_NAME", "configure", "jar_path", "native_available", "read_table", "route"]
 
 
 def jar_path() -> str:
@@ -78,18 +97,78 @@ def jar_path() -> str:
 
 
 def configure(builder: Any) -> Any:
-    """``builder`` (a ``SparkSession.Builder``) with icecrypt's jar added to ``spark.jars``
-    and Parquet field-id reads on (a file without field ids fails); returns it."""
-    jar = jar_path()
+    """``builder`` (a ``SparkSession.Builder``) with icecrypt's jar added to ``spark.jars``,
+    icecrypt's session extension added to ``spark.sql.extensions`` (its analyzer rule sends
+    ``icecrypt.iceberg`` reads to the native path once :func:`route` — called by
+    ``icecrypt.spark.register`` — names the driver's planner) and Parquet field-id reads on
+    (a file without field ids fails); returns it."""
+    builder = _add_to_list(builder, "spark.jars", jar_path())
+    builder = _add_to_list(builder, EXTENSIONS_PROPERTY, EXTENSIONS_CLASS)
+    return builder.config(FIELD_ID_READ, "true").config(FIELD_ID_IGNORE_MISSING, "false")
+
+
+def _add_to_list(builder: Any, key: str, value: str) -> Any:
+    """``builder`` with ``value`` appended to the comma-separated setting ``key``."""
     try:
-        current = builder._options.get("spark.jars", "")
+        current = builder._options.get(key, "")
     except AttributeError:
         current = ""
-    jars = [j for j in current.split(",") if j.strip()] if current else []
-    if jar not in jars:
-        jars.append(jar)
-    return (builder.config("spark.jars", ",".join(jars)).config(FIELD_ID_READ, "true")
-            .config(FIELD_ID_IGNORE_MISSING, "false"))
+    values = [v.strip() for v in current.split(",") if v.strip()] if current else []
+    if value not in values:
+        values.append(value)
+    return builder.config(key, ",".join(values))
+
+
+class _Planner:
+    """What ``org.icecrypt.spark.NativeRouting`` calls (over Py4J, on the driver) when Spark
+    analyzes a read of ``icecrypt.iceberg``: the native path's JVM Dataset, or why it does
+    not apply.  Planning errors also answer "does not apply": the read then takes the
+    Python path, which raises them as it always has (a tampered file fails either way)."""
+
+    class Java:
+        implements = [ROUTING_CLASS + "$Planner"]
+
+    def __init__(self, spark: Any) -> None:
+        self._spark = spark
+
+    def plan(self, encoded: str) -> Any:
+        fields = encoded.split("\0")[:-1]  # name, value, name, value, ... (NUL-terminated)
+        options = {fields[i].lower(): fields[i + 1] for i in range(0, len(fields) - 1, 2)}
+        location = options.pop("path")
+        options.pop(OPT_NATIVE, None)
+        try:
+            frame, why = _native_read(self._spark, location, options)
+        except Exception as exc:  # noqa: BLE001 - the Python path raises it again, as before
+            why = f"planning failed: {type(exc).__name__}: {exc}"
+            frame = None
+        if frame is not None:
+            return frame._jdf
+        _log.debug("icecrypt.iceberg: table %s: the Python source reads (%s)", location, why)
+        return why
+
+
+def route(spark: Any) -> bool:
+    """Let ``spark``'s reads of ``icecrypt.iceberg`` take the native path when it applies
+    (option ``native`` as for :func:`read_table`); True when they can: a classic session
+    built with :func:`configure` (the extension is static) whose jar loads.  Calling it
+    again is harmless; ``icecrypt.spark.register`` calls it."""
+    jsession = _jvm_session(spark)
+    extensions = [name.strip() for name in (spark.conf.get(EXTENSIONS_PROPERTY, "") or "").split(",")]
+    if jsession is None or EXTENSIONS_CLASS not in extensions:
+        return False
+    if not native_available(spark, install=False):
+        return False
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    jvm = spark.sparkContext._jvm
+    routing = getattr(jvm.org.icecrypt.spark, "NativeRouting")
+    if routing.registered(jsession) and getattr(spark, "_icecrypt_planner", None) is not None:
+        return True
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    planner = _Planner(spark)
+    spark._icecrypt_planner = planner  # py4j holds the object only while the JVM refers to it
+    routing.register(jsession, planner)
+    return True
 
 
 def _jvm_session(spark: Any) -> Any:
@@ -293,6 +372,37 @@ def _spark_path(fs_path: str, filesystem: Any) -> str | None:
     return None
 
 
+#: py4j logs each command it sends (a native read's file keys among them) at DEBUG
+_PY4J_LOGGERS = ("py4j.clientserver", "py4j.java_gateway")
+_in_flight = threading.local()
+
+
+class _HideCommands(logging.Filter):
+    """Replaces the text of py4j's records logged while this thread passes keys to the JVM."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(_in_flight, "depth", 0):
+            record.msg, record.args = "(a py4j command of an icecrypt native read: not logged, it may hold keys)", ()
+        return True
+
+
+_HIDE_COMMANDS = _HideCommands()
+
+
+@contextlib.contextmanager
+def _keys_in_flight() -> Iterator[None]:
+    """Within: py4j's records of this thread's calls are logged without their text."""
+    for name in _PY4J_LOGGERS:
+        logger = logging.getLogger(name)
+        if _HIDE_COMMANDS not in logger.filters:
+            logger.addFilter(_HIDE_COMMANDS)
+    _in_flight.depth = getattr(_in_flight, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _in_flight.depth -= 1
+
+
 def read_table(spark: Any, location: str, **options: str) -> Any:
     """The rows of the encrypted Iceberg table at ``location`` (directory, metadata.json or,
     with option ``catalog``, an identifier) as a DataFrame, with ``icecrypt.iceberg``'s
@@ -310,11 +420,17 @@ def read_table(spark: Any, location: str, **options: str) -> Any:
     if mode == "true":
         raise ValueError(f"icecrypt.spark.read_table: table {location}: the native path does not apply ({why})")
     spark.dataSource.register(ib.IcebergDataSource)
-    return spark.read.format(ib.NAME).options(**options).load(location)
+    # native=false: the routing rule (route) must not plan this read a second time
+    return spark.read.format(ib.NAME).options(**options).option(OPT_NATIVE, "false").load(location)
 
 
 def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[Any, str]:
     """(the DataFrame of the native path, "") or (None, why it does not apply)."""
+    with _keys_in_flight():  # the file keys option and the Python part's pickled tasks
+        return _plan_native_read(spark, location, options)
+
+
+def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[Any, str]:
     from icecrypt.spark import _iceberg as ib
     from icecrypt.spark._common import columns_option, file_error
     from icecrypt.spark._schema import spark_schema
