@@ -48,11 +48,17 @@ def main(table_dir: str, keystore: str, out: str) -> None:
         df = icecrypt.spark.read_table(spark, table_dir, **options, native="true")
         print("rows", df.count(), sorted(df.groupBy("s").agg(F.count("*"), F.sum("id")).collect()))
         print("filtered", df.where("id < 5").select("id").collect())
+        # the same read through spark.read.format("icecrypt.iceberg"), routed by the analyzer rule
+        icecrypt.spark.register(spark)
+        routed = spark.read.format("icecrypt.iceberg").options(**options).option("native", "true").load(table_dir)
+        print("routed", routed.count(), sorted(routed.groupBy("s").agg(F.count("*"), F.sum("id")).collect()))
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
-            for mode in ("simple", "extended", "codegen", "cost", "formatted"):
-                df.groupBy("s").count().explain(mode)
+            for frame in (df, routed):
+                for mode in ("simple", "extended", "codegen", "cost", "formatted"):
+                    frame.groupBy("s").count().explain(mode)
         text.write(df._jdf.queryExecution().toString())
+        text.write(routed._jdf.queryExecution().toString())
     finally:
         spark.sparkContext.setLogLevel("ERROR")
     with open(os.path.join(out, "explain.txt"), "w") as f:

@@ -44,7 +44,11 @@ def start_spark(app_name: str = "icecrypt-tests", master: str = "local[2]"):
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in spark_conf().items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # icecrypt's jar and session extension, as users of the native path build their sessions:
+    # once icecrypt.spark.register is called, icecrypt.iceberg reads take the native path
+    import icecrypt.spark
+
+    session = icecrypt.spark.configure(builder).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
 

@@ -332,7 +332,8 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     """``icecrypt.spark.read_table`` hands Spark's Parquet reader each file's DEK and AAD
     prefix in the read's options: a Spark application (tests/native_hygiene_job.py, its
     own JVM with the UI, an event log and DEBUG logs) reads a table natively (with a
-    deletion vector's filter) and through the Python part; no DEK, KEK or master key shows in any explain mode, the UI's REST
+    deletion vector's filter) and through the Python part, with ``read_table`` and with
+    ``spark.read.format("icecrypt.iceberg")`` routed by the analyzer rule; no DEK, KEK or master key shows in any explain mode, the UI's REST
     answers (SQL plans, environment, stages, jobs, executors), the event log, or the
     driver's and executors' logs and output.  The DEKs are found in the option's value
     (the search works on what travels)."""
@@ -353,13 +354,14 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     proc = subprocess.run([sys.executable, job, t.location, str(keystore), str(out)], capture_output=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert b"rows 99" in proc.stdout
+    assert b"rows 99" in proc.stdout and b"routed 99" in proc.stdout
     evidence = Evidence()
     evidence.add("job stdout", proc.stdout)
     evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
     assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
     explain = (out / "explain.txt").read_text()
     assert "FileScan parquet" in explain and "icecrypt_live_row" in explain and "MapInArrow" in explain
+    assert explain.count("icecrypt_live_row") >= 10  # both reads, every explain mode
     evidence.add("explain", explain)
     rest = json.loads((out / "rest.json").read_text())
     assert "FileScan parquet" in rest["sql?details=true&planDescription=true"]

@@ -156,6 +156,8 @@ def standalone_steps(root, kms_file: dict, kms_env: dict) -> list[dict]:
         {**read("native_read", "icecrypt.iceberg", native, kms_env), "native": "true"},
         {"name": "native_delete", "op": "delete", "path": str(root / native), "where": f"id < {NATIVE_DELETED}"},
         {**read("native_read_deletes", "icecrypt.iceberg", native, kms_env), "native": "true"},
+        # spark.read.format("icecrypt.iceberg"), routed to the native path by icecrypt's analyzer rule
+        read("native_read_routed", "icecrypt.iceberg", native, kms_env),
         {"name": "native_tamper", "op": "tamper", "path": str(root / native)},
         {**read("native_read_tampered", "icecrypt.iceberg", native, kms_env), "native": "true"},
     ]

@@ -135,7 +135,8 @@ def test_native_read_on_the_cluster(cluster_run):
     """icecrypt.spark.read_table on the cluster: the executor's JVM decrypts with the jar
     (spark.jars, icecrypt.spark.configure) and the keys the driver planned, with no KMS on
     the executors; a file's deletion vector applied there by the jar's LiveRows filter
-    (shipped in the task); a tampered file fails the read naming it."""
+    (shipped in the task); the same read through format("icecrypt.iceberg"), routed by the
+    analyzer rule; a tampered file fails the read naming it."""
     steps = cluster_run.steps
     read = _ok(steps, "native_read")
     _same_rows(read, expected_rows(0, ROWS))
@@ -144,6 +145,9 @@ def test_native_read_on_the_cluster(cluster_run):
     read = _ok(steps, "native_read_deletes")
     _same_rows(read, expected_rows(NATIVE_DELETED, ROWS - NATIVE_DELETED))
     assert read["spark_parquet_scan"] and read["deletes_filter"] and not read["python_tasks"]
+    routed = _ok(steps, "native_read_routed")  # format("icecrypt.iceberg") in a configured session
+    assert routed["spark_parquet_scan"] and routed["deletes_filter"] and not routed["python_tasks"]
+    assert {k: routed[k] for k in ("count", "id_sum", "digest")} == {k: read[k] for k in ("count", "id_sum", "digest")}
     victim = _ok(steps, "native_tamper")["victim"]
     failed = steps["native_read_tampered"]
     assert not failed["ok"], "a tampered file must fail the read"
