@@ -3,12 +3,16 @@ in plaintext (issue 20, target: <= 1.3 x), side by side in one run.
 
 The tables are benchmarks/spark_table.py's (same generator, same appends): an encrypted one
 and a plaintext twin whose data files Spark's ``spark.read.parquet`` reads directly.  Reads:
-``icecrypt.spark.read_table`` (the native path: Spark's Parquet reader, keys by the
-project's factory), ``spark.read.format("icecrypt.iceberg")`` (the Python path, for
-reference) and ``spark.read.parquet`` on the plaintext files.  Queries: ``count()``,
+``spark.read.format("icecrypt.iceberg")`` in a session built with
+``icecrypt.spark.configure``, which icecrypt's analyzer rule routes to the native path
+(Spark's Parquet reader, keys by the project's factory; ``icecrypt.spark.read_table`` is
+the same path), the same with ``native=false`` (the Python path, for reference),
+``icecrypt.spark.read_table`` (the native path without the Python source's schema call)
+and ``spark.read.parquet`` on the plaintext files.  Queries: ``count()``,
 ``groupBy(category)`` with count/sum/max, two columns with ``qty < 10`` and ``sum(amount)``
 (the Python path gets the columns as option ``columns``).  Write: 2M cached rows appended to
-an encrypted table through ``icecrypt.iceberg`` versus ``df.write.parquet``.  Then the
+an encrypted table through ``icecrypt.iceberg`` (zstd, Iceberg's default codec, and snappy,
+the codec of Spark's writer) versus ``df.write.parquet`` (snappy).  Then the
 reads again with a deletion vector on every data file (5 % of the rows deleted; target
 <= 1.5 x) against Spark's Parquet on the live rows in plaintext.  Median of the rounds
 after a warm-up round; the order of the variants alternates every round.
@@ -86,9 +90,15 @@ def main() -> None:
             kms_options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(root / "keystore.json")}
             plain_files = str(plain / "data" / "*.parquet")
             reads = {
-                "native": lambda cols=None: icecrypt.spark.read_table(spark, str(enc), **kms_options, native="true"),
+                # routed to the native path by icecrypt's analyzer rule (the session is built with
+                # icecrypt.spark.configure); native=true: an error rather than a silent Python read
+                "native": lambda cols=None: spark.read.format("icecrypt.iceberg").options(**kms_options)
+                .option("native", "true").load(str(enc)),
                 "python": lambda cols=None: spark.read.format("icecrypt.iceberg").options(**kms_options)
-                .options(**({"columns": cols} if cols else {})).load(str(enc)),
+                .option("native", "false").options(**({"columns": cols} if cols else {})).load(str(enc)),
+                # the same native path without the Python source's schema() call (a Python worker)
+                "read_table": lambda cols=None: icecrypt.spark.read_table(spark, str(enc), **kms_options,
+                                                                          native="true"),
                 "spark": lambda cols=None: spark.read.parquet(plain_files),
             }
             queries = {
@@ -104,6 +114,10 @@ def main() -> None:
             writes = {
                 "icecrypt": lambda n: source.write.format("icecrypt.iceberg").options(**kms_options)
                 .mode("append").save(_empty_table(root / f"w{n}", kms)),
+                # the codec Spark's writer uses (spark.sql.parquet.compression.codec, snappy)
+                "icecrypt, snappy": lambda n: source.write.format("icecrypt.iceberg").options(**kms_options)
+                .mode("append").save(_empty_table(root / f"ws{n}", kms, spark.conf.get(
+                    "spark.sql.parquet.compression.codec"))),
                 "spark": lambda n: source.write.mode("overwrite").parquet(str(root / f"p{n}")),
             }
             times: dict[tuple[str, str], list[float]] = {}
@@ -124,7 +138,7 @@ def main() -> None:
                     if round_number:
                         times.setdefault(("write", variant), []).append(elapsed)
                 t0 = time.perf_counter()
-                reads["native"]()  # planning on the driver and Spark's file index only, no job
+                reads["native"]()  # the analysis: planning on the driver and Spark's file index, no job
                 if round_number:
                     times.setdefault(("plan", "native"), []).append(time.perf_counter() - t0)
                 done = {key: value[-1] for key, value in times.items()} if round_number else {}
@@ -135,18 +149,23 @@ def main() -> None:
                     raise SystemExit(f"{query}: the variants gave different results")
             written = spark.read.format("icecrypt.iceberg").options(**kms_options).load(str(root / "w1")).count()
             assert written == args.write_rows, written
+            assert spark.read.format("icecrypt.iceberg").options(**kms_options).load(str(root / "ws1")).count() == written
 
             med = {key: statistics.median(value) for key, value in times.items()}
             print(f"\n{'query':<34} {'native s':>9} {'python s':>9} {'spark s':>8} {'native/spark':>13} "
-                  f"{'python/spark':>13}")
+                  f"{'python/spark':>13} {'read_table/spark':>17}")
             for query in queries:
                 n, p, s = med[(query, "native")], med[(query, "python")], med[(query, "spark")]
-                print(f"{query:<34} {n:>9.2f} {p:>9.2f} {s:>8.2f} {n / s:>12.2f}x {p / s:>12.2f}x"
+                r = med[(query, "read_table")]
+                print(f"{query:<34} {n:>9.2f} {p:>9.2f} {s:>8.2f} {n / s:>12.2f}x {p / s:>12.2f}x {r / s:>16.2f}x"
                       f"   {'ok' if n / s <= TARGET else 'ABOVE TARGET'} (target <= {TARGET})")
-            print(f"{'read_table() alone (driver plan)':<34} {med[('plan', 'native')]:>9.2f}")
-            w, s = med[("write", "icecrypt")], med[("write", "spark")]
-            print(f"{f'write {args.write_rows:,} rows (append)':<34} {'-':>9} {w:>9.2f} {s:>8.2f} {'-':>13} "
-                  f"{w / s:>12.2f}x   {'ok' if w / s <= TARGET else 'ABOVE TARGET'} (Python write path)")
+            print(f"{'load() alone (driver plan)':<34} {med[('plan', 'native')]:>9.2f}")
+            s = med[("write", "spark")]
+            print(f"write {args.write_rows:,} rows (append; Spark's writer: snappy):")
+            for variant, label in (("icecrypt", "  zstd (Iceberg's default)"), ("icecrypt, snappy", "  snappy (Spark's codec)")):
+                w = med[("write", variant)]
+                print(f"{label:<34} {'-':>9} {w:>9.2f} {s:>8.2f} {'-':>13} "
+                      f"{w / s:>12.2f}x   {'ok' if w / s <= TARGET else 'ABOVE TARGET'} (Python write path)")
             if args.deletes:
                 _with_deletion_vectors(spark, root, enc, plain, kms, reads, queries, args.rounds)
         finally:
@@ -190,8 +209,9 @@ def _with_deletion_vectors(spark, root: Path, enc: Path, plain: Path, kms: Local
               f"   {'ok' if n / sp <= DV_TARGET else 'ABOVE TARGET'}")
 
 
-def _empty_table(path: Path, kms: LocalKms) -> str:
-    EncryptedTable.create(str(path), events(1, 0).schema, kms=kms, table_key_id=MASTER)
+def _empty_table(path: Path, kms: LocalKms, codec: str | None = None) -> str:
+    properties = {"write.parquet.compression-codec": codec} if codec else None
+    EncryptedTable.create(str(path), events(1, 0).schema, kms=kms, table_key_id=MASTER, properties=properties)
     return str(path)
 
 
