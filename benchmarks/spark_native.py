@@ -111,13 +111,14 @@ def main() -> None:
             }
             source = spark.createDataFrame(events(args.write_rows, 10**9).to_pandas()).cache()
             source.count()
+            def append(path: Path, codec: str | None = None) -> None:
+                table = _empty_table(path, kms, codec)
+                source.write.format("icecrypt.iceberg").options(**kms_options).mode("append").save(table)
+
+            spark_codec = spark.conf.get("spark.sql.parquet.compression.codec")  # snappy
             writes = {
-                "icecrypt": lambda n: source.write.format("icecrypt.iceberg").options(**kms_options)
-                .mode("append").save(_empty_table(root / f"w{n}", kms)),
-                # the codec Spark's writer uses (spark.sql.parquet.compression.codec, snappy)
-                "icecrypt, snappy": lambda n: source.write.format("icecrypt.iceberg").options(**kms_options)
-                .mode("append").save(_empty_table(root / f"ws{n}", kms, spark.conf.get(
-                    "spark.sql.parquet.compression.codec"))),
+                "icecrypt": lambda n: append(root / f"w{n}"),
+                "icecrypt, snappy": lambda n: append(root / f"ws{n}", spark_codec),  # Spark writer's codec
                 "spark": lambda n: source.write.mode("overwrite").parquet(str(root / f"p{n}")),
             }
             times: dict[tuple[str, str], list[float]] = {}

@@ -119,6 +119,8 @@ def test_options_decide(rspark):
         _read(rspark, metadata_path(name), options, filter="qty > 3", native="true")
     with pytest.raises(Exception, match="native path does not apply"):
         _read(rspark, metadata_path("enc_avro_dek16"), _java("enc_avro_dek16")[1], native="true")
+    with pytest.raises(Exception, match="option native=yes must be auto, true or false"):
+        _read(rspark, metadata_path(name), options, native="yes")
 
 
 def test_without_a_planner_the_python_source_reads(rspark):

@@ -121,6 +121,7 @@ from icecrypt.spark._common import (
     resolve,
     split_size,
 )
+from icecrypt.spark._native import OPT_NATIVE
 from icecrypt.spark._schema import Projection, spark_schema
 from icecrypt.table import (
     ChangelogScan,
@@ -215,9 +216,6 @@ OPT_SKIP_OVERWRITES = "streaming-skip-overwrite-snapshots"
 OPT_SKIP_DELETES = "streaming-skip-delete-snapshots"
 _STREAM_OPTIONS = (OPT_STREAM_FROM_TIMESTAMP, OPT_MAX_FILES_PER_BATCH, OPT_MAX_ROWS_PER_BATCH, OPT_SKIP_OVERWRITES,
                    OPT_SKIP_DELETES)
-
-#: read option of the native path (icecrypt.spark._native: auto, true, false)
-OPT_NATIVE = "native"
 
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,

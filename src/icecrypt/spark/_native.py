@@ -153,15 +153,14 @@ def route(spark: Any) -> bool:
     built with :func:`configure` (the extension is static) whose jar loads.  Calling it
     again is harmless; ``icecrypt.spark.register`` calls it."""
     jsession = _jvm_session(spark)
-    extensions = [name.strip() for name in (spark.conf.get(EXTENSIONS_PROPERTY, "") or "").split(",")]
-    if jsession is None or EXTENSIONS_CLASS not in extensions:
+    if jsession is None:
         return False
-    if not native_available(spark, install=False):
+    extensions = [name.strip() for name in (spark.conf.get(EXTENSIONS_PROPERTY, "") or "").split(",")]
+    if EXTENSIONS_CLASS not in extensions or not native_available(spark, install=False):
         return False
     from pyspark.java_gateway import ensure_callback_server_started
 
-    jvm = spark.sparkContext._jvm
-    routing = getattr(jvm.org.icecrypt.spark, "NativeRouting")
+    routing = spark.sparkContext._jvm.org.icecrypt.spark.NativeRouting
     if routing.registered(jsession) and getattr(spark, "_icecrypt_planner", None) is not None:
         return True
     ensure_callback_server_started(spark.sparkContext._gateway)

@@ -143,6 +143,10 @@ public final class NativeRouting extends Rule<LogicalPlan> {
             options.put(e.getKey().toLowerCase(Locale.ROOT), e.getValue());
         }
         String mode = options.getOrDefault(OPTION, "auto").trim().toLowerCase(Locale.ROOT);
+        if (!mode.equals("auto") && !mode.equals("true") && !mode.equals("false")) {
+            // as icecrypt.spark.read_table refuses it
+            throw new IllegalArgumentException(SOURCE + ": option " + OPTION + "=" + mode + " must be auto, true or false");
+        }
         if (mode.equals("false") || !options.containsKey("path")) {
             return relation;
         }
