@@ -72,7 +72,7 @@ def register(subparsers: Any) -> Any:
     _add_common(p)
     p.set_defaults(func=_snapshots)
 
-    from icecrypt.table.read.inspect import METADATA_TABLES
+    from icecrypt._metadata_tables import METADATA_TABLES
 
     p = sub.add_parser(
         "inspect", help="print a metadata table (snapshots, files, manifests, partitions, ...) as JSON lines",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from icecrypt._metadata_tables import METADATA_TABLES
 from icecrypt.errors import FormatError
 from icecrypt.table.files.manifest import (
     DATA,
@@ -45,24 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["METADATA_TABLES", "InspectTable"]
 
-#: The metadata tables, by name (``table.inspect.table(name)``, the CLI, Spark's
-#: ``metadata-table`` option).
-METADATA_TABLES = (
-    "snapshots",
-    "history",
-    "refs",
-    "metadata_log_entries",
-    "manifests",
-    "all_manifests",
-    "entries",
-    "files",
-    "data_files",
-    "delete_files",
-    "partitions",
-    "all_files",
-    "all_data_files",
-    "all_delete_files",
-)
 #: The ones that show one snapshot (the current one unless ``snapshot_id`` is given).
 _SNAPSHOT_TABLES = frozenset({"manifests", "entries", "files", "data_files", "delete_files", "partitions"})
 
