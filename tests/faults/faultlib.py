@@ -35,6 +35,7 @@ import os
 import posixpath
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,12 +53,17 @@ MASTER, MASTER2 = "master", "master-2"
 FAR_FUTURE_MS = 4_102_444_800_000  # 2100-01-01: expire every snapshot but the current one
 
 _VERSION = re.compile(r"v([0-9]+)\.metadata\.json\Z")
+#: distinct values of ``cat`` (the partition column).  Two keep every per-partition and
+#: per-file loop of an operation running more than once (a fault can hit a later file after
+#: an earlier one was written) while keeping the tables small: a sweep's cost grows with the
+#: number of files twice over (more calls to fault, and each case writes and reads more).
+PARTITIONS = 2
 
 
 def rows(start: int, n: int) -> pa.Table:
     return pa.table({
         "id": pa.array(range(start, start + n), pa.int64()),
-        "cat": [f"c{i % 3}" for i in range(start, start + n)],
+        "cat": [f"c{i % PARTITIONS}" for i in range(start, start + n)],
         "amount": pa.array([i * 1.5 for i in range(start, start + n)], pa.float64()),
     })
 
@@ -177,6 +183,26 @@ class Reference:
     new_digest: str
     twice_digest: str  # after running the operation twice
     census: list[tuple[str, str]]  # the counted calls of the operation
+    sites: list[tuple[tuple[str, int], ...]]  # per counted call: the Python stack that made it
+
+
+class _CensusPlan(FaultPlan):
+    """A plan that never fails and also records, for each counted call, where it was made
+    from: the (file, line) of every Python frame on the stack (native frames, such as
+    Arrow's Parquet writer, are not seen: its writes share the site of the Python call
+    that started them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: list[tuple[tuple[str, int], ...]] = []
+
+    def hit(self, operation: str, path: str) -> None:
+        frame, site = sys._getframe(1), []
+        while frame is not None:
+            site.append((frame.f_code.co_filename, frame.f_lineno))
+            frame = frame.f_back
+        self.sites.append(tuple(site))
+        super().hit(operation, path)
 
 
 def reference(world: World, name: str) -> Reference:
@@ -184,15 +210,15 @@ def reference(world: World, name: str) -> Reference:
     root = world.fresh(f"ref-{_slug(name)}")
     t, handler = world.load(root)
     old_v, old_d = version(t), digest(t.scan().to_arrow())
-    handler.plan = FaultPlan()
+    handler.plan = plan = _CensusPlan()
     op(t)
-    census = list(handler.plan.calls)
+    census, sites = list(plan.calls), list(plan.sites)
     t2, _ = world.load(root)
     new_v, new_d = version(t2), digest(t2.scan().to_arrow())
     op(t2)
     twice = digest(world.load(root)[0].scan().to_arrow())
     shutil.rmtree(root)
-    return Reference(name, old_v, old_d, new_v, new_d, twice, census)
+    return Reference(name, old_v, old_d, new_v, new_d, twice, census, sites)
 
 
 def _slug(name: str) -> str:
