@@ -1,9 +1,10 @@
 """A Spark application for tests/test_secrets_hygiene.py: reads an encrypted table through
-``icecrypt.spark.read_table`` (native path and Python part) with the UI on, an uncompressed
+``icecrypt.spark.read_table`` (native path and Python part) and appends to it through the
+native write path, with the UI on, an uncompressed
 event log and the JVM's log at DEBUG, and writes what Spark shows to OUT/:
 ``explain.txt`` (every explain mode and the query execution), ``rest.json`` (the UI's
-REST answers), ``control.txt`` (the value of the read's file-keys option: the search
-must find the DEKs in it).  Its stdout and stderr (driver and local executors' logs) are
+REST answers), ``control.txt`` (the value of the read's file-keys option and the write's
+secret in hex: the search must find the DEKs in it).  Its stdout and stderr (driver and local executors' logs) are
 captured by the test.
 
     python tests/native_hygiene_job.py TABLE_DIR KEYSTORE OUT
@@ -23,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from spark_fixtures import spark_conf  # noqa: E402
 
 import icecrypt.spark  # noqa: E402
-from icecrypt.spark import _native  # noqa: E402
+from icecrypt.spark import _native, _native_write  # noqa: E402
 
 
 def main(table_dir: str, keystore: str, out: str) -> None:
@@ -43,6 +44,8 @@ def main(table_dir: str, keystore: str, out: str) -> None:
     control = []
     original = _native._file_keys
     _native._file_keys = lambda files: control.append(original(files)) or control[-1]
+    new_secret = _native_write._new_secret
+    _native_write._new_secret = lambda: control.append(new_secret().hex()) or bytes.fromhex(control[-1])
     spark.sparkContext.setLogLevel("DEBUG")
     try:
         df = icecrypt.spark.read_table(spark, table_dir, **options, native="true")
@@ -52,6 +55,10 @@ def main(table_dir: str, keystore: str, out: str) -> None:
         icecrypt.spark.register(spark)
         routed = spark.read.format("icecrypt.iceberg").options(**options).option("native", "true").load(table_dir)
         print("routed", routed.count(), sorted(routed.groupBy("s").agg(F.count("*"), F.sum("id")).collect()))
+        # a routed append by Spark's Parquet writer (the write's secret in its options)
+        more = spark.range(200, 260).selectExpr("id", "concat('w', id % 3) AS s")
+        more.write.format("icecrypt.iceberg").options(**options).option("native", "true").mode("append").save(table_dir)
+        print("written", icecrypt.spark.read_table(spark, table_dir, **options).count())
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
             for frame in (df, routed):

@@ -4,7 +4,8 @@ built with ``icecrypt.spark.configure`` (the shared test session is): the analyz
 reader in the Python source's place.  Rows are those of the Python path and of
 ``EncryptedTable.scan()``; Spark prunes columns and pushes filters into the encrypted
 scan; ``native=false`` and tables the native path cannot read keep the Python source;
-writes to the source are not routed; damage fails the query, naming the file."""
+appends and overwrites take Spark's writer (tests/spark/test_native_write.py); damage
+fails the query, naming the file."""
 
 from __future__ import annotations
 
@@ -135,9 +136,10 @@ def test_without_a_planner_the_python_source_reads(rspark):
     assert "FileScan parquet" in _plan(_read(rspark, metadata_path(name), options))
 
 
-def test_writes_to_the_source_are_not_routed(rspark, tmp_path):
-    """An append of a routed read to another table: the query is routed, the table written
-    to stays the Python source's, and the copy reads back the same rows."""
+def test_a_routed_read_appended_by_the_native_write(rspark, tmp_path):
+    """An append of a routed read to another table: the query is routed (Spark's reader)
+    and so is the write (Spark's writer: NativeWrite takes the Python table's place in the
+    command); the copy reads back the same rows."""
     name = "enc_parquet_dek16"
     table, options = _java(name)
     keystore = tmp_path / "keystore.json"
@@ -148,6 +150,8 @@ def test_writes_to_the_source_are_not_routed(rspark, tmp_path):
                                                                       ("qty", pa.int32())]),
                                    kms=LocalKms(keystore), table_key_id="master")
     source.write.format("icecrypt.iceberg").options(**kms).mode("append").save(target.location)
+    written = {t.file.path.rsplit("/", 1)[-1] for t in target.refresh().scan().plan_files()}
+    assert written and all(name.startswith("part-") for name in written), written
     copy = _read(rspark, target.location, kms)
     assert "FileScan parquet" in _plan(copy)
     names = ["id", "category", "qty"]

@@ -75,15 +75,23 @@ def _frame(spark, step):
                      (F.col("id") * 0.5).alias("amount"))
 
 
+def _spark_written(path: str) -> set[str]:
+    data = os.path.join(path, "data")
+    return {os.path.join(d, f) for d, _, files in os.walk(data) for f in files
+            if f.startswith("part-") and f.endswith(".parquet")}
+
+
 def run_step(spark, step: dict) -> dict:
     op = step["op"]
     if op == "probe":
         rdd = spark.sparkContext.parallelize(range(step.get("partitions", 2)), step.get("partitions", 2))
         return {"executors": rdd.mapPartitionsWithIndex(_probe).collect()}
     if op == "write":
+        before = _spark_written(step["path"])
         writer = _frame(spark, step).write.format(step["format"]).options(**step.get("options", {}))
         writer.mode(step.get("mode", "append")).save(step["path"])
-        return {}
+        # the data files Spark's own Parquet writer added (the native write of icecrypt.iceberg)
+        return {"spark_writer_files": len(_spark_written(step["path"]) - before)}
     if op == "read":
         if "native" in step:  # icecrypt.spark.read_table with option native=<step's value>
             import icecrypt.spark

@@ -142,7 +142,8 @@ def standalone_steps(root, kms_file: dict, kms_env: dict) -> list[dict]:
     table = "table"
     steps += [
         write("ice_create", "icecrypt.iceberg", table, {**kms_file, "table-key-id": MASTER_KEY}),
-        write("ice_append", "icecrypt.iceberg", table, kms_file, first=ROWS, rows=1000),
+        # the Python source's write (the others take Spark's writer: the driver is registered)
+        write("ice_append", "icecrypt.iceberg", table, {**kms_file, "native": "false"}, first=ROWS, rows=1000),
         read("ice_read", "icecrypt.iceberg", table, kms_file),
         # executors never call the KMS: the same table with the driver-only KMS
         write("ice_append_driver_kms", "icecrypt.iceberg", table, kms_env, first=ROWS + 1000, rows=500),

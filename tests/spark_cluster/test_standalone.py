@@ -93,14 +93,16 @@ def test_task_key_transport_without_kms_in_executors(cluster_run, fmt):
 
 def test_iceberg_append_and_read(cluster_run):
     root, kms, steps = cluster_run.root, cluster_run.kms, cluster_run.steps
-    _ok(steps, "ice_create")
-    _ok(steps, "ice_append")
+    # the create took Spark's own Parquet writer (the native write), the append the Python source
+    assert _ok(steps, "ice_create")["spark_writer_files"] >= 1
+    assert _ok(steps, "ice_append")["spark_writer_files"] == 0
     _same_rows(_ok(steps, "ice_read"), expected_rows(0, ROWS + 1000))
 
 
 def test_iceberg_executors_never_call_the_kms(cluster_run):
     root, kms, steps = cluster_run.root, cluster_run.kms, cluster_run.steps
-    _ok(steps, "ice_append_driver_kms")
+    # the native write: the executors' JVM encrypts with the write's secret, no KMS there
+    assert _ok(steps, "ice_append_driver_kms")["spark_writer_files"] >= 1
     _same_rows(_ok(steps, "ice_read_driver_kms"), expected_rows(0, ROWS + 1500))
     table = EncryptedTable.load(str(root / "table"), kms=kms)
     assert len(table.snapshots()) == 3

@@ -132,8 +132,7 @@ class _Planner:
         self._spark = spark
 
     def plan(self, encoded: str) -> Any:
-        fields = encoded.split("\0")[:-1]  # name, value, name, value, ... (NUL-terminated)
-        options = {fields[i].lower(): fields[i + 1] for i in range(0, len(fields) - 1, 2)}
+        options = _decode_options(encoded)
         location = options.pop("path")
         options.pop(OPT_NATIVE, None)
         try:
@@ -145,6 +144,16 @@ class _Planner:
             return frame._jdf
         _log.debug("icecrypt.iceberg: table %s: the Python source reads (%s)", location, why)
         return why
+
+    def write(self, data: Any, encoded: str, overwrite: bool) -> None:
+        from icecrypt.spark._native_write import write
+
+        write(self._spark, data, _decode_options(encoded), overwrite)
+
+
+def _decode_options(encoded: str) -> dict[str, str]:
+    fields = encoded.split("\0")[:-1]  # name, value, name, value, ... (NUL-terminated)
+    return {fields[i].lower(): fields[i + 1] for i in range(0, len(fields) - 1, 2)}
 
 
 def route(spark: Any) -> bool:

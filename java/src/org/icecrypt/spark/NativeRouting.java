@@ -11,11 +11,17 @@
  * under a projection that keeps the relation's attribute ids (the plan above it is
  * unchanged); otherwise the relation stays and the read runs in Python tasks as before.
  *
+ * Writes: an append or a full overwrite of the Python table (AppendData,
+ * OverwriteByExpression(true)) gets NativeWrite in the table's place; Spark then hands the
+ * DataFrame to the planner's write on the driver, which writes with Spark's own Parquet
+ * writer or, when that does not apply, through the Python source (see NativeWrite).
+ *
  * Untouched: sessions without a registered planner (Spark Connect, a driver that never
- * called icecrypt.spark.register), relations read with option native=false, the table
- * a write command writes to, streaming reads and plans already analyzed. With option
- * native=true a relation the native path cannot read fails the analysis, saying why.
- * No key passes through here: the DataFrame carries its files' keys as read_table's does.
+ * called icecrypt.spark.register), relations read or written with option native=false,
+ * other write commands (OverwritePartitionsDynamic, row-level commands), streaming reads
+ * and writes and plans already analyzed. With option native=true a relation the native
+ * path cannot read fails the analysis, saying why. No key passes through here: a read's DataFrame carries
+ * its files' keys as read_table's does, a write's secret is made by the planner.
  */
 package org.icecrypt.spark;
 
@@ -30,8 +36,11 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.expressions.Alias;
 import org.apache.spark.sql.catalyst.expressions.Attribute;
+import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.NamedExpression;
+import org.apache.spark.sql.catalyst.plans.logical.AppendData;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
+import org.apache.spark.sql.catalyst.plans.logical.OverwriteByExpression;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
 import org.apache.spark.sql.catalyst.plans.logical.V2WriteCommand;
 import org.apache.spark.sql.catalyst.rules.Rule;
@@ -58,6 +67,13 @@ public final class NativeRouting extends Rule<LogicalPlan> {
          * apply.
          */
         Object plan(String options);
+
+        /**
+         * Write {@code data} (a Dataset) to the table with these options (encoded as for
+         * {@link #plan}); {@code overwrite}: it replaces the table's rows.  Runs the write
+         * and its commit, or, when the native path does not apply, the Python source's.
+         */
+        void write(Object data, String options, boolean overwrite);
     }
 
     /** Session -> its driver's planner (weak: a stopped session is not kept alive here). */
@@ -102,7 +118,11 @@ public final class NativeRouting extends Rule<LogicalPlan> {
             // the table written to stays a relation; only what is written may be routed
             V2WriteCommand write = (V2WriteCommand) plan;
             LogicalPlan query = route(write.query(), planner);
-            return query == write.query() ? plan : (LogicalPlan) (Object) write.withNewQuery(query);
+            if (query != write.query()) {
+                write = write.withNewQuery(query);
+            }
+            V2WriteCommand native_ = nativeWrite(write, planner);
+            return (LogicalPlan) (Object) (native_ != null ? native_ : write);
         }
         return route(plan, planner);
     }
@@ -137,30 +157,70 @@ public final class NativeRouting extends Rule<LogicalPlan> {
         return null;
     }
 
-    private static LogicalPlan routed(DataSourceV2Relation relation, Planner planner) {
+    /**
+     * An append or a full overwrite of the Python table, its table replaced by one whose
+     * write the planner runs (NativeWrite); null when the write is not one of those.
+     */
+    private static V2WriteCommand nativeWrite(V2WriteCommand write, Planner planner) {
+        if (!(write instanceof AppendData) && !(write instanceof OverwriteByExpression
+                && Literal.TrueLiteral().semanticEquals(((OverwriteByExpression) write).deleteExpr()))) {
+            return null;
+        }
+        DataSourceV2Relation relation = ours((LogicalPlan) (Object) write.table());
+        if (relation == null) {
+            return null;
+        }
+        Map<String, String> options = options(relation);
+        String encoded = encoded(options);
+        if (encoded == null || mode(options).equals("false") || !options.containsKey("path")) {
+            return null;
+        }
+        NativeWrite table = new NativeWrite(relation.table(), planner, encoded, options.get("path"));
+        return write.withNewTable(relation.copy(table, relation.output(), relation.catalog(), relation.identifier(),
+                                                relation.options(), relation.timeTravelSpec()));
+    }
+
+    /** The relation's options, names lower-cased. */
+    private static Map<String, String> options(DataSourceV2Relation relation) {
         Map<String, String> options = new HashMap<>();
         for (Map.Entry<String, String> e : relation.options().entrySet()) {
             options.put(e.getKey().toLowerCase(Locale.ROOT), e.getValue());
         }
+        return options;
+    }
+
+    /** Option native: auto, true or false (anything else is refused, as read_table refuses it). */
+    private static String mode(Map<String, String> options) {
         String mode = options.getOrDefault(OPTION, "auto").trim().toLowerCase(Locale.ROOT);
         if (!mode.equals("auto") && !mode.equals("true") && !mode.equals("false")) {
-            // as icecrypt.spark.read_table refuses it
             throw new IllegalArgumentException(SOURCE + ": option " + OPTION + "=" + mode + " must be auto, true or false");
         }
-        if (mode.equals("false") || !options.containsKey("path")) {
-            return relation;
-        }
+        return mode;
+    }
+
+    /** name NUL value NUL ...: one string, one Py4J call; null if a name or value holds a NUL. */
+    private static String encoded(Map<String, String> options) {
         StringBuilder encoded = new StringBuilder();
         for (Map.Entry<String, String> e : options.entrySet()) {
             if (e.getKey().indexOf('\0') >= 0 || e.getValue().indexOf('\0') >= 0) {
-                return relation;  // not an option the native path can be told
+                return null;  // not an option the native path can be told
             }
             encoded.append(e.getKey()).append('\0').append(e.getValue()).append('\0');
+        }
+        return encoded.toString();
+    }
+
+    private static LogicalPlan routed(DataSourceV2Relation relation, Planner planner) {
+        Map<String, String> options = options(relation);
+        String mode = mode(options);
+        String encoded = encoded(options);
+        if (mode.equals("false") || !options.containsKey("path") || encoded == null) {
+            return relation;
         }
         Object answer;
         PLANNING.set(Boolean.TRUE);
         try {
-            answer = planner.plan(encoded.toString());
+            answer = planner.plan(encoded);
         } finally {
             PLANNING.set(Boolean.FALSE);
         }
