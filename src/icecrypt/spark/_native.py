@@ -38,7 +38,9 @@ takes the same path by itself.  The extension's analyzer rule
 planner :func:`route` registered for the session (over Py4J, on the driver), and puts the
 DataFrame it answers with in the relation's place when the columns match; Spark's
 optimizer then prunes and pushes filters into the Parquet scan.  Option ``native`` means
-what it means for :func:`read_table`.
+what it means for :func:`read_table`.  Appends and full overwrites of ``icecrypt.iceberg``
+go to the same planner, which writes them with Spark's own Parquet writer when that
+applies (``icecrypt.spark._native_write``).
 
 Key transport: per read, one data source option ``icecrypt.secret.file-keys`` holding the
 DEK and AAD prefix of each planned file (never a KEK or master key).  Spark turns
@@ -158,9 +160,10 @@ def _decode_options(encoded: str) -> dict[str, str]:
 
 def route(spark: Any) -> bool:
     """Let ``spark``'s reads of ``icecrypt.iceberg`` take the native path when it applies
-    (option ``native`` as for :func:`read_table`); True when they can: a classic session
-    built with :func:`configure` (the extension is static) whose jar loads.  Calling it
-    again is harmless; ``icecrypt.spark.register`` calls it."""
+    (option ``native`` as for :func:`read_table`), and its appends and full overwrites
+    Spark's own Parquet writer (``icecrypt.spark._native_write``); True when they can:
+    a classic session built with :func:`configure` (the extension is static) whose jar
+    loads.  Calling it again is harmless; ``icecrypt.spark.register`` calls it."""
     jsession = _jvm_session(spark)
     if jsession is None:
         return False
