@@ -196,8 +196,15 @@ def test_statistics_equal_the_python_writers(wspark, tmp_path, kms, options):
         metrics[native] = {k: dict(entry[k]) for k in ("value_counts", "null_value_counts", "lower_bounds",
                                                        "upper_bounds")}
         assert entry["record_count"] == 1000
+    # parquet-java's float and double statistics are NaN when a NaN comes first: such bounds
+    # are dropped (Iceberg's bounds are never NaN), any others are the Python writer's
+    floats = {4, 13, 14}
+    for name in ("lower_bounds", "upper_bounds"):
+        native, python = metrics["true"].pop(name), metrics["false"].pop(name)
+        assert set(native) >= set(python) - floats and set(native) <= set(python)
+        assert {k: v for k, v in native.items()} == {k: python[k] for k in native}
+        assert set(native) >= {1, 2, 3, 5, 6, 7, 8, 9, 10}
     assert metrics["true"] == metrics["false"]
-    assert set(metrics["true"]["lower_bounds"]) >= {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}
 
 
 def test_an_empty_dataframe_commits_as_the_python_source_does(wspark, tmp_path, kms, options):

@@ -38,6 +38,7 @@ import base64
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import posixpath
 from collections.abc import Mapping
@@ -93,6 +94,8 @@ def write(spark: Any, jdf: Any, options: dict[str, str], overwrite: bool) -> Non
         why = _write(spark, frame, location, options, overwrite)
     if why is None:
         return
+    logging.getLogger("icecrypt.spark").debug("icecrypt.iceberg: table %s: the Python source writes (%s)",
+                                              location, why)
     if mode == "true":
         raise ValueError(f"{NAME}: table {location}: the native write does not apply ({why})")
     (frame.write.format(NAME).options(**options).option(OPT_NATIVE, "false")
@@ -131,38 +134,23 @@ def _write(spark: Any, frame: Any, location: str, options: dict[str, str], overw
         writer = ib.IcebergWriter({**options, ib.OPT_PATH: location}, frame.schema, overwrite)
     except Exception as exc:  # noqa: BLE001 - the Python source raises it again, as it always has
         return f"preparing the write failed: {type(exc).__name__}: {exc}"
+    secret = _new_secret()
     try:
         table = writer._table()
         plan = _plan(table, frame, writer.renames)
+        if not isinstance(plan, str):
+            columns, directory, fs_directory = plan
+            out = _writer(frame.select(*columns), table, secret)
     except Exception as exc:  # noqa: BLE001 - as above
         plan = f"preparing the write failed: {type(exc).__name__}: {exc}"
     if isinstance(plan, str):
         if writer.created:
             writer._drop_if_empty()
         return plan
-    columns, directory, fs_directory = plan
-    manager = table.encryption_manager
-    secret = _new_secret()
-    key_length = manager.data_key_length
-    out = (frame.select(*columns).write.mode("append").format("parquet")
-           .option("compression", _CODECS[_codec(table)])
-           .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-           .option("parquet.crypto.factory.class", ENCRYPTION_CLASS)
-           .option(SECRET_PROPERTY, base64.b64encode(secret).decode("ascii"))
-           .option(KEY_LENGTH_PROPERTY, str(key_length)))
-    properties = table.properties
-    for name, setting in _PARQUET_SETTINGS.items():
-        if name in properties:
-            out = out.option(setting, str(int(properties[name])))
-    if _codec(table) == "zstd":
-        # the table's level, else 1: the level icecrypt's Python writer (Arrow's default) uses
-        # (parquet-java's default, 3, is slower to write)
-        level = properties.get("write.parquet.compression-level") or "1"
-        out = out.option("parquet.compression.codec.zstd.level", str(int(level)))
     try:
         with _session_setting(spark, _TIMESTAMP_TYPE, "TIMESTAMP_MICROS"):
             out.save("file://" + fs_directory)
-        data_files = _data_files(table, directory, fs_directory, secret, key_length)
+        data_files = _data_files(table, directory, fs_directory, secret, table.encryption_manager.data_key_length)
     except BaseException:
         _remove_tree(table.filesystem, fs_directory)
         writer.abort([])
@@ -172,6 +160,27 @@ def _write(spark: Any, frame: Any, location: str, options: dict[str, str], overw
     finally:
         _remove_tree(table.filesystem, fs_directory, only_if_empty=True)
     return None
+
+
+def _writer(frame: Any, table: Any, secret: bytes) -> Any:
+    """``frame``'s DataFrameWriter: Parquet as the table asks for it, encrypted by
+    FileEncryption with ``secret``, no _SUCCESS file."""
+    out = (frame.write.mode("append").format("parquet")
+           .option("compression", _CODECS[_codec(table)])
+           .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+           .option("parquet.crypto.factory.class", ENCRYPTION_CLASS)
+           .option(SECRET_PROPERTY, base64.b64encode(secret).decode("ascii"))
+           .option(KEY_LENGTH_PROPERTY, str(table.encryption_manager.data_key_length)))
+    properties = table.properties
+    for name, setting in _PARQUET_SETTINGS.items():
+        if name in properties:
+            out = out.option(setting, str(int(properties[name])))
+    if _codec(table) == "zstd":
+        # the table's level, else 1: the level icecrypt's Python writer (Arrow's default) uses
+        # (parquet-java's default, 3, is slower to write)
+        level = properties.get("write.parquet.compression-level") or "1"
+        out = out.option("parquet.compression.codec.zstd.level", str(int(level)))
+    return out
 
 
 def _codec(table: Any) -> str:
