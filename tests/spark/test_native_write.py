@@ -233,6 +233,15 @@ def test_types_are_cast_and_widened(wspark, tmp_path, kms, options):
     assert _native_files(table.location)
 
 
+def test_a_table_path_with_a_space_and_non_ascii_letters(wspark, tmp_path, kms, options):
+    table = _table(tmp_path / "a dir ü", kms)
+    _frame(wspark, _rows(300)).write.format("icecrypt.iceberg").options(**options, native="true").mode("append") \
+        .save(table.location)
+    assert _native_files(table.location) and _same(table.refresh().scan().to_arrow(), _rows(300))
+    frame = wspark.read.format("icecrypt.iceberg").options(**options).load(table.location)
+    assert table_lines(frame.toArrow(), SCHEMA.names) == table_lines(_rows(300), SCHEMA.names)
+
+
 def test_data_key_length_follows_the_table(wspark, tmp_path, kms, options):
     table = _table(tmp_path, kms, **{"encryption.data-key-length": "32"})
     _frame(wspark, _rows(100)).write.format("icecrypt.iceberg").options(**options).mode("append").save(table.location)

@@ -236,8 +236,8 @@ def _plan(table: Any, frame: Any, renames: Mapping[str, str]) -> tuple[list[Any]
         columns.append(column.alias(field.name, metadata={"parquet.field.id": field.field_id}))
     directory = f"{table.pin.location.rstrip('/')}/data/{os.urandom(8).hex()}"
     fs_directory = table.fs_path(directory, what="data directory")
-    if set(fs_directory) & set("*?[]{}\\,") or not fs_directory.startswith("/"):
-        return "the table's path holds characters Spark's file source expands"
+    if set(fs_directory) & set("*?[]{}\\,:%") or not fs_directory.startswith("/"):
+        return "the table's path holds characters Hadoop's paths expand or refuse"
     return columns, directory, fs_directory
 
 
