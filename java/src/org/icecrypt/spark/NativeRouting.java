@@ -20,8 +20,9 @@
  * called icecrypt.spark.register), relations read or written with option native=false,
  * other write commands (OverwritePartitionsDynamic, row-level commands), streaming reads
  * and writes and plans already analyzed. With option native=true a relation the native
- * path cannot read fails the analysis, saying why. No key passes through here: a read's DataFrame carries
- * its files' keys as read_table's does, a write's secret is made by the planner.
+ * path cannot read fails the analysis, saying why (a write the native path cannot take
+ * fails when it runs). No key passes through here: a read's DataFrame carries its files'
+ * keys as read_table's does, a write's secret is made by the planner.
  */
 package org.icecrypt.spark;
 
@@ -115,7 +116,8 @@ public final class NativeRouting extends Rule<LogicalPlan> {
             return plan;
         }
         if (plan instanceof V2WriteCommand) {
-            // the table written to stays a relation; only what is written may be routed
+            // what is written may be routed as any read; the table written to is replaced
+            // by NativeWrite for an append or a full overwrite
             V2WriteCommand write = (V2WriteCommand) plan;
             LogicalPlan query = route(write.query(), planner);
             if (query != write.query()) {
