@@ -40,7 +40,6 @@ import hashlib
 import hmac
 import logging
 import os
-import posixpath
 from collections.abc import Mapping
 from typing import Any
 
@@ -152,13 +151,13 @@ def _write(spark: Any, frame: Any, location: str, options: dict[str, str], overw
             out.save("file://" + fs_directory)
         data_files = _data_files(table, directory, fs_directory, secret, table.encryption_manager.data_key_length)
     except BaseException:
-        _remove_tree(table.filesystem, fs_directory)
+        _remove_job_files(table, fs_directory)
         writer.abort([])
         raise
     try:
         writer.commit([ib.TaskDataFiles(data_files)])  # deletes the files if it fails
     finally:
-        _remove_tree(table.filesystem, fs_directory, only_if_empty=True)
+        _remove_job_files(table, fs_directory, keep_data=True)
     return None
 
 
@@ -296,8 +295,8 @@ def _data_files(table: Any, directory: str, fs_directory: str, secret: bytes, ke
     import pyarrow.fs as pafs
 
     from icecrypt.parquet import open_file
-    from icecrypt.table.files.manifest import DATA
-    from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan
+    from icecrypt.table.files.io import delete_file
+    from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan, data_file_record
 
     schema = table.schema
     stats_plan = _statistics_plan(schema, table.properties)
@@ -310,28 +309,12 @@ def _data_files(table: Any, directory: str, fs_directory: str, secret: bytes, ke
         with open_file(info.path, key, filesystem=table.filesystem) as file:
             metadata = file.metadata
         if metadata.num_rows == 0:  # Spark writes a file for an empty DataFrame: no data file
-            table.filesystem.delete_file(info.path)
+            delete_file(table.locations, info.path)
             continue
         stats = _parquet_stats(metadata, {}, schema, stats_plan)
         _drop_nan_bounds(stats, schema)
-        records.append({
-            "content": DATA,
-            "file_path": f"{directory}/{info.base_name}",
-            "file_format": "PARQUET",
-            "partition": {},
-            "record_count": metadata.num_rows,
-            "file_size_in_bytes": info.size,
-            **{k: stats[k] for k in ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts",
-                                     "lower_bounds", "upper_bounds")},
-            "key_metadata": key.encode(),
-            "split_offsets": stats["split_offsets"],
-            "equality_ids": None,
-            "sort_order_id": 0,
-            "first_row_id": None,
-            "referenced_data_file": None,
-            "content_offset": None,
-            "content_size_in_bytes": None,
-        })  # fmt: skip
+        records.append(data_file_record(f"{directory}/{info.base_name}", "PARQUET", {}, metadata.num_rows, info.size,
+                                        key, stats, 0))
     return records
 
 
@@ -354,18 +337,19 @@ def _drop_nan_bounds(stats: dict[str, Any], schema: Any) -> None:
             stats[name] = kept or None
 
 
-def _remove_tree(filesystem: Any, path: str, *, only_if_empty: bool = False) -> None:
-    """Best effort: the job's directory (its checksum files and, unless ``only_if_empty``,
-    its data files), then the directory itself."""
-    import pyarrow.fs as pafs
+def _remove_job_files(table: Any, path: str, *, keep_data: bool = False) -> None:
+    """Best effort, confined to the table and never through a symbolic link: the files
+    under the job's directory (with ``keep_data``, only those whose names start with "."
+    or "_": Hadoop's checksum and marker files), then its directories left empty."""
+    from icecrypt.table.files.io import Deletions
 
-    with contextlib.suppress(Exception):
-        for info in filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True)):
-            name = posixpath.basename(info.path)
-            if info.type == pafs.FileType.File and (not only_if_empty or name.startswith((".", "_"))):
-                filesystem.delete_file(info.path)
-        if not only_if_empty or not [
-            i for i in filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
-            if i.type == pafs.FileType.File
-        ]:
-            filesystem.delete_dir(path)
+    if os.path.islink(path):
+        return
+    deletions = Deletions(table.locations, "native write")
+    for directory, _, names in os.walk(path, topdown=False):  # symbolic links to directories: not entered
+        for name in names:
+            if not keep_data or name.startswith((".", "_")):
+                with contextlib.suppress(OSError):
+                    deletions.path(os.path.join(directory, name))
+        with contextlib.suppress(OSError):  # one that still holds files stays
+            os.rmdir(directory)

@@ -640,24 +640,33 @@ class _WriteJob:
 
     def add(self, location: str, file_format: str, values: tuple, rows: int, length: int, key: Any, stats: dict) -> None:
         partition = {field.name: value for field, value in zip(self.plan.spec.fields, values)}
-        self.data_files.append({
-            "content": DATA,
-            "file_path": location,
-            "file_format": file_format,
-            "partition": partition,
-            "record_count": rows,
-            "file_size_in_bytes": length,
-            **{k: stats[k] for k in ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts",
-                                     "lower_bounds", "upper_bounds")},
-            "key_metadata": key.encode() if key is not None else None,
-            "split_offsets": stats["split_offsets"],
-            "equality_ids": None,
-            "sort_order_id": self.sort_order_id,
-            "first_row_id": None,
-            "referenced_data_file": None,
-            "content_offset": None,
-            "content_size_in_bytes": None,
-        })  # fmt: skip
+        self.data_files.append(data_file_record(location, file_format, partition, rows, length, key, stats,
+                                                self.sort_order_id))
+
+
+def data_file_record(location: str, file_format: str, partition: dict[str, Any], rows: int, length: int, key: Any,
+                     stats: dict, sort_order_id: int) -> dict[str, Any]:
+    """The manifest ``data_file`` record of a new data file (``stats``: as
+    :func:`_parquet_stats` or :func:`_arrow_stats` give them; ``key``: its key metadata,
+    None in a plaintext table)."""
+    return {
+        "content": DATA,
+        "file_path": location,
+        "file_format": file_format,
+        "partition": partition,
+        "record_count": rows,
+        "file_size_in_bytes": length,
+        **{k: stats[k] for k in ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts",
+                                 "lower_bounds", "upper_bounds")},
+        "key_metadata": key.encode() if key is not None else None,
+        "split_offsets": stats["split_offsets"],
+        "equality_ids": None,
+        "sort_order_id": sort_order_id,
+        "first_row_id": None,
+        "referenced_data_file": None,
+        "content_offset": None,
+        "content_size_in_bytes": None,
+    }  # fmt: skip
 
 
 def write_data_files(
