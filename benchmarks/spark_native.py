@@ -112,20 +112,15 @@ def main() -> None:
             }
             source = spark.createDataFrame(events(args.write_rows, 10**9).to_pandas()).cache()
             source.count()
-            def append(path: Path, codec: str | None = None, native: str = "true") -> None:
-                source.write.format("icecrypt.iceberg").options(**kms_options).option("native", native) \
-                    .mode("append").save(str(path))
-
             spark_codec = spark.conf.get("spark.sql.parquet.compression.codec")  # snappy
-            # the tables are created before the clock starts (Spark's write makes a new directory)
+            # variant -> (table name prefix, codec, option native); None: Spark's plaintext write.
+            # "native": routed to Spark's Parquet writer (icecrypt's factory encrypts each file)
             writes = {
-                # routed to Spark's Parquet writer (icecrypt's factory encrypts each file)
-                "native": (lambda n: append(root / f"w{n}"), None),
-                "native, snappy": (lambda n: append(root / f"ws{n}"), spark_codec),  # Spark writer's codec
-                "python": (lambda n: append(root / f"wp{n}", native="false"), None),  # the Python source
-                "spark": (lambda n: source.write.mode("overwrite").parquet(str(root / f"p{n}")), False),
+                "native": ("w", None, "true"),
+                "native, snappy": ("ws", spark_codec, "true"),  # the codec of Spark's writer
+                "python": ("wp", None, "false"),  # the Python source
+                "spark": None,
             }
-            prefix = {"native": "w", "native, snappy": "ws", "python": "wp"}
             times: dict[tuple[str, str], list[float]] = {}
             results: dict[tuple[str, str], object] = {}
             for round_number in range(args.rounds + 1):  # round 0 warms up
@@ -138,11 +133,16 @@ def main() -> None:
                         if round_number:
                             times.setdefault((query, variant), []).append(elapsed)
                 for variant in (list(writes) if round_number % 2 == 0 else list(reversed(writes))):
-                    write, codec = writes[variant]
-                    if codec is not False:
-                        _empty_table(root / f"{prefix[variant]}{round_number}", kms, codec)
-                    t0 = time.perf_counter()
-                    write(round_number)
+                    if writes[variant] is None:
+                        t0 = time.perf_counter()
+                        source.write.mode("overwrite").parquet(str(root / f"p{round_number}"))
+                    else:
+                        prefix, codec, native = writes[variant]
+                        # the table is created before the clock starts (Spark's write makes a directory)
+                        table = _empty_table(root / f"{prefix}{round_number}", kms, codec)
+                        t0 = time.perf_counter()
+                        source.write.format("icecrypt.iceberg").options(**kms_options).option("native", native) \
+                            .mode("append").save(table)
                     elapsed = time.perf_counter() - t0
                     if round_number:
                         times.setdefault(("write", variant), []).append(elapsed)
