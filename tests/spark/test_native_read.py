@@ -2,18 +2,20 @@
 native path, ``icecrypt.spark._native``) gives, row for row, what the Python path
 (``icecrypt.iceberg``) and ``EncryptedTable.scan()`` give: on the tables Iceberg Java wrote
 (../shared/tables), and on tables icecrypt writes with a renamed and a re-added column and
-with deletes (deletion vectors and position deletes applied on Spark's reader by the
-LiveRows filter, equality deletes in Python tasks); tampered files fail the read, naming
+with deletes (deletion vectors and position deletes applied in Spark's Parquet scan by
+the LiveRows format, equality deletes in Python tasks); tampered files fail the read, naming
 the file."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
 import pyarrow as pa
 import pytest
 from pyiceberg.types import LongType, StringType
+from pyspark.sql.classic.dataframe import DataFrame
 from sparkhelpers import table_lines
 from table.tablelib import TABLE_NAMES, copy_table, flip_byte, location_map, metadata_path
 
@@ -232,7 +234,7 @@ def _deletes_table(location, kms, properties=None) -> EncryptedTable:
 
 def test_deletes_applied_on_spark_reader_split_files(nspark, tmp_path):
     """Deletion vectors on every file (deleted again, merged; a merge-on-read update; a
-    delete that drops a whole file's rows) are applied by the LiveRows filter on Spark's
+    delete that drops a whole file's rows) are applied by the LiveRows format in Spark's
     reader, also when Spark splits a file into several partitions by row group: native,
     Python path and scan agree row for row, with a projection too."""
     keystore = tmp_path / "keystore.json"
@@ -260,47 +262,92 @@ def test_deletes_applied_on_spark_reader_split_files(nspark, tmp_path):
         nspark.conf.set("spark.sql.files.maxPartitionBytes", saved)
 
 
-def test_deletes_with_odd_paths_and_a_metadata_column(nspark, tmp_path):
-    """A table under a path with a space and non-ASCII letters (the filter matches the
-    file Spark reports), and a table with a column named ``_metadata`` (Spark's row
-    positions hidden: its files with deletes go to the Python path)."""
+def test_deletes_with_odd_paths_and_shadowing_columns(nspark, tmp_path):
+    """A table under a path with a space and non-ASCII letters (the format matches the file
+    Spark reports); a column named ``_metadata`` (Spark's own metadata column) is read
+    natively with deletes; a column named as the deletes column, in any case, sends the
+    files with deletes to the Python path."""
     keystore = tmp_path / "keystore.json"
     LocalKms.create_keystore(keystore, ["master"])
     options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
     table = _deletes_table(str(tmp_path / "dir with space ünï" / "t"), LocalKms(keystore))
     table.delete(_ids(lambda i: i % 3 == 0))
     native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
-    assert native == python == scan and len(scan) == 1333 and "icecrypt_live_row" in plan
+    assert native == python == scan and len(scan) == 1333 and "FileScan icecrypt-live-rows" in plan
 
-    schema = pa.schema([("id", pa.int64()), ("_metadata", pa.string())])
-    shadow = EncryptedTable.create(str(tmp_path / "shadow"), schema, kms=LocalKms(keystore), table_key_id="master")
-    shadow.append(pa.table({"id": pa.array(range(50), pa.int64()), "_metadata": [f"m{i}" for i in range(50)]}))
-    shadow.append(pa.table({"id": pa.array(range(50, 60), pa.int64()), "_metadata": ["x"] * 10}))
-    shadow.delete("id < 5")
-    native, python, scan, plan, _ = _three_ways(nspark, shadow.location, shadow, options)
-    assert native == python == scan and len(scan) == 55
-    assert "MapInArrow" in plan and "icecrypt_live_row" not in plan and "FileScan parquet" in plan
-    native, python, scan, plan, _ = _three_ways(nspark, shadow.location, shadow, options, ["id"])  # not projected
-    assert native == python == scan and len(scan) == 55 and "icecrypt_live_row" not in plan
+    for name, native_deletes in (("_metadata", True), (_native.DELETES_COLUMN.upper(), False)):
+        schema = pa.schema([("id", pa.int64()), (name, pa.string())])
+        shadow = EncryptedTable.create(str(tmp_path / f"shadow{name}"), schema, kms=LocalKms(keystore),
+                                       table_key_id="master")
+        shadow.append(pa.table({"id": pa.array(range(50), pa.int64()), name: [f"m{i}" for i in range(50)]}))
+        shadow.append(pa.table({"id": pa.array(range(50, 60), pa.int64()), name: ["x"] * 10}))
+        shadow.delete("id < 5")
+        for columns in (None, ["id"]):
+            native, python, scan, plan, _ = _three_ways(nspark, shadow.location, shadow, options, columns)
+            assert native == python == scan and len(scan) == 55, name
+            assert ("FileScan icecrypt-live-rows" in plan) is native_deletes, plan
+            assert ("MapInArrow" in plan) is not native_deletes and "FileScan parquet" in plan, plan
 
 
-def test_the_deletes_filter_fails_closed(nspark, tmp_path):
-    """LiveRows refuses a row of a file it has no deletes for (never keeps it unfiltered)
-    and a malformed buffer; a tampered deletion vector fails the read naming it."""
+def test_the_deletes_format_marks_drops_and_fails_closed(nspark, tmp_path):
+    """LiveRows gives its column as the row position, -1 where deleted: counted over a
+    whole file read in batches with nothing pushed (and refused when the count is not the
+    record count), from parquet-java's row index when a filter is pushed or a file is split,
+    row by row (vectorized reader off) with the deleted rows dropped; it refuses a file it
+    has no deletes for, a read without its column (the filter would be gone) and a
+    malformed option; a tampered deletion vector fails the read naming it."""
+    import zlib
+
+    import numpy as np
+
     keystore = tmp_path / "keystore.json"
     LocalKms.create_keystore(keystore, ["master"])
     plain = _deletes_table(str(tmp_path / "plain"), None)
-    files = sorted(str(p) for p in (tmp_path / "plain" / "data").rglob("*.parquet"))
-    import numpy as np
+    files = [f"file://{p}" for p in sorted(str(p) for p in (tmp_path / "plain" / "data").rglob("*.parquet"))]
+    schema = nspark.read.parquet(files[0]).schema
+    deleted = {files[0]: (500, np.array([1, 2, 499], dtype=np.int64))}
+    column = _native.DELETES_COLUMN
+    ids = [r.id for r in nspark.read.parquet(files[0]).collect()]
+    want = [(ids[i], -1 if i in (1, 2, 499) else i) for i in range(500)]
 
-    live = _native._live_rows(nspark, {f"file://{files[0]}": np.array([1, 2], dtype=np.int64)})
-    frame = nspark.read.parquet(f"file://{files[1]}").where(live)
+    def load(path, deletes=deleted, option=None):
+        reader = _native._live_rows(nspark, schema, deletes)
+        return (reader.option(_native.DELETES_OPTION, option) if option else reader).load(path)
+
+    def rows(frame):
+        return [(r.id, r[column]) for r in frame.select("id", column).collect()]
+
+    counted = load(files[0])
+    assert rows(counted) == want and "PushedFilters: []" in _plan(counted)
+    pushed = load(files[0]).where("id >= 0")  # row index: a pushed filter may skip pages
+    assert rows(pushed) == want and "GreaterThanOrEqual(id,0)" in _plan(pushed)
+    assert DataFrame(nspark._jvm.org.icecrypt.spark.LiveRows.live(counted._jdf), nspark).count() == 497
+    saved = {key: nspark.conf.get(key) for key in ("spark.sql.files.maxPartitionBytes",
+                                                   "spark.sql.parquet.enableVectorizedReader")}
+    try:
+        nspark.conf.set("spark.sql.files.maxPartitionBytes", "2048")  # splits: row index
+        split = load(files[0])
+        assert split.rdd.getNumPartitions() > 1 and sorted(rows(split)) == sorted(want)
+        nspark.conf.set("spark.sql.files.maxPartitionBytes", saved["spark.sql.files.maxPartitionBytes"])
+        nspark.conf.set("spark.sql.parquet.enableVectorizedReader", "false")  # row by row: dropped here
+        assert rows(load(files[0])) == [(i, p) for i, p in want if p >= 0]
+    finally:
+        for key, value in saved.items():
+            nspark.conf.set(key, value)
+    miscounted = {files[0]: (499, deleted[files[0]][1])}  # the count is checked where it is used
+    with pytest.raises(Exception, match=r"gave 500 rows, its manifest entry records 499: refused"):
+        load(files[0], miscounted).collect()
+    assert rows(load(files[0], miscounted).where("id >= 0")) == want
     with pytest.raises(Exception, match="has no deletes planned for that file"):
-        frame.collect()
-    kept = nspark.read.parquet(f"file://{files[0]}").where(live).count()
-    assert kept == 498 and plain.scan().to_arrow().num_rows == 2000
+        load(files[1]).collect()
+    with pytest.raises(Exception, match=f"without its column {column}"):
+        load(files[0]).select("id").collect()
+    with pytest.raises(Exception, match=r"malformed deletes option"):
+        load(files[0], option="not base64 !").collect()
+    truncated = base64.b64encode(zlib.compress(b"\0\0\0\x05abc")).decode()
     with pytest.raises(Exception, match=r"malformed deletes buffer \(BufferUnderflowException\)"):
-        nspark.sparkContext._jvm.org.icecrypt.spark.LiveRows.filter(b"\0\0\0\x05abc")
+        load(files[0], option=truncated).collect()
+    assert plain.scan().to_arrow().num_rows == 2000
 
     options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore), "native": "true"}
     table = _deletes_table(str(tmp_path / "t"), LocalKms(keystore))
@@ -310,3 +357,21 @@ def test_the_deletes_filter_fails_closed(nspark, tmp_path):
     with pytest.raises(Exception) as caught:
         icecrypt.spark.read_table(nspark, table.location, **options).collect()
     assert victim.name in str(caught.value), str(caught.value)[:2000]
+
+
+def test_listed_files_is_what_spark_reads(nspark, tmp_path):
+    """The planned-files check counts the files Spark's file index keeps (as inputFiles()
+    does, without optimizing the plan): a data file with a hidden name (``_x``, ``.x``),
+    which Spark skips even when named, is not counted, so such a read takes the Python
+    path instead of losing that file's rows."""
+    import pyarrow.parquet as pq
+
+    names = ["a.parquet", "_b.parquet", ".c.parquet"]
+    for name in names:
+        pq.write_table(pa.table({"x": [1, 2]}), tmp_path / name)
+    paths = [f"file://{tmp_path / name}" for name in names]
+    listed = nspark.sparkContext._jvm.org.icecrypt.spark.NativeRouting.listedFiles
+    frame = nspark.read.parquet(*paths)
+    assert listed(frame._jdf) == len(frame.inputFiles()) == 1 and frame.count() == 2
+    both = frame.unionAll(nspark.read.parquet(paths[0], paths[0]))
+    assert listed(both._jdf) == len(both.inputFiles()) == 1

@@ -22,7 +22,7 @@ Steps:
 * ``read`` — the rows at ``path`` read with ``format``/``options`` (with ``native``:
   ``icecrypt.spark.read_table`` with that option): count, id sum, a digest of the sorted
   rows and whether the plan scans with Spark's Parquet reader, applies deletes there
-  (icecrypt's LiveRows filter) and has Python tasks.
+  (icecrypt's LiveRows format) and has Python tasks.
 
 Every step also reports how long it took (``seconds``; for the report, never asserted).
 
@@ -104,8 +104,8 @@ def run_step(spark, step: dict) -> dict:
         plan = jdf.queryExecution().executedPlan().toString() if jdf is not None else ""
         return {"count": len(rows), "id_sum": sum(r[0] for r in rows), "digest": rows_digest(rows),
                 "partitions": step.get("report_partitions") and df.rdd.getNumPartitions(),
-                "spark_parquet_scan": "FileScan parquet" in plan, "python_tasks": "MapInArrow" in plan,
-                "deletes_filter": "icecrypt_live_row" in plan}
+                "spark_parquet_scan": "FileScan parquet" in plan or "FileScan icecrypt-live-rows" in plan,
+                "python_tasks": "MapInArrow" in plan, "deletes_filter": "FileScan icecrypt-live-rows" in plan}
     if op in ("delete", "tamper"):  # on the driver, with the table API and the driver's KMS
         from icecrypt.kms.local import LocalKms
         from icecrypt.table import EncryptedTable

@@ -136,7 +136,7 @@ def test_no_key_material_in_event_log_or_executor_logs(cluster_run, spark_standa
 def test_native_read_on_the_cluster(cluster_run):
     """icecrypt.spark.read_table on the cluster: the executor's JVM decrypts with the jar
     (spark.jars, icecrypt.spark.configure) and the keys the driver planned, with no KMS on
-    the executors; a file's deletion vector applied there by the jar's LiveRows filter
+    the executors; a file's deletion vector applied there by the jar's LiveRows format
     (shipped in the task); the same read through format("icecrypt.iceberg"), routed by the
     analyzer rule; a tampered file fails the read naming it."""
     steps = cluster_run.steps

@@ -16,10 +16,13 @@ pushdown, whole-stage codegen): parquet-java decrypts them with the project's
 Hadoop configuration.  Columns are matched by Iceberg field id
 (``spark.sql.parquet.fieldId.read.enabled``), so renamed and re-added columns read right.
 Deletion vectors and position deletes are read here, on the driver, as read_task reads
-them (authenticated), and applied on Spark's reader by ``org.icecrypt.spark.LiveRows``, a
-filter on the scan's ``_metadata.row_index`` that drops each file's deleted positions.
-Everything else — files with equality deletes, Avro data files, files under a table with a
-``_metadata`` column — is read by :func:`icecrypt.table.read_task` in Python workers
+them (authenticated), and applied inside Spark's Parquet scan by
+``org.icecrypt.spark.LiveRows``, Spark's Parquet format with one more column: each row's
+position in its file (a running count when a task reads a whole file with no filter pushed
+into Parquet, else parquet-java's row index), set to -1 for the deleted positions batch by
+batch, under a filter that keeps positions >= 0.  Everything else — files with equality
+deletes, Avro data files, files with deletes under a table with a column named as that
+column — is read by :func:`icecrypt.table.read_task` in Python workers
 (``mapInArrow`` over the planned tasks), and the parts are unioned.  The rows are those of
 ``EncryptedTable.scan()``.
 
@@ -85,6 +88,11 @@ OPT_NATIVE = "native"
 EXTENSIONS_PROPERTY = "spark.sql.extensions"
 EXTENSIONS_CLASS = "org.icecrypt.spark.Extensions"
 ROUTING_CLASS = "org.icecrypt.spark.NativeRouting"
+#: Spark's Parquet format with a table's position deletes applied in the scan: the column
+#: it reads as each row's position (-1 once deleted) and the option with the positions
+DELETES_FORMAT = "org.icecrypt.spark.LiveRows"
+DELETES_COLUMN = "_icecrypt_live_row"
+DELETES_OPTION = "icecrypt.deletes"
 
 __all__ = ["FACTORY_CLASS", "JAR_NAME", "configure", "jar_path", "native_available", "read_table", "route"]
 
@@ -329,7 +337,7 @@ def _native_task(task: Any, encrypted: bool) -> bool:
             and all(d.content != EQUALITY_DELETES for d in task.deletes))
 
 
-#: the largest row position the deletes filter takes (LiveRows: 32-bit bitmaps)
+#: the largest row position LiveRows takes (32-bit bitmaps)
 _MAX_FILTERED_POSITION = 2**31 - 1
 
 
@@ -343,16 +351,21 @@ def _deleted_positions(tasks: list[Any], filesystem: Any, cache: dict) -> Any:
     return _positions(tasks[0], filesystem, cache)
 
 
-def _deletes_buffer(positions: Mapping[str, Any]) -> bytes:
-    """LiveRows' buffer: per file, its path as given to Spark and its deleted positions."""
+def _deletes_option(deletes: Mapping[str, tuple[int, Any]]) -> str:
+    """LiveRows' option: per file, its path as given to Spark, its record count and its
+    sorted deleted positions as big-endian uint32 deltas, zlib-compressed (mostly small
+    numbers: a fraction of the size), in base64."""
     import struct
+    import zlib
+
+    import numpy as np
 
     out = bytearray()
-    for path, deleted in positions.items():
+    for path, (rows, deleted) in deletes.items():
         name = path.encode("utf-8")
-        out += struct.pack(">i", len(name)) + name + struct.pack(">i", len(deleted))
-        out += deleted.astype(">i8", copy=False).tobytes()
-    return bytes(out)
+        out += struct.pack(">i", len(name)) + name + struct.pack(">qi", rows, len(deleted))
+        out += np.diff(deleted, prepend=0).astype(">u4", copy=False).tobytes()
+    return _b64(zlib.compress(bytes(out), 1))
 
 
 # --- the read --------------------------------------------------------------------------------
@@ -445,6 +458,7 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     from icecrypt.spark import _iceberg as ib
     from icecrypt.spark._common import columns_option, file_error
     from icecrypt.spark._schema import spark_schema
+    from pyspark.sql.classic.dataframe import DataFrame
 
     if _jvm_session(spark) is None:
         return None, "not a classic Spark session (Spark Connect)"
@@ -467,10 +481,9 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     by_file: dict[str, list[Any]] = {}
     for task in tasks:
         by_file.setdefault(task.file.path, []).append(task)
-    # Spark's _metadata column (the row positions the deletes filter needs) is hidden by a
-    # column of that name in the read schema (the table's, which holds every projected
-    # column): files with deletes then stay on the Python path
-    positions_readable = all(f.name.lower() != "_metadata" for f in scan.schema.fields)
+    # the deletes column must not meet a column of the table (Spark matches names
+    # case-insensitively): files with deletes then stay on the Python path
+    positions_readable = all(f.name.lower() != DELETES_COLUMN for f in scan.schema.fields)
     files: dict[str, Any] = {}  # Spark path -> data file, every file Spark's reader reads
     filtered: dict[str, Any] = {}  # Spark path -> deleted positions, the files with deletes
     rest: list[Any] = []
@@ -502,23 +515,27 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     spark.conf.set(FIELD_ID_IGNORE_MISSING, "false")
     # a file that fails to decrypt or is gone fails the read, whatever the session's
     # spark.sql.files.ignoreCorruptFiles / ignoreMissingFiles say (no silently missing rows)
-    reader = (spark.read.format("parquet").schema(_spark_type(scan.schema.as_struct()))
-              .option("ignoreCorruptFiles", "false").option("ignoreMissingFiles", "false"))
+    schema = _spark_type(scan.schema.as_struct())
+    settings = {"ignoreCorruptFiles": "false", "ignoreMissingFiles": "false"}
     if encrypted:
-        reader = (reader.option(FACTORY_PROPERTY, FACTORY_CLASS).option(READ_ID_PROPERTY, uuid.uuid4().hex)
-                  .option(KEYS_PROPERTY, _file_keys(files)))
+        settings.update({FACTORY_PROPERTY: FACTORY_CLASS, READ_ID_PROPERTY: uuid.uuid4().hex,
+                         KEYS_PROPERTY: _file_keys(files)})
     parts = []
     for paths in ([path for path in files if path not in filtered], list(filtered)):
         if not paths:
             continue
-        loaded = reader.load(paths)
+        if paths[0] in filtered:
+            reader = _live_rows(spark, schema, {path: (files[path].record_count, filtered[path]) for path in paths})
+        else:
+            reader = spark.read.format("parquet").schema(schema)
+        loaded = reader.options(**settings).load(paths)
         # Spark's file index must hold exactly the planned files: one it skipped (a hidden
         # name) would lose rows silently, so such a read takes the Python path
-        listed = len(set(loaded.inputFiles()))
+        listed = spark._jvm.org.icecrypt.spark.NativeRouting.listedFiles(loaded._jdf)
         if listed != len(paths):
             return None, f"Spark's Parquet source lists {listed} of the {len(paths)} planned data files"
         if paths[0] in filtered:
-            loaded = loaded.where(_live_rows(spark, {path: filtered[path] for path in paths}))
+            loaded = DataFrame(spark._jvm.org.icecrypt.spark.LiveRows.live(loaded._jdf), spark)
         parts.append(_as_output(loaded, output))
     if rest:
         parts.append(_python_part(spark, rest, scan, output, table, location))
@@ -528,12 +545,15 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     return frame, ""
 
 
-def _live_rows(spark: Any, positions: Mapping[str, Any]) -> Any:
-    """The filter column (icecrypt's LiveRows UDF on ``_metadata.row_index``) that drops
-    the deleted rows of the files in ``positions`` (Spark path -> deleted positions)."""
-    from pyspark.sql.classic.column import Column
+def _live_rows(spark: Any, schema: Any, deletes: Mapping[str, tuple[int, Any]]) -> Any:
+    """A reader of ``schema`` through icecrypt's LiveRows format: Spark's Parquet reader,
+    which gives DELETES_COLUMN as each row's position, -1 for the deleted positions of the
+    files in ``deletes`` (Spark path -> (record count, deleted positions)); the caller keeps
+    rows >= 0 (``LiveRows.live``)."""
+    from pyspark.sql.types import LongType, StructField, StructType
 
-    return Column(spark._jvm.org.icecrypt.spark.LiveRows.filter(_deletes_buffer(positions)))
+    schema = StructType([*schema.fields, StructField(DELETES_COLUMN, LongType(), False)])
+    return spark.read.format(DELETES_FORMAT).schema(schema).option(DELETES_OPTION, _deletes_option(deletes))
 
 
 def _as_output(loaded: Any, output: Any) -> Any:

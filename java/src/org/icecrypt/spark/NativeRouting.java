@@ -45,6 +45,8 @@ import org.apache.spark.sql.catalyst.plans.logical.OverwriteByExpression;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
 import org.apache.spark.sql.catalyst.plans.logical.V2WriteCommand;
 import org.apache.spark.sql.catalyst.rules.Rule;
+import org.apache.spark.sql.execution.datasources.HadoopFsRelation;
+import org.apache.spark.sql.execution.datasources.LogicalRelation;
 import org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonTable;
 import org.apache.spark.sql.types.Metadata;
@@ -241,6 +243,24 @@ public final class NativeRouting extends Rule<LogicalPlan> {
                 SOURCE + ": table " + options.get("path") + ": the native path does not apply (" + why + ")");
         }
         return relation;
+    }
+
+    /**
+     * The distinct files Spark's file sources list in {@code data}'s analyzed plan (what
+     * Dataset.inputFiles answers, without optimizing the plan first).
+     */
+    public static int listedFiles(Dataset<?> data) {
+        java.util.Set<String> files = new java.util.HashSet<>();
+        List<LogicalPlan> nodes = new ArrayList<>();
+        nodes.add(data.queryExecution().analyzed());
+        while (!nodes.isEmpty()) {
+            LogicalPlan node = nodes.remove(nodes.size() - 1);
+            if (node instanceof LogicalRelation && ((LogicalRelation) node).relation() instanceof HadoopFsRelation) {
+                files.addAll(java.util.Arrays.asList(((HadoopFsRelation) ((LogicalRelation) node).relation()).inputFiles()));
+            }
+            nodes.addAll(CollectionConverters.asJava(node.children()));
+        }
+        return files.size();
     }
 
     /** Why the native plan cannot stand for the relation, or null when it can. */
