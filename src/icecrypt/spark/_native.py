@@ -458,7 +458,6 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     from icecrypt.spark import _iceberg as ib
     from icecrypt.spark._common import columns_option, file_error
     from icecrypt.spark._schema import spark_schema
-    from pyspark.sql.classic.dataframe import DataFrame
 
     if _jvm_session(spark) is None:
         return None, "not a classic Spark session (Spark Connect)"
@@ -535,6 +534,8 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
         if listed != len(paths):
             return None, f"Spark's Parquet source lists {listed} of the {len(paths)} planned data files"
         if paths[0] in filtered:
+            from pyspark.sql.classic.dataframe import DataFrame  # classic sessions only (checked above)
+
             loaded = DataFrame(spark._jvm.org.icecrypt.spark.LiveRows.live(loaded._jdf), spark)
         parts.append(_as_output(loaded, output))
     if rest:
