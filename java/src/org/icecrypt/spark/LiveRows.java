@@ -278,14 +278,8 @@ public class LiveRows extends ParquetFileFormat {
             for (int i = 0; i < n; i++) {
                 positions.putLong(i, position + i);
             }
-            long end = position + n;  // exclusive
-            if (position <= Integer.MAX_VALUE) {
-                deleted.advanceIfNeeded((int) position);
-                while (deleted.hasNext() && deleted.peekNext() < end) {
-                    positions.putLong((int) (deleted.next() - position), -1L);
-                }
-            }
-            position = end;
+            markRange(positions, deleted, position, n);
+            position += n;
             ColumnVector[] columns = new ColumnVector[batch.numCols() + 1];
             for (int i = 0, j = 0; i < columns.length; i++) {
                 columns[i] = i == column ? positions : batch.column(j++);
@@ -386,17 +380,7 @@ public class LiveRows extends ParquetFileFormat {
                 return;  // past every position the bitmap can hold
             }
             if (last - first == n - 1) {
-                // consecutive rows (the usual batch): visit only the deleted positions in range
-                PeekableIntIterator it = positions.getIntIterator();
-                it.advanceIfNeeded((int) first);
-                while (it.hasNext()) {
-                    int position = it.peekNext();
-                    if (position > last) {
-                        break;
-                    }
-                    out.putLong((int) (position - first), -1L);
-                    it.next();
-                }
+                markRange(out, positions.getIntIterator(), first, n);  // consecutive rows: the usual batch
             } else {
                 for (int i = 0; i < n; i++) {  // pages skipped inside the batch's row group
                     long position = out.getLong(i);
@@ -408,6 +392,22 @@ public class LiveRows extends ParquetFileFormat {
                     }
                 }
             }
+        }
+    }
+
+    /**
+     * Sets to -1 the entries of {@code out} (rows {@code first} .. {@code first + n - 1}, in
+     * order) whose positions {@code deleted} holds, visiting only those; {@code deleted} is
+     * left at the first position past the range.
+     */
+    private static void markRange(WritableColumnVector out, PeekableIntIterator deleted, long first, int n) {
+        if (first > Integer.MAX_VALUE) {
+            return;  // past every position the bitmap can hold
+        }
+        long end = first + n;  // exclusive
+        deleted.advanceIfNeeded((int) first);
+        while (deleted.hasNext() && deleted.peekNext() < end) {
+            out.putLong((int) (deleted.next() - first), -1L);
         }
     }
 
