@@ -164,24 +164,42 @@ def test_failed_jobs_leave_nothing(ispark, kms, kms_options, tmp_path):
     table.append(_rows(100, 0))
     before = sorted(p for p in (location / "data").rglob("*") if p.is_file())
 
-    @F.udf(T.LongType())
-    def explode_at_2500(value):
-        if value == 2500:  # late, so that the other task has written and reported its files
-            time.sleep(3)
-            raise RuntimeError("boom")
-        return value
+    def failing(watch, files, old=frozenset()):
+        """The frame whose row with id 2500 fails its task once the other task has written
+        its ``files`` files under ``watch`` (whole: they end in the Parquet magic) and had
+        time to report them; a fixed sleep was not enough on a slow host."""
 
-    failing = _frame(ispark, _rows(3_000, 1_000), 2).sortWithinPartitions("id").withColumn(
-        "id", explode_at_2500("id"))
+        @F.udf(T.LongType())
+        def explode_at_2500(value):
+            if value == 2500:
+                from pyspark import TaskContext
+
+                own = f"{TaskContext.get().taskAttemptId():05d}-"
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    done = [p for p in watch.rglob("*.parquet")
+                            if p.name not in old and not p.name.startswith((own, "."))
+                            and p.read_bytes()[-4:] in (b"PARE", b"PAR1")]
+                    if len(done) >= files:
+                        break
+                    time.sleep(0.1)
+                time.sleep(2)  # its commit message on the way to the driver
+                raise RuntimeError("boom")
+            return value
+
+        return _frame(ispark, _rows(3_000, 1_000), 2).sortWithinPartitions("id").withColumn(
+            "id", explode_at_2500("id"))
+
     with pytest.raises(Exception, match="boom"):
-        failing.write.format(FORMAT).options(**kms_options).mode("append").save(str(location))
+        failing(location / "data", 3, frozenset(p.name for p in before)).write.format(FORMAT).options(
+            **kms_options).mode("append").save(str(location))
     assert EncryptedTable.load(str(location), kms=kms).current_snapshot_id == table.current_snapshot_id
     assert sorted(p for p in (location / "data").rglob("*") if p.is_file()) == before
 
     fresh = tmp_path / "fresh"
     with pytest.raises(Exception, match="boom"):
-        failing.write.format(FORMAT).options(**kms_options).option("table-key-id", MASTER).mode("append").save(
-            str(fresh))
+        failing(fresh, 1).write.format(FORMAT).options(**kms_options).option("table-key-id", MASTER).mode(
+            "append").save(str(fresh))
     assert not [p for p in fresh.rglob("*") if p.is_file()]
 
 
