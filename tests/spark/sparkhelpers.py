@@ -87,7 +87,7 @@ def canonical_value(value):
         return (value - datetime.date(1970, 1, 1)).days
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).hex()
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # a tuple: a map's (key, value) entry
         return [canonical_value(v) for v in value]
     if isinstance(value, dict):
         return {k: canonical_value(v) for k, v in value.items()}

@@ -259,10 +259,10 @@ def _spark_type(t: Any) -> Any:
         return st.StructType(fields)
     if isinstance(t, it.ListType):
         element = _spark_type(t.element_type)
-        return None if element is None else st.ArrayType(element, t.element_is_optional)
+        return None if element is None else st.ArrayType(element, not t.element_required)
     if isinstance(t, it.MapType):
         key, value = _spark_type(t.key_type), _spark_type(t.value_type)
-        return None if key is None or value is None else st.MapType(key, value, t.value_is_optional)
+        return None if key is None or value is None else st.MapType(key, value, not t.value_required)
     return None  # time, uuid, fixed, nanosecond timestamps, geo, variant, unknown
 
 
