@@ -11,11 +11,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import struct
 
 import pyarrow as pa
 import pytest
 from pyiceberg.types import LongType, StringType
-from pyspark.sql.classic.dataframe import DataFrame
 from sparkhelpers import table_lines
 from table.tablelib import TABLE_NAMES, copy_table, flip_byte, location_map, metadata_path
 
@@ -105,7 +105,7 @@ def test_icecrypt_table_renamed_readded_columns_and_deletes(nspark, tmp_path):
     table.delete("id < 10")  # a deletion vector on the first file: Spark's reader with the deletes filter
     native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
     assert native == python == scan and len(scan) == 92
-    assert "FileScan parquet" in plan and "icecrypt_live_row" in plan and "MapInArrow" not in plan
+    assert "FileScan parquet" in plan and "FileScan icecrypt-live-rows" in plan and "MapInArrow" not in plan
 
 
 def test_tampered_file_fails_the_native_read_naming_it(nspark, tmp_path):
@@ -251,7 +251,7 @@ def test_deletes_applied_on_spark_reader_split_files(nspark, tmp_path):
             step()
             native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
             assert native == python == scan, f"step {number}"
-            assert "icecrypt_live_row" in plan and "MapInArrow" not in plan
+            assert "FileScan icecrypt-live-rows" in plan and "Filter (" not in plan and "MapInArrow" not in plan
             native, python, scan, _, _ = _three_ways(nspark, table.location, table, options, ["amount", "id"])
             assert native == python == scan, f"step {number}, projected"
         frame = icecrypt.spark.read_table(nspark, table.location, **options, native="true")
@@ -262,11 +262,79 @@ def test_deletes_applied_on_spark_reader_split_files(nspark, tmp_path):
         nspark.conf.set("spark.sql.files.maxPartitionBytes", saved)
 
 
+def test_deletes_on_every_type_nested_and_null(nspark, tmp_path):
+    """The live rows LiveRows gives are views of the reader's vectors: every column type,
+    nulls, structs in structs, lists of structs and maps read right through them, whole
+    files (counted) and split ones (row index), all columns or a few, with a filter too."""
+    import datetime
+    import decimal
+
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
+    point = pa.struct([("x", pa.int64()), ("label", pa.string()), ("inner", pa.struct([("z", pa.float64())]))])
+    schema = pa.schema([
+        ("id", pa.int64()), ("flag", pa.bool_()), ("small", pa.int32()), ("ratio", pa.float32()),
+        ("price", pa.decimal128(12, 3)), ("wide", pa.decimal128(30, 4)), ("note", pa.string()), ("blob", pa.binary()),
+        ("day", pa.date32()), ("at", pa.timestamp("us")), ("at_utc", pa.timestamp("us", tz="UTC")),
+        ("point", point), ("tags", pa.list_(pa.string())), ("attrs", pa.map_(pa.string(), pa.int32())),
+        ("items", pa.list_(pa.struct([("k", pa.int32())]))),
+    ])
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=LocalKms(keystore), table_key_id="master",
+                                  properties={"write.parquet.row-group-size-bytes": "4000"})
+
+    def value(i, v):
+        return None if i % 13 == 5 else v
+
+    for part in range(2):
+        ids = range(part * 1500, part * 1500 + 1500)
+        table.append(pa.table({
+            "id": pa.array(ids, pa.int64()),
+            "flag": [value(i, i % 2 == 0) for i in ids],
+            "small": pa.array([value(i, i % 1000 - 500) for i in ids], pa.int32()),
+            "ratio": pa.array([value(i, i / 7) for i in ids], pa.float32()),
+            "price": pa.array([value(i, decimal.Decimal(i * 37 - 9000).scaleb(-3)) for i in ids], pa.decimal128(12, 3)),
+            "wide": pa.array([value(i, decimal.Decimal(i * 10**12 + 7).scaleb(-4)) for i in ids], pa.decimal128(30, 4)),
+            "note": [value(i, f"note {i} " + "x" * (i % 17)) for i in ids],
+            "blob": [value(i, bytes([i % 256]) * (i % 5)) for i in ids],
+            "day": [value(i, datetime.date(2020, 1, 1) + datetime.timedelta(days=i)) for i in ids],
+            "at": pa.array([value(i, 1_700_000_000_000_000 + i * 1_000_003) for i in ids], pa.timestamp("us")),
+            "at_utc": pa.array([value(i, 1_600_000_000_000_000 + i * 7) for i in ids], pa.timestamp("us", tz="UTC")),
+            "point": pa.array([value(i, {"x": i, "label": value(i + 1, f"p{i}"), "inner": {"z": i / 3}}) for i in ids],
+                              point),
+            "tags": pa.array([value(i, [f"t{j}" for j in range(i % 4)]) for i in ids], pa.list_(pa.string())),
+            "attrs": pa.array([value(i, [(f"a{j}", i + j) for j in range(i % 3)]) for i in ids],
+                              pa.map_(pa.string(), pa.int32())),
+            "items": pa.array([value(i, [{"k": i * j} for j in range(i % 3)]) for i in ids],
+                              pa.list_(pa.struct([("k", pa.int32())]))),
+        }, schema=schema))
+    gone = [i for i in range(3000) if i % 3 == 0 or 700 <= i < 900]
+    table.delete("id IN (" + ", ".join(map(str, gone)) + ")")
+    saved = nspark.conf.get("spark.sql.files.maxPartitionBytes")
+    try:
+        for split in (False, True):
+            if split:
+                nspark.conf.set("spark.sql.files.maxPartitionBytes", "8192")
+            for columns in (None, ["items", "id", "point", "attrs"], ["wide", "at_utc"]):
+                native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options, columns)
+                assert native == python == scan and len(scan) == 3000 - len(gone), (split, columns)
+                assert "FileScan icecrypt-live-rows" in plan and "MapInArrow" not in plan
+            frame = icecrypt.spark.read_table(nspark, table.location, **options, native="true")
+            picked = frame.where("small > 100 AND point.inner.z > 10").select("id", "point.label", "tags")
+            want = table.scan().to_arrow().to_pylist()
+            expected = sorted((r["id"], r["point"]["label"] if r["point"] else None, r["tags"]) for r in want
+                              if r["small"] is not None and r["small"] > 100 and r["point"] is not None
+                              and r["point"]["inner"]["z"] > 10)
+            assert sorted((r.id, r.label, r.tags) for r in picked.collect()) == expected and expected
+    finally:
+        nspark.conf.set("spark.sql.files.maxPartitionBytes", saved)
+
+
 def test_deletes_with_odd_paths_and_shadowing_columns(nspark, tmp_path):
     """A table under a path with a space and non-ASCII letters (the format matches the file
     Spark reports); a column named ``_metadata`` (Spark's own metadata column) is read
-    natively with deletes; a column named as the deletes column, in any case, sends the
-    files with deletes to the Python path."""
+    natively with deletes; a column named as the one Spark's reader gives the row index in,
+    in any case, sends the files with deletes to the Python path."""
     keystore = tmp_path / "keystore.json"
     LocalKms.create_keystore(keystore, ["master"])
     options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
@@ -275,7 +343,7 @@ def test_deletes_with_odd_paths_and_shadowing_columns(nspark, tmp_path):
     native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
     assert native == python == scan and len(scan) == 1333 and "FileScan icecrypt-live-rows" in plan
 
-    for name, native_deletes in (("_metadata", True), (_native.DELETES_COLUMN.upper(), False)):
+    for name, native_deletes in (("_metadata", True), (_native.ROW_INDEX_COLUMN.upper(), False)):
         schema = pa.schema([("id", pa.int64()), (name, pa.string())])
         shadow = EncryptedTable.create(str(tmp_path / f"shadow{name}"), schema, kms=LocalKms(keystore),
                                        table_key_id="master")
@@ -289,48 +357,55 @@ def test_deletes_with_odd_paths_and_shadowing_columns(nspark, tmp_path):
             assert ("MapInArrow" in plan) is not native_deletes and "FileScan parquet" in plan, plan
 
 
-def test_the_deletes_format_marks_drops_and_fails_closed(nspark, tmp_path):
-    """LiveRows gives its column as the row position, -1 where deleted: counted over a
-    whole file read in batches with nothing pushed (and refused when the count is not the
-    record count), from parquet-java's row index when a filter is pushed or a file is split,
-    row by row (vectorized reader off) with the deleted rows dropped; it refuses a file it
-    has no deletes for, a read without its column (the filter would be gone) and a
-    malformed option; a tampered deletion vector fails the read naming it."""
-    import zlib
-
+def test_the_deletes_format_gives_live_rows_and_fails_closed(nspark, tmp_path):
+    """LiveRows gives the live rows only: counted over a whole file read in batches with
+    nothing pushed (and refused when the count is not the record count), by parquet-java's
+    row index when a filter is pushed or a file is split, row by row (vectorized reader
+    off); ``_metadata.row_index`` still gives each row's position; deltas of 255 and more
+    and a deleted first row encode; it refuses a file it has no deletes for, a table column
+    named as the row index column and a malformed option; a tampered deletion vector fails
+    the read naming it."""
     import numpy as np
+    from pyspark.sql import types as T
 
     keystore = tmp_path / "keystore.json"
     LocalKms.create_keystore(keystore, ["master"])
     plain = _deletes_table(str(tmp_path / "plain"), None)
     files = [f"file://{p}" for p in sorted(str(p) for p in (tmp_path / "plain" / "data").rglob("*.parquet"))]
     schema = nspark.read.parquet(files[0]).schema
-    deleted = {files[0]: (500, np.array([1, 2, 499], dtype=np.int64))}
-    column = _native.DELETES_COLUMN
+    gone = [1, 2, 300, 499]  # deltas 1, 1, 298 (wide), 199
+    deleted = {files[0]: (500, np.array(gone, dtype=np.int64))}
     ids = [r.id for r in nspark.read.parquet(files[0]).collect()]
-    want = [(ids[i], -1 if i in (1, 2, 499) else i) for i in range(500)]
+    want = [(ids[i], i) for i in range(500) if i not in gone]
 
-    def load(path, deletes=deleted, option=None):
-        reader = _native._live_rows(nspark, schema, deletes)
+    def load(path, deletes=deleted, option=None, read_schema=schema):
+        reader = _native._live_rows(nspark, read_schema, deletes)
         return (reader.option(_native.DELETES_OPTION, option) if option else reader).load(path)
 
     def rows(frame):
-        return [(r.id, r[column]) for r in frame.select("id", column).collect()]
+        return [(r.id, r.row_index) for r in frame.select("id", "_metadata.row_index").collect()]
 
     counted = load(files[0])
     assert rows(counted) == want and "PushedFilters: []" in _plan(counted)
+    assert [r.id for r in counted.select("id").collect()] == [i for i, _ in want]
+    whole = [tuple(r) for r in counted.collect()]
+    assert counted.count() == 496 and "Filter (" not in _plan(counted.groupBy().count())
     pushed = load(files[0]).where("id >= 0")  # row index: a pushed filter may skip pages
     assert rows(pushed) == want and "GreaterThanOrEqual(id,0)" in _plan(pushed)
-    assert DataFrame(nspark._jvm.org.icecrypt.spark.LiveRows.live(counted._jdf), nspark).count() == 497
+    assert [r.id for r in pushed.select("id").collect()] == [i for i, _ in want]
+    first = load(files[0], {files[0]: (500, np.array([0, 499], dtype=np.int64))})
+    assert [r.id for r in first.collect()] == ids[1:499]
     saved = {key: nspark.conf.get(key) for key in ("spark.sql.files.maxPartitionBytes",
                                                    "spark.sql.parquet.enableVectorizedReader")}
     try:
         nspark.conf.set("spark.sql.files.maxPartitionBytes", "2048")  # splits: row index
         split = load(files[0])
         assert split.rdd.getNumPartitions() > 1 and sorted(rows(split)) == sorted(want)
+        assert sorted(r.id for r in split.collect()) == sorted(i for i, _ in want)
         nspark.conf.set("spark.sql.files.maxPartitionBytes", saved["spark.sql.files.maxPartitionBytes"])
         nspark.conf.set("spark.sql.parquet.enableVectorizedReader", "false")  # row by row: dropped here
-        assert rows(load(files[0])) == [(i, p) for i, p in want if p >= 0]
+        assert rows(load(files[0])) == want
+        assert [tuple(r) for r in load(files[0]).collect()] == whole
     finally:
         for key, value in saved.items():
             nspark.conf.set(key, value)
@@ -340,13 +415,17 @@ def test_the_deletes_format_marks_drops_and_fails_closed(nspark, tmp_path):
     assert rows(load(files[0], miscounted).where("id >= 0")) == want
     with pytest.raises(Exception, match="has no deletes planned for that file"):
         load(files[1]).collect()
-    with pytest.raises(Exception, match=f"without its column {column}"):
-        load(files[0]).select("id").collect()
+    shadowing = T.StructType([*schema.fields, T.StructField(_native.ROW_INDEX_COLUMN, T.LongType())])
+    with pytest.raises(Exception, match=f"with a column named {_native.ROW_INDEX_COLUMN}"):
+        load(files[0], read_schema=shadowing).collect()
     with pytest.raises(Exception, match=r"malformed deletes option"):
         load(files[0], option="not base64 !").collect()
-    truncated = base64.b64encode(zlib.compress(b"\0\0\0\x05abc")).decode()
+    truncated = base64.b64encode(b"\0\0\0\x05abc").decode()
     with pytest.raises(Exception, match=r"malformed deletes buffer \(BufferUnderflowException\)"):
         load(files[0], option=truncated).collect()
+    one_wide_missing = struct.pack(">i", 1) + b"x" + struct.pack(">qii", 500, 1, 0) + b"\xff"
+    with pytest.raises(Exception, match=r"malformed deletes buffer .*more wide deltas than 0"):
+        load(files[0], option=base64.b64encode(one_wide_missing).decode()).collect()
     assert plain.scan().to_arrow().num_rows == 2000
 
     options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore), "native": "true"}
