@@ -364,8 +364,8 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
     assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
     explain = (out / "explain.txt").read_text()
-    assert "FileScan parquet" in explain and "icecrypt_live_row" in explain and "MapInArrow" in explain
-    assert explain.count("icecrypt_live_row") >= 10  # both reads, every explain mode
+    assert "FileScan parquet" in explain and "icecrypt-live-rows" in explain and "MapInArrow" in explain
+    assert explain.count("icecrypt-live-rows") >= 10  # both reads, every explain mode
     evidence.add("explain", explain)
     rest = json.loads((out / "rest.json").read_text())
     assert "FileScan parquet" in rest["sql?details=true&planDescription=true"]
