@@ -22,8 +22,9 @@ batch of Spark's vectorized reader becomes a batch of views of its live rows (no
 filter above the scan), a row's position in its file being a running count when a task
 reads a whole file with no filter pushed into Parquet, else parquet-java's row index.
 Everything else — files with equality deletes, Avro data files, files with deletes under
-a table with a column named as the column Spark reads that row index into — is read by :func:`icecrypt.table.read_task` in Python workers
-(``mapInArrow`` over the planned tasks), and the parts are unioned.  The rows are those of
+a table with a column named as the one Spark reads that row index into — is read by
+:func:`icecrypt.table.read_task` in Python workers (``mapInArrow`` over the planned
+tasks), and the parts are unioned.  The rows are those of
 ``EncryptedTable.scan()``.
 
 The native path is taken when it applies: a classic (not Connect) session with the jar
