@@ -102,7 +102,7 @@ def test_icecrypt_table_renamed_readded_columns_and_deletes(nspark, tmp_path):
     assert native == python == scan and len(scan) == 102
     assert "FileScan parquet" in plan and "MapInArrow" not in plan
     assert {json.loads(line)[1] for line in scan} >= {"n0", "x"}  # the renamed column's values
-    table.delete("id < 10")  # a deletion vector on the first file: Spark's reader with the deletes filter
+    table.delete("id < 10")  # a deletion vector on the first file: Spark's reader through LiveRows
     native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
     assert native == python == scan and len(scan) == 92
     assert "FileScan parquet" in plan and "FileScan icecrypt-live-rows" in plan and "MapInArrow" not in plan

@@ -192,7 +192,7 @@ public class LiveRows extends ParquetFileFormat {
             Deletes deletes = deleted.get(path);
             if (deletes == null) {
                 throw new IllegalStateException("icecrypt: " + path
-                    + " is read with a deletes filter that has no deletes planned for that file: refused");
+                    + " is read through LiveRows, whose option has no deletes planned for that file: refused");
             }
             Object rows;
             if (whole != null && file.start() == 0 && file.fileSize() > 0 && file.length() == file.fileSize()) {
