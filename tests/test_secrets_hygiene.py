@@ -252,7 +252,8 @@ def test_no_key_in_logs_outputs_errors_and_plans(tmp_path, capfd, spark):
             from icecrypt.errors import KmsError
 
             # a file the Python writer wrote first: the middle of a small file of Spark's
-            # writer is its page index, which no full read (nor verify) decrypts
+            # writer is its page index, which verify() authenticates but a scan never reads,
+            # and the scan drill below must fail
             files = sorted((tk.file.path for tk in t.scan().plan_files()), key=lambda p: "/part-" in p)
             evidence.drill("wrong key", lambda: ags1.decrypt(ags1.encrypt(b"x" * 100, os.urandom(16)), os.urandom(16)))
             blob = bytearray(open(files[0], "rb").read())

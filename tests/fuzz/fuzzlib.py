@@ -51,6 +51,7 @@ HARNESSES = (
     "puffin",
     "key_manifest",
     "plain_avro",
+    "parquet_modules",
 )
 
 #: saved crashing inputs: regressions/<harness>/<name>, replayed by test_regressions.py

@@ -202,6 +202,7 @@ def write_rows(
     store_aad_prefix: bool = False,
     plaintext_footer: bool = False,
     writer_version: str = "PARQUET_1_0",
+    bloom_filter_columns: Iterable[str] = (),
 ) -> None:
     """Write ``rows`` with parquet-mr's ``ExampleParquetWriter`` and Iceberg's encryption
     properties.  ``schema`` is a Parquet message type in parquet-mr's text syntax (flat,
@@ -210,7 +211,10 @@ def write_rows(
     bytes, Decimal; None or a missing key leaves an optional column null.
     ``store_aad_prefix=True`` and ``plaintext_footer=True`` depart from Iceberg (prefix
     stored in the file; footer in clear, signed with the footer key);
-    ``writer_version="PARQUET_2_0"`` writes version 2 data pages (Iceberg writes 1.0)."""
+    ``writer_version="PARQUET_2_0"`` writes version 2 data pages (Iceberg writes 1.0);
+    ``bloom_filter_columns`` get a bloom filter (as Iceberg's
+    ``write.parquet.bloom-filter-enabled.column.*`` asks).  Page indexes are written
+    as parquet-mr does by default."""
     p = jvm.org.apache.parquet
     message = p.schema.MessageTypeParser.parseMessageType(schema)
     output = p.io.LocalOutputFile(jvm.java.io.File(str(path)).toPath())
@@ -229,6 +233,8 @@ def write_rows(
         builder = builder.withRowGroupSize(row_group_size)
     if page_size is not None:
         builder = builder.withPageSize(page_size)
+    for column in bloom_filter_columns:  # sized for a few hundred values, not parquet-mr's 1 MiB
+        builder = builder.withBloomFilterEnabled(column, True).withBloomFilterNDV(column, 200)
     writer = builder.build()
     add_long = _LongAdder(jvm)
     binary = p.io.api.Binary

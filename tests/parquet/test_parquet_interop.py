@@ -17,6 +17,7 @@ from parquet_rows import EXACT, canonical_rows, file_crypto_metadata, sample_tab
 
 import icecrypt
 from icecrypt import parquet as ip
+from icecrypt._parquet_modules import authenticate_modules
 from icecrypt.keys import StandardKeyMetadata
 
 pytestmark = pytest.mark.spark
@@ -231,3 +232,68 @@ def test_parquet_mr_version2_pages_fail_closed(jvm, tmp_path):
         ip.read_table(path, km)
     # required columns have no levels, and read
     assert ip.read_table(path, km, columns=["id", "qty"]).column("id").to_pylist() == [r["id"] for r in rows]
+
+
+def _read_every_row_group(data: bytes, km: StandardKeyMetadata) -> None:
+    with ip.EncryptedParquetFile(pa.BufferReader(data), "tampered.parquet", km) as f:
+        for i in range(f.num_row_groups):
+            f.read_row_group(i)
+
+
+def test_every_byte_of_a_parquet_mr_file_is_authenticated(jvm, tmp_path):
+    """parquet-mr writes a column index and an offset index for every column chunk, and
+    bloom filters when asked, all encrypted; Arrow reads none of them.  Reading every row
+    group and then ``authenticate_modules`` (what ``verify()`` does) catches a flip of any
+    byte of the file; reading the row groups alone does not."""
+    dek, aad = os.urandom(16), os.urandom(16)
+    path = tmp_path / "indexed.parquet"
+    write_rows(
+        jvm, path, ICEBERG_LIKE_SCHEMA, java_rows(12), dek, aad, row_group_size=1024, page_size=256,
+        bloom_filter_columns=["id", "qty"],
+    )
+    data = path.read_bytes()
+    km = StandardKeyMetadata(dek, aad, len(data))
+    with ip.open_file(path, km) as f:
+        groups = f.num_row_groups
+        columns = f.metadata.num_columns
+        assert all(f.metadata.row_group(g).column(c).has_column_index for g in range(groups) for c in range(columns))
+        blooms = [f.metadata.row_group(g).column(c).bloom_filter_offset for g in range(groups) for c in (0, 2)]
+        assert None not in blooms
+    assert authenticate_modules(pa.BufferReader(data), km, "indexed.parquet") == groups * (2 * columns + 2 * 2)
+
+    unseen_by_arrow = 0
+    for position in range(len(data)):
+        damaged = bytearray(data)
+        damaged[position] ^= 0x01
+        try:
+            _read_every_row_group(bytes(damaged), km)
+        except icecrypt.DecryptionError:
+            continue
+        unseen_by_arrow += 1
+        with pytest.raises(icecrypt.DecryptionError, match="indexed.parquet"):
+            authenticate_modules(pa.BufferReader(bytes(damaged)), km, "indexed.parquet")
+    assert unseen_by_arrow > 100  # the page indexes, bloom filters and leading magic
+
+
+def test_module_authentication_names_the_module(jvm, tmp_path):
+    dek, aad = os.urandom(16), os.urandom(16)
+    path = tmp_path / "named.parquet"
+    write_rows(jvm, path, ICEBERG_LIKE_SCHEMA, java_rows(10), dek, aad, bloom_filter_columns=["qty"])
+    data = path.read_bytes()
+    km = StandardKeyMetadata(dek, aad, len(data))
+    with ip.open_file(path, km) as f:
+        chunk = f.metadata.row_group(0).column(2)
+        bloom = chunk.bloom_filter_offset
+    # the column index of the first chunk lies after the last data page; the bloom filter where the footer says
+    for position, what in ((bloom + 20, "bloom filter of column 'qty' of row group 0"),):
+        damaged = bytearray(data)
+        damaged[position] ^= 0x01
+        with pytest.raises(icecrypt.AuthenticationError, match=f"named.parquet: the {what}: GCM tag check failed"):
+            authenticate_modules(pa.BufferReader(bytes(damaged)), km, "named.parquet")
+    with pytest.raises(icecrypt.AuthenticationError, match="the footer: GCM tag check failed"):
+        authenticate_modules(pa.BufferReader(data), StandardKeyMetadata(dek, os.urandom(16)), "named.parquet")
+    with pytest.raises(icecrypt.FormatError, match="no PARE magic"):
+        authenticate_modules(pa.BufferReader(b"PAR1" + data[4:]), km, "named.parquet")
+    for garbage in (data[:4] + os.urandom(200) + data[-8:], data[:-12] + b"\xff\xff\xff\x7f" + data[-8:]):
+        with pytest.raises(icecrypt.DecryptionError, match="named.parquet"):
+            authenticate_modules(pa.BufferReader(garbage), km, "named.parquet")

@@ -143,6 +143,7 @@ def test_append_and_overwrite_by_sparks_writer(wspark, tmp_path, kms, options):
             assert ids == [b"1", b"5", b"12"]
             assert opened.metadata.num_rows == file.record_count
     assert len(keys) == len(files)
+    assert table.verify().ok  # page indexes (Spark's writer writes them) included
     want = pa.concat_tables([first, second])
     assert _same(table.scan().to_arrow(), want)
     names = SCHEMA.names
@@ -332,6 +333,35 @@ def test_tampered_native_file_fails_the_read_naming_it(wspark, tmp_path, kms, op
         with pytest.raises(Exception) as caught:
             read()
         assert victim.name in str(caught.value), str(caught.value)[:2000]
+
+
+def test_a_damaged_page_index_is_found_by_verify_and_by_filtered_reads(wspark, tmp_path, kms, options):
+    """Spark's writer puts the page indexes between the last column chunk and the footer.
+    A full read never decrypts them; verify() does, and so does parquet-java when a
+    filter lets it skip pages."""
+    table = _table(tmp_path, kms)
+    _frame(wspark, _rows(5000)).coalesce(1).write.format("icecrypt.iceberg").options(**options).mode("append") \
+        .save(table.location)
+    (file,) = _files(table.refresh())
+    km = StandardKeyMetadata.decode(file.key_metadata)
+    with icecrypt.parquet.open_file(file.fs_path, km) as opened:
+        meta = opened.metadata
+        chunks_end = max(
+            (c.dictionary_page_offset or c.data_page_offset) + c.total_compressed_size
+            for g in range(meta.num_row_groups) for c in (meta.row_group(g).column(i) for i in range(meta.num_columns))
+        )
+    raw = Path(file.fs_path).read_bytes()
+    footer_start = len(raw) - 8 - struct.unpack_from("<I", raw, len(raw) - 8)[0]
+    assert footer_start - chunks_end > 100  # the page indexes
+    flip_byte(Path(file.fs_path), (chunks_end + footer_start) // 2)
+
+    assert table.refresh().scan().to_arrow().num_rows == 5000  # no read of ours uses those bytes
+    report = table.verify()
+    assert [(Path(p.path).name, p.kind) for p in report.problems] == [(Path(file.path).name, "damaged")], str(report)
+    assert "index of column" in report.problems[0].message
+    with pytest.raises(Exception) as caught:
+        wspark.read.format("icecrypt.iceberg").options(**options).load(table.location).where("id = 2500").collect()
+    assert "GCM" in str(caught.value) or "AEADBadTag" in str(caught.value), str(caught.value)[:2000]
 
 
 def test_keys_derive_from_the_secret_and_the_name():

@@ -3,8 +3,10 @@
 For each snapshot (or one): unwrap the manifest list's key through the KEK, decrypt the
 manifest list, every manifest, and every data and delete file in full — Parquet files
 row group by row group (every page of every column is decrypted and its GCM tag
-checked), Avro and Puffin files block by block (deletion vectors are decoded and their
-CRC and cardinality checked).  Files shared by several snapshots are checked once.
+checked; so are the page indexes and bloom filters, which Arrow does not read but
+parquet-java does), Avro and Puffin files block by block (deletion vectors are decoded
+and their CRC and cardinality checked).  Files shared by several snapshots are checked
+once.
 
 Nothing raises for damage: each problem becomes a :class:`VerifyProblem` with the file's
 recorded location and one of the kinds
@@ -180,6 +182,11 @@ class _Verifier:
                 rows += pf.read_row_group(index, use_threads=True).num_rows
         finally:
             pf.close()
+        if self.encrypted:  # what Arrow does not read: page indexes, bloom filters, leading magic
+            from icecrypt._parquet_modules import authenticate_modules
+
+            with self.fs.open_input_file(fs_path) as source:
+                authenticate_modules(source, file.key_metadata, file.file_path)
         return rows
 
     def _avro(self, file: ContentFile, fs_path: str) -> int:
