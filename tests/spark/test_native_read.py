@@ -379,8 +379,8 @@ def test_the_deletes_format_gives_live_rows_and_fails_closed(nspark, tmp_path):
     want = [(ids[i], i) for i in range(500) if i not in gone]
 
     def load(path, deletes=deleted, option=None, read_schema=schema):
-        reader = _native._live_rows(nspark, read_schema, deletes)
-        return (reader.option(_native.DELETES_OPTION, option) if option else reader).load(path)
+        return nspark.read.format(_native.DELETES_FORMAT).schema(read_schema) \
+            .option(_native.DELETES_OPTION, option or _native._deletes_option(deletes)).load(path)
 
     def rows(frame):
         return [(r.id, r.row_index) for r in frame.select("id", "_metadata.row_index").collect()]

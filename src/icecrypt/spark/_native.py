@@ -64,6 +64,7 @@ import logging
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -451,6 +452,23 @@ def read_table(spark: Any, location: str, **options: str) -> Any:
     return spark.read.format(ib.NAME).options(**options).option(OPT_NATIVE, "false").load(location)
 
 
+def _encode(options: Mapping[str, str]) -> str:
+    """``options`` as NativeRouting.plannedRead takes them: name, NUL, value, NUL, ..."""
+    return "\0".join(item for pair in options.items() for item in pair)
+
+
+#: NativeRouting's JavaClass per session whose JVM loads icecrypt's jar (resolving it costs
+#: five Py4J round trips, native_available eight more: once per session, not per read)
+_routing_classes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _routing(spark: Any) -> Any:
+    routing = _routing_classes.get(spark)
+    if routing is None and native_available(spark):
+        routing = _routing_classes[spark] = spark._jvm.org.icecrypt.spark.NativeRouting
+    return routing
+
+
 def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[Any, str]:
     """(the DataFrame of the native path, "") or (None, why it does not apply)."""
     with _keys_in_flight():  # the file keys option and the Python part's pickled tasks
@@ -458,13 +476,17 @@ def _native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[An
 
 
 def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tuple[Any, str]:
+    from pyspark.sql.classic.dataframe import DataFrame
+
     from icecrypt.spark import _iceberg as ib
     from icecrypt.spark._common import columns_option, file_error
     from icecrypt.spark._schema import spark_schema
 
-    if _jvm_session(spark) is None:
+    jsession = _jvm_session(spark)
+    if jsession is None:
         return None, "not a classic Spark session (Spark Connect)"
-    if not native_available(spark):
+    routing = _routing(spark)
+    if routing is None:
         return None, f"{JAR_NAME} cannot be loaded in this session (icecrypt.spark.configure)"
     full = {**options, ib.OPT_PATH: location}
     table = ib._open_table(full, location)
@@ -513,8 +535,6 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     if any(set(path) & set("*?[]{}\\") for path in files):
         return None, "a data file path holds glob characters (Spark's file source expands them)"
     output = spark_schema(scan.arrow_schema)
-    spark.conf.set(FIELD_ID_READ, "true")
-    spark.conf.set(FIELD_ID_IGNORE_MISSING, "false")
     # a file that fails to decrypt or is gone fails the read, whatever the session's
     # spark.sql.files.ignoreCorruptFiles / ignoreMissingFiles say (no silently missing rows)
     schema = _spark_type(scan.schema.as_struct())
@@ -522,47 +542,30 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     if encrypted:
         settings.update({FACTORY_PROPERTY: FACTORY_CLASS, READ_ID_PROPERTY: uuid.uuid4().hex,
                          KEYS_PROPERTY: _file_keys(files)})
+    session_settings = _encode({FIELD_ID_READ: "true", FIELD_ID_IGNORE_MISSING: "false"})
     parts = []
     for paths in ([path for path in files if path not in filtered], list(filtered)):
         if not paths:
             continue
         if paths[0] in filtered:
-            reader = _live_rows(spark, schema, {path: (files[path].record_count, filtered[path]) for path in paths})
+            deletes = {path: (files[path].record_count, filtered[path]) for path in paths}
+            source, read_options = DELETES_FORMAT, {**settings, DELETES_OPTION: _deletes_option(deletes)}
         else:
-            reader = spark.read.format("parquet").schema(schema)
-        loaded = reader.options(**settings).load(paths)
-        # Spark's file index must hold exactly the planned files: one it skipped (a hidden
-        # name) would lose rows silently, so such a read takes the Python path
-        listed = spark._jvm.org.icecrypt.spark.NativeRouting.listedFiles(loaded._jdf)
-        if listed != len(paths):
-            return None, f"Spark's Parquet source lists {listed} of the {len(paths)} planned data files"
-        parts.append(_as_output(loaded, output))
+            source, read_options = "parquet", settings
+        # one call: Spark's file source over the paths, cast to the Python path's types; None
+        # when Spark's file index does not hold exactly the planned files (one it skips, a
+        # hidden name, would lose rows silently), and such a read takes the Python path
+        jdf = routing.plannedRead(jsession, session_settings, source, schema.json(), output.json(),
+                                  _encode(read_options), "\0".join(paths))
+        if jdf is None:
+            return None, f"Spark's Parquet source does not list all {len(paths)} planned data files"
+        parts.append(DataFrame(jdf, spark))
     if rest:
         parts.append(_python_part(spark, rest, scan, output, table, location))
     frame = parts[0]
     for part in parts[1:]:
         frame = frame.unionAll(part)
     return frame, ""
-
-
-def _live_rows(spark: Any, schema: Any, deletes: Mapping[str, tuple[int, Any]]) -> Any:
-    """A reader of ``schema`` through icecrypt's LiveRows format: Spark's Parquet reader
-    giving the live rows of the files in ``deletes`` (Spark path -> (record count, deleted
-    positions)), which must name every file it reads."""
-    return spark.read.format(DELETES_FORMAT).schema(schema).option(DELETES_OPTION, _deletes_option(deletes))
-
-
-def _as_output(loaded: Any, output: Any) -> Any:
-    """``loaded`` (Spark's Parquet source) with the Python path's column types: a cast only
-    where Spark's reader gives another type (every column expression costs the driver a few
-    calls into the JVM: 6 columns cast were ~40 % of a read's planning)."""
-    from pyspark.sql import functions as F
-
-    given = [(f.name, f.dataType.simpleString()) for f in loaded.schema.fields]
-    if given == [(f.name, f.dataType.simpleString()) for f in output.fields]:
-        return loaded
-    return loaded.select(
-        *[F.col("`" + f.name.replace("`", "``") + "`").cast(f.dataType).alias(f.name) for f in output.fields])
 
 
 def _python_part(spark: Any, tasks: list[Any], scan: Any, output: Any, table: Any, location: str) -> Any:

@@ -33,7 +33,9 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.WeakHashMap;
 
+import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.expressions.Alias;
 import org.apache.spark.sql.catalyst.expressions.Attribute;
@@ -49,7 +51,11 @@ import org.apache.spark.sql.execution.datasources.HadoopFsRelation;
 import org.apache.spark.sql.execution.datasources.LogicalRelation;
 import org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonTable;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.Metadata;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
 
 import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
@@ -243,6 +249,57 @@ public final class NativeRouting extends Rule<LogicalPlan> {
                 SOURCE + ": table " + options.get("path") + ": the native path does not apply (" + why + ")");
         }
         return relation;
+    }
+
+    /**
+     * The planner's read of its planned files, in one Py4J call (each call from the
+     * planner, which runs in Py4J's callback thread, costs a round trip: building this in
+     * Python took some 40 of them, about half of a routed read's planning).
+     *
+     * Spark's file source {@code format} over {@code paths}, read with the schema
+     * {@code schemaJson} and {@code options}, its columns cast to {@code outputJson}'s types
+     * where Spark's reader gives another type; null when Spark's file index does not list
+     * every path (a hidden file name: such a read takes the Python path). The strings are
+     * NUL-separated: options name, value, name, value, ...; paths one after the other.
+     * Sets the session's {@code settings} (same encoding) first.
+     */
+    public static Dataset<Row> plannedRead(SparkSession session, String settings, String format, String schemaJson,
+            String outputJson, String options, String paths) {
+        String[] set = split(settings);
+        for (int i = 0; i + 1 < set.length; i += 2) {
+            session.conf().set(set[i], set[i + 1]);
+        }
+        Map<String, String> read = new HashMap<>();
+        String[] pairs = split(options);
+        for (int i = 0; i + 1 < pairs.length; i += 2) {
+            read.put(pairs[i], pairs[i + 1]);
+        }
+        String[] files = split(paths);
+        Dataset<Row> loaded = session.read().format(format).schema((StructType) DataType.fromJson(schemaJson))
+            .options(read).load(files);
+        if (listedFiles(loaded) != files.length) {
+            return null;
+        }
+        StructField[] given = loaded.schema().fields();
+        StructField[] output = ((StructType) DataType.fromJson(outputJson)).fields();
+        boolean same = given.length == output.length;
+        for (int i = 0; same && i < given.length; i++) {
+            same = given[i].name().equals(output[i].name())
+                && given[i].dataType().simpleString().equals(output[i].dataType().simpleString());
+        }
+        if (same) {
+            return loaded;
+        }
+        Column[] columns = new Column[output.length];
+        for (int i = 0; i < output.length; i++) {
+            String name = output[i].name();
+            columns[i] = functions.col("`" + name.replace("`", "``") + "`").cast(output[i].dataType()).alias(name);
+        }
+        return loaded.select(columns);
+    }
+
+    private static String[] split(String encoded) {
+        return encoded.isEmpty() ? new String[0] : encoded.split("\0", -1);
     }
 
     /**
