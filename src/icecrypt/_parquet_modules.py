@@ -139,6 +139,8 @@ class _File:
 
     def open(self, module: bytes, suffix: bytes, what: str) -> bytes:
         """Decrypt one ``length(4) ‖ nonce ‖ ciphertext ‖ tag`` module; it must fill ``module``."""
+        if len(module) < 4:
+            raise FormatError(f"{self.name}: {what}: {len(module)} bytes cannot hold a module")
         (length,) = struct.unpack_from("<I", module)
         if length + 4 != len(module):
             raise FormatError(f"{self.name}: {what}: a module of {length} bytes in {len(module) - 4}")

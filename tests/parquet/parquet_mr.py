@@ -27,6 +27,7 @@ __all__ = [
     "decryption_properties",
     "encryption_properties",
     "encryption_type",
+    "read_longs",
     "read_rows",
     "write_rows",
 ]
@@ -128,16 +129,21 @@ def _column_reader(field):
     raise NotImplementedError(f"column {field.getName()}: {primitive} {logical}")
 
 
-def read_rows(jvm, path: str | Path, key: bytes, aad_prefix: bytes | None) -> tuple[list[str], list[list]]:
-    """Read every row of a (flat) encrypted Parquet file with parquet-mr's example
-    ``GroupReadSupport``; returns the column names and the canonical rows."""
+def _group_reader(jvm, path: str | Path, key: bytes, aad_prefix: bytes | None):
+    """parquet-mr's record reader of whole ``Group`` records, with Iceberg's decryption."""
     p = jvm.org.apache.parquet
-    reader = (
+    return (
         p.hadoop.ParquetReader.builder(p.hadoop.example.GroupReadSupport(), _hadoop_path(jvm, path))
         .withConf(jvm.org.apache.hadoop.conf.Configuration())
         .withDecryption(decryption_properties(jvm, key, aad_prefix))
         .build()
     )
+
+
+def read_rows(jvm, path: str | Path, key: bytes, aad_prefix: bytes | None) -> tuple[list[str], list[list]]:
+    """Read every row of a (flat) encrypted Parquet file with parquet-mr's example
+    ``GroupReadSupport``; returns the column names and the canonical rows."""
+    reader = _group_reader(jvm, path, key, aad_prefix)
     names: list[str] = []
     rows: list[list] = []
     try:
@@ -159,6 +165,22 @@ def read_rows(jvm, path: str | Path, key: bytes, aad_prefix: bytes | None) -> tu
     finally:
         reader.close()
     return names, rows
+
+
+def read_longs(jvm, path: str | Path, key: bytes, aad_prefix: bytes | None, name: str) -> list[int]:
+    """The required INT64 column ``name`` of every record of an encrypted Parquet file (any
+    schema, nested too), read with parquet-mr's ``GroupReadSupport`` and no projection:
+    every record is assembled whole, so every page of every column is decrypted."""
+    reader = _group_reader(jvm, path, key, aad_prefix)
+    values = []
+    try:
+        group = reader.read()
+        while group is not None:
+            values.append(group.getLong(name, 0))
+            group = reader.read()
+    finally:
+        reader.close()
+    return values
 
 
 # --- writing -----------------------------------------------------------------------------

@@ -294,6 +294,8 @@ def test_module_authentication_names_the_module(jvm, tmp_path):
         authenticate_modules(pa.BufferReader(data), StandardKeyMetadata(dek, os.urandom(16)), "named.parquet")
     with pytest.raises(icecrypt.FormatError, match="no PARE magic"):
         authenticate_modules(pa.BufferReader(b"PAR1" + data[4:]), km, "named.parquet")
-    for garbage in (data[:4] + os.urandom(200) + data[-8:], data[:-12] + b"\xff\xff\xff\x7f" + data[-8:]):
+    only_crypto_metadata = b"PARE" + bytes([0x1C, 0x1C, 0, 0, 0]) + struct.pack("<I", 5) + b"PARE"  # no footer
+    for garbage in (data[:4] + os.urandom(200) + data[-8:], data[:-12] + b"\xff\xff\xff\x7f" + data[-8:],
+                    only_crypto_metadata):
         with pytest.raises(icecrypt.DecryptionError, match="named.parquet"):
             authenticate_modules(pa.BufferReader(garbage), km, "named.parquet")

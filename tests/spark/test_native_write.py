@@ -23,6 +23,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sparkhelpers import MASTER, table_lines
+from parquet.parquet_mr import encryption_type, read_longs
 from table.tablelib import flip_byte
 
 import icecrypt.parquet
@@ -362,6 +363,26 @@ def test_a_damaged_page_index_is_found_by_verify_and_by_filtered_reads(wspark, t
     with pytest.raises(Exception) as caught:
         wspark.read.format("icecrypt.iceberg").options(**options).load(table.location).where("id = 2500").collect()
     assert "GCM" in str(caught.value) or "AEADBadTag" in str(caught.value), str(caught.value)[:2000]
+
+
+def test_parquet_java_reads_the_files_as_iceberg_java_does(wspark, tmp_path, kms, options):
+    """Iceberg Java opens a Parquet data file with parquet-java and
+    ``FileDecryptionProperties`` of the DEK as footer key and the key metadata's AAD
+    prefix (SPEC.md section 5): so configured, parquet-java's record reader decrypts every
+    page of a file Spark's writer wrote here and gives its rows; without the AAD prefix it
+    refuses the file."""
+    table = _table(tmp_path, kms)
+    rows = _rows(300)
+    _frame(wspark, rows).coalesce(1).write.format("icecrypt.iceberg").options(**options).mode("append") \
+        .save(table.location)
+    (file,) = _files(table.refresh())
+    km = StandardKeyMetadata.decode(file.key_metadata)
+    jvm = wspark.sparkContext._jvm
+    assert encryption_type(jvm, file.fs_path, km.encryption_key, km.aad_prefix) == "ENCRYPTED_FOOTER"
+    ids = read_longs(jvm, file.fs_path, km.encryption_key, km.aad_prefix, "id")
+    assert len(ids) == file.record_count == 300 and sorted(ids) == rows.column("id").to_pylist()
+    with pytest.raises(Exception, match="AAD"):
+        read_longs(jvm, file.fs_path, km.encryption_key, None, "id")
 
 
 def test_keys_derive_from_the_secret_and_the_name():
