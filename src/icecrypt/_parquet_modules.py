@@ -182,8 +182,9 @@ def authenticate_modules(source: Any, km: StandardKeyMetadata, name: str) -> int
     gcm = algorithm.get(1) if isinstance(algorithm, dict) else None
     if not isinstance(gcm, dict):
         raise FormatError(f"{name}: the file is not encrypted with AES_GCM_V1")
-    if gcm.get(1) is not None:
-        raise FormatError(f"{name}: the file stores an AAD prefix; Iceberg supplies it from the key metadata")
+    stored = gcm.get(1)  # Iceberg does not store the prefix; a stored one must be the key metadata's
+    if stored is not None and stored != (km.aad_prefix or b""):
+        raise FormatError(f"{name}: the AAD prefix stored in the file is not the key metadata's")
     unique = gcm.get(2)
     file_aad = (km.aad_prefix or b"") + (unique if isinstance(unique, bytes) else b"")
     file = _File(source, name, size, GcmKey(km.encryption_key), file_aad)

@@ -207,6 +207,9 @@ def test_parquet_mr_files_outside_icebergs_layout(jvm, tmp_path):
     assert canonical_rows(ip.read_table(stored, StandardKeyMetadata(dek, aad))) == expected_canonical(rows)
     with pytest.raises(icecrypt.AuthenticationError, match="not the key metadata's"):
         ip.read_table(stored, StandardKeyMetadata(dek, os.urandom(16)))
+    assert authenticate_modules(pa.BufferReader(stored.read_bytes()), StandardKeyMetadata(dek, aad), "stored") > 0
+    with pytest.raises(icecrypt.FormatError, match="not the key metadata's"):
+        authenticate_modules(pa.BufferReader(stored.read_bytes()), StandardKeyMetadata(dek, os.urandom(16)), "stored")
 
     signed = tmp_path / "signed.parquet"
     write_rows(jvm, signed, ICEBERG_LIKE_SCHEMA, rows, dek, aad, plaintext_footer=True)
