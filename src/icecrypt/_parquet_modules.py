@@ -235,13 +235,14 @@ def _row_group(file: _File, group: dict[int, Any], index: int) -> int:
             label_what = f"the {what} of {where}"
             file.open(file.read(offset, length, label_what), _suffix(module, ordinal, column), label_what)
             checked += 1
-        if isinstance(meta, dict) and _int(meta, 14) is not None:
-            checked += _bloom_filter(file, meta, ordinal, column, f"the bloom filter of {where}")
+        bloom = _int(meta, 14) if isinstance(meta, dict) else None
+        if bloom is not None:
+            checked += _bloom_filter(file, bloom, _int(meta, 15), ordinal, column, f"the bloom filter of {where}")
     return checked
 
 
-def _bloom_filter(file: _File, meta: dict[int, Any], ordinal: int, column: int, what: str) -> int:
-    offset = _int(meta, 14) or 0
+def _bloom_filter(file: _File, offset: int, total: int | None, ordinal: int, column: int, what: str) -> int:
+    """Check the header and bitset modules at ``offset`` (``total``: the footer's length of both)."""
     (head_length,) = struct.unpack("<I", file.read(offset, 4, what))
     header = file.open(file.read(offset, head_length + 4, what), _suffix(_BLOOM_HEADER, ordinal, column), what)
     try:
@@ -253,7 +254,6 @@ def _bloom_filter(file: _File, meta: dict[int, Any], ordinal: int, column: int, 
     bitset = file.open(file.read(start, bits_length + 4, what), _suffix(_BLOOM_BITSET, ordinal, column), what)
     if num_bytes is None or len(bitset) != num_bytes:
         raise FormatError(f"{file.name}: {what}: {len(bitset)} bytes of bitset, the header says {num_bytes}")
-    total = _int(meta, 15)
     if total is not None and total != 8 + head_length + bits_length:
         raise FormatError(f"{file.name}: {what}: {8 + head_length + bits_length} bytes, the footer says {total}")
     return 2
