@@ -26,6 +26,7 @@ from icecrypt.errors import (
     RepairError,
     ReplayedKeyError,
     TableIdentityError,
+    TableIntegrityError,
     TableVersionError,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "RepairError",
     "ReplayedKeyError",
     "TableIdentityError",
+    "TableIntegrityError",
     "TableVersionError",
     "get_default_threads",
     "openssl_version",

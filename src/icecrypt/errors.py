@@ -214,7 +214,23 @@ class TableVersionError(IcecryptError):
         self.metadata_locations = tuple(metadata_locations)
 
 
-__all__ += ["TableIdentityError", "TableVersionError"]
+class TableIntegrityError(IcecryptError, ValueError):
+    """A table's metadata file is not what an authority recorded for it: its bytes differ
+    from the digest the catalog database recorded when it was committed (the file was
+    changed in place), or its authenticator is missing where one is required, does not
+    verify under a key the KMS unwrapped, names another file, or does not chain to the
+    version this table object held.  Raised before anything is read through the version.
+
+    ``metadata_location``: the offending metadata file; ``reason``: what failed (no key
+    bytes, no digest of any secret)."""
+
+    def __init__(self, message: str, *, metadata_location: str = "", reason: str = ""):
+        super().__init__(message)
+        self.metadata_location = metadata_location
+        self.reason = reason
+
+
+__all__ += ["TableIdentityError", "TableIntegrityError", "TableVersionError"]
 
 
 # --- KEKs a writer must not adopt for new wraps (icecrypt.keys.manager) ------------------

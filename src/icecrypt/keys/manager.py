@@ -65,6 +65,10 @@ ENCRYPTION_DEK_LENGTH = "encryption.data-key-length"
 DEFAULT_DATA_KEY_LENGTH = 16
 AAD_PREFIX_LENGTH = 16
 KEY_ID_BYTES = 16
+#: length of the key that authenticates a table's metadata versions (AES-256 GMAC)
+METADATA_KEY_LENGTH = 32
+#: the cache slot of a metadata key is its id under this prefix, apart from KEK ids
+_METADATA_KEY_SLOT = "metadata-key:"
 #: a KEK is used for new wraps for 730 days after its KEY_TIMESTAMP
 KEK_LIFESPAN_MS = 730 * 24 * 3600 * 1000
 #: table property (icecrypt's; Java ignores it): milliseconds an
@@ -755,6 +759,37 @@ class EncryptionManager:
                 except KmsError:
                     pass
             self._ledger.retire(entry, None if cached is None else cached[1])
+
+    # --- the key that authenticates table metadata (icecrypt.table.commit.authenticity) ----
+
+    def new_metadata_key(self) -> tuple[str, bytes, GcmKey]:
+        """A fresh 32-byte key for authenticating the table's metadata versions, wrapped
+        by the KMS under the table's master key: ``(key id, wrapped bytes, key)``.  Only
+        a holder of the master key can make one or unwrap it.  Cached as KEKs are."""
+        material = self._random(METADATA_KEY_LENGTH)
+        key = GcmKey(material)
+        fingerprint = _fingerprint(material)
+        wrapped = self._kms.wrap_key(material, self._table_key_id)
+        del material
+        key_id = self._new_key_id()
+        self._cache.put((_METADATA_KEY_SLOT + key_id, wrapped, self._table_key_id), (key, fingerprint))
+        return key_id, wrapped, key
+
+    def unwrap_metadata_key(self, key_id: str, wrapped: bytes) -> GcmKey:
+        """The metadata key ``key_id`` unwrapped by the KMS under the table's master key
+        (one KMS call per cache TTL; KmsError when the master key does not unwrap it)."""
+
+        def load() -> tuple[GcmKey, bytes]:
+            material = self._kms.unwrap_key(wrapped, self._table_key_id)
+            if len(material) != METADATA_KEY_LENGTH:
+                raise KmsInvalidWrappedKeyError(
+                    f"KMS returned a {len(material)}-byte key for metadata key {key_id!r} "
+                    f"(expected {METADATA_KEY_LENGTH})",
+                    backend=self._kms.kms_type,
+                )
+            return GcmKey(material), _fingerprint(material)
+
+        return self._cache.get((_METADATA_KEY_SLOT + key_id, bytes(wrapped), self._table_key_id), load)[0]
 
     # --- manifest-list key metadata ------------------------------------------------------
 

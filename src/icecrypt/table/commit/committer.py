@@ -85,7 +85,9 @@ class Staged:
     the new master key id in the same transaction), ``kms`` the KMS client that holds
     the new master key, ``retired`` the (KEK id, digest) pairs the rotation retired (a
     catalog keeps them in the same transaction).  The table object takes the new pin
-    and KMS only once the commit landed."""
+    and KMS only once the commit landed.  ``authenticate``: the change adopts an
+    unauthenticated base, starting a chain of authenticated versions
+    (``authenticate_metadata``)."""
 
     change: _model.Change
     manager: Any = None
@@ -95,6 +97,7 @@ class Staged:
     pin_change: Any = None
     kms: Any = None
     retired: Any = None
+    authenticate: bool = False
 
 
 def commit(
@@ -131,7 +134,7 @@ def commit(
     while True:
         if first_base is not None:
             (base_location, base), first_base = first_base, None
-            target.check_pin(base_location, base)
+            target.check_base(base_location, base)
             target.base_location = base_location
             if not any_format_version:
                 check_format_version(base_location, base)
@@ -154,9 +157,12 @@ def commit(
                 keys_whole = target.check_base_keys(base_location, base, manager)
             metadata = _model.apply(base, staged.change.updates, base_location=base_location)
             target.check_pin(base_location, metadata, staged.pin_change)
+            sealer = target.sealer(
+                base_location, metadata, manager, new_key=staged.pin_change is not None, authenticate=staged.authenticate
+            )
             committing = True
             location = target.commit_metadata(
-                base_location, metadata, base=base, pin=staged.pin_change, retired=staged.retired
+                base_location, metadata, base=base, pin=staged.pin_change, retired=staged.retired, sealer=sealer
             )
         except _model.RequirementFailed:
             _remove(target, staged.written)

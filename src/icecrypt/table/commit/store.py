@@ -38,7 +38,7 @@ included (:func:`commit_metadata_to_store`).
 from __future__ import annotations
 
 import contextlib
-import json
+import hashlib
 import posixpath
 import re
 import secrets
@@ -52,6 +52,8 @@ import pyarrow.fs as pafs
 
 from icecrypt._atomic import AtomicFile
 from icecrypt.errors import CommitConflictError, NoSuchTableError
+from icecrypt.table.commit.authenticity import Sealer, seal_or_plain
+from icecrypt.table.files.metadata import serialize_metadata
 
 __all__ = [
     "VERSION_HINT",
@@ -102,17 +104,20 @@ class MetadataStore(Protocol):
 
     def swap(
         self, expected: str, new: str, *, metadata: Mapping[str, Any], rotate_to: str | None = None,
-        retired: Sequence[tuple[str, str | None]] | None = None,
+        retired: Sequence[tuple[str, str | None]] | None = None, digest: str | None = None,
     ) -> None:
         """Make ``new`` (whose content is ``metadata``) current if ``expected`` still is;
         CommitConflictError otherwise.  ``rotate_to``: the commit is the explicit
         master-key rotation to that key id (a change of ``encryption.key-id`` that the
         catalog refuses otherwise).  ``retired``: (KEK id, wrapped-bytes digest) of KEKs
-        this commit's key rotation retired, for the catalog to remember."""
+        this commit's key rotation retired, for the catalog to remember.  ``digest``: the
+        SHA-256 (hex) of the bytes of ``new``, recorded with the swap and checked at every
+        load."""
         ...
 
-    def create(self, new: str, *, metadata: Mapping[str, Any]) -> None:
-        """Register a new table whose first metadata file is ``new`` (content ``metadata``)."""
+    def create(self, new: str, *, metadata: Mapping[str, Any], digest: str | None = None) -> None:
+        """Register a new table whose first metadata file is ``new`` (content ``metadata``,
+        bytes of SHA-256 ``digest``)."""
         ...
 
 
@@ -126,11 +131,6 @@ def version_of(metadata_location: str) -> int:
         if match:
             return int(match.group(1))
     raise ValueError(f"{metadata_location}: not a table metadata file name (v<N>.metadata.json)")
-
-
-def serialize_metadata(metadata: Mapping[str, Any]) -> bytes:
-    """Compact UTF-8 JSON, fields in the order of the mapping (as Java's Jackson writes)."""
-    return json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def read_metadata(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]:
@@ -422,11 +422,13 @@ def _still_ours(filesystem: pafs.FileSystem, path: str, payload: bytes) -> bool:
 
 
 def commit_metadata(
-    filesystem: pafs.FileSystem, base_location: str, metadata: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
+    filesystem: pafs.FileSystem, base_location: str, metadata: dict[str, Any], *, base: Mapping[str, Any] | None = None,
+    sealer: Sealer | None = None,
 ) -> str:
     """Commit ``metadata`` as the version after ``base_location``; returns its path.
     ``base``: the content of ``base_location`` when the caller has it (else housekeeping
-    reads it again if it needs it).
+    reads it again if it needs it).  ``sealer``: authenticates the version
+    (``authenticity``; ``metadata`` gets its authenticator).
 
     Raising means the commit did not happen: ``VersionExistsError`` when that version
     was created by someone else, and
@@ -438,7 +440,7 @@ def commit_metadata(
         base = read_metadata(filesystem, base_location)
     version = next_version(base_location, base)
     path = posixpath.join(metadata_dir, metadata_file_name(version))
-    payload = serialize_metadata(metadata)
+    payload = seal_or_plain(metadata, posixpath.basename(path), sealer)
     try:
         _create_exclusive(filesystem, path, payload)
     except VersionExistsError:
@@ -474,14 +476,17 @@ def _after_commit(
         warnings.warn(f"{base_location}: old metadata files not cleaned up after the commit ({exc})", stacklevel=3)
 
 
-def create_table_metadata(filesystem: pafs.FileSystem, metadata_dir: str, metadata: Mapping[str, Any]) -> str:
-    """Write ``v1.metadata.json`` of a new table; FileExistsError if the table exists."""
+def create_table_metadata(
+    filesystem: pafs.FileSystem, metadata_dir: str, metadata: dict[str, Any], *, sealer: Sealer | None = None
+) -> str:
+    """Write ``v1.metadata.json`` of a new table; FileExistsError if the table exists.
+    ``sealer``: authenticates it (a new encrypted table's first version)."""
     filesystem.create_dir(metadata_dir, recursive=True)
     path = posixpath.join(metadata_dir, metadata_file_name(1))
     if _hinted_version(filesystem, metadata_dir) is not None:
         raise FileExistsError(f"{metadata_dir}: a table already exists here")
     try:
-        _create_exclusive(filesystem, path, serialize_metadata(metadata))
+        _create_exclusive(filesystem, path, seal_or_plain(metadata, posixpath.basename(path), sealer))
     except VersionExistsError:
         raise FileExistsError(f"{path}: a table already exists here") from None
     _write_hint(filesystem, metadata_dir, 1)
@@ -498,9 +503,12 @@ def commit_metadata_to_store(
     base: Mapping[str, Any] | None = None,
     rotate_to: str | None = None,
     retired: Sequence[tuple[str, str | None]] | None = None,
+    sealer: Sealer | None = None,
 ) -> str:
     """Commit ``metadata`` of a catalog table as the version after ``base_location``
     (None: a new table, registered in ``store`` with ``store.create``); returns its path.
+    The SHA-256 of the file's bytes goes to the store with the swap (the catalog records
+    it; a file changed in place is refused at load).  ``sealer``: authenticates it.
 
     The file ``<NNNNN>-<uuid>.metadata.json`` is written in ``metadata_dir`` (default:
     beside ``base_location``), then ``store.swap(base_location, path)``.  A lost swap
@@ -518,18 +526,17 @@ def commit_metadata_to_store(
     except ValueError:  # a metadata file name of no known kind: count from its log
         version = len(metadata.get("metadata-log") or ())
     path = posixpath.join(metadata_dir, new_metadata_file_name(version))
-    payload = serialize_metadata(metadata)
+    payload = seal_or_plain(metadata, posixpath.basename(path), sealer)
+    digest = hashlib.sha256(payload).hexdigest()
     if base_location is None:
         filesystem.create_dir(metadata_dir, recursive=True)
     _create_exclusive(filesystem, path, payload)
     try:
         if base_location is None:
-            store.create(path, metadata=metadata)
+            store.create(path, metadata=metadata, digest=digest)
         else:
-            if retired:
-                store.swap(base_location, path, metadata=metadata, rotate_to=rotate_to, retired=retired)
-            else:
-                store.swap(base_location, path, metadata=metadata, rotate_to=rotate_to)
+            extra = {"retired": retired} if retired else {}
+            store.swap(base_location, path, metadata=metadata, rotate_to=rotate_to, digest=digest, **extra)
     except CommitConflictError as exc:
         _remove_quietly(filesystem, path)
         raise VersionExistsError(path) from exc

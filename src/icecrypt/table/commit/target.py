@@ -13,8 +13,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from icecrypt.keys import EncryptionManager
+from icecrypt.keys import ENCRYPTION_TABLE_KEY, EncryptionManager
 from icecrypt.keys.manager import validate_table_properties
+from icecrypt.table.commit import authenticity as _authenticity
 from icecrypt.table.commit import store as _commit
 from icecrypt.table.files.write_io import TableIO
 
@@ -55,6 +56,8 @@ class _Target:
     # on and every version committed is checked against it; None = nothing pinned (create)
     pin: Any = None
     base_location: str | None = field(default=None, repr=False)  # the version latest() returned last
+    # (location, verified authenticator or None) of the last base checked (check_base)
+    base_authenticator: tuple[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, table: Any) -> _Target:
@@ -90,9 +93,48 @@ class _Target:
         if pin is not None:
             pin.check(metadata, location)
 
+    def check_base(self, location: str, metadata: dict[str, Any]) -> None:
+        """Refuse a version to build on that differs from the pin (TableIdentityError) or
+        fails the table object's authenticity checks (TableIntegrityError: a catalog
+        digest, an authenticator, the chain from the version held), before anything is
+        read through it or written on it; remembers its verified authenticator, which the
+        commit on top of it chains to."""
+        table = self.table
+        if table is not None:
+            _authenticity.check_digest(table, location, metadata)
+        self.check_pin(location, metadata)
+        if table is None:
+            auth = None
+        elif metadata is table.metadata and location == table.metadata_location:
+            auth = table.authenticator
+        else:
+            auth = _authenticity.check_version(table, location, metadata, filesystem=self.filesystem)
+        self.base_authenticator = (location, auth)
+
+    def sealer(
+        self, base_location: str | None, metadata: dict[str, Any], manager: Any, *, new_key: bool = False,
+        authenticate: bool = False,
+    ) -> Any:
+        """What authenticates the version about to be committed on ``base_location``
+        (None: a new table): the base's metadata key and tag when the base is
+        authenticated; a new key when the table is new or the commit ``authenticate``-s
+        an unauthenticated base (``authenticate_metadata``); None (no authenticator) for
+        a plaintext table and on an unauthenticated base, so that nothing unverified is
+        vouched for.  ``new_key``: a master-key rotation (the key is made anew under the
+        new master key)."""
+        if manager is None or not (metadata.get("properties") or {}).get(ENCRYPTION_TABLE_KEY):
+            return None  # a plaintext version (decrypt_table's too): nothing vouches for it
+        if base_location is None:
+            return _authenticity.sealer_for(manager, None)
+        known = self.base_authenticator
+        base = known[1] if known is not None and known[0] == base_location else None
+        if base is None and not authenticate:
+            return None
+        return _authenticity.sealer_for(manager, base, new_key=new_key)
+
     def commit_metadata(
         self, base_location: str | None, metadata: dict[str, Any], base: dict[str, Any] | None = None, *,
-        pin: Any = None, retired: Any = None,
+        pin: Any = None, retired: Any = None, sealer: Any = None,
     ) -> str:
         """Commit ``metadata`` as the version after ``base_location`` (whose content is
         ``base``, if the caller has it); returns the new metadata file's path.
@@ -105,17 +147,23 @@ class _Target:
         (``_commit.commit_metadata_to_store``).  Raising ``_commit.VersionExistsError``
         (another writer committed first; retryable) or CommitConflictError means
         nothing was committed.  ``retired``: KEKs a key rotation retired (id, digest), kept
-        by a catalog."""
+        by a catalog.  ``sealer``: authenticates the new version (:meth:`sealer`); a new
+        encrypted table is authenticated without one given."""
         if base_location is None:
+            if sealer is None and self.kms is not None and (metadata.get("properties") or {}).get(ENCRYPTION_TABLE_KEY):
+                sealer = self.sealer(None, metadata, EncryptionManager.from_table_metadata(self.kms, metadata))
             metadata_dir = self.to_fs_path(f"{metadata['location'].rstrip('/')}/metadata")
             if self.store is None:
-                return _commit.create_table_metadata(self.filesystem, metadata_dir, metadata)
-            return _commit.commit_metadata_to_store(self.filesystem, self.store, None, metadata, metadata_dir=metadata_dir)
+                return _commit.create_table_metadata(self.filesystem, metadata_dir, metadata, sealer=sealer)
+            return _commit.commit_metadata_to_store(
+                self.filesystem, self.store, None, metadata, metadata_dir=metadata_dir, sealer=sealer
+            )
         if self.store is None:
-            return _commit.commit_metadata(self.filesystem, base_location, metadata, base=base)
+            return _commit.commit_metadata(self.filesystem, base_location, metadata, base=base, sealer=sealer)
         rotation = pin.table_key_id if pin is not None and pin != self.pin else None
         return _commit.commit_metadata_to_store(
-            self.filesystem, self.store, base_location, metadata, base=base, rotate_to=rotation, retired=retired
+            self.filesystem, self.store, base_location, metadata, base=base, rotate_to=rotation, retired=retired,
+            sealer=sealer,
         )
 
     def latest(self, *, any_format_version: bool = False) -> tuple[str, dict[str, Any]]:
@@ -131,7 +179,7 @@ class _Target:
             metadata = self.table.metadata
         else:
             metadata = _commit.read_metadata(self.filesystem, location)
-        self.check_pin(location, metadata)  # before any key is read through it or file written
+        self.check_base(location, metadata)  # before any key is read through it or file written
         self.base_location = location
         if not any_format_version:
             check_format_version(location, metadata)
@@ -209,7 +257,7 @@ class _Target:
                 if self.current_location() == location:
                     # built on the version the table object holds, whose key chain was
                     # checked when installed: the commit only added keys
-                    self.table._install(last[1], location, last[2], keys_checked=last[3])
+                    self.table._install(last[1], location, last[2], keys_checked=last[3], own=True)
                     return
         for attempt in range(3):
             try:

@@ -13,6 +13,7 @@ used for schemas and partition specs, drops ``encryption-keys`` and the snapshot
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import posixpath
 import re
@@ -25,7 +26,16 @@ import pyarrow.fs as pafs
 from icecrypt._limits import DEFAULT_MAX_METADATA_BYTES, MAX_METADATA_BYTES_ENV, max_metadata_bytes
 from icecrypt.errors import FormatError
 
-__all__ = ["VERSION_HINT", "Snapshot", "parse_metadata", "read_metadata_file", "resolve_metadata_file"]
+__all__ = [
+    "AUTHENTICATOR_FIELD",
+    "VERSION_HINT",
+    "MetadataDocument",
+    "Snapshot",
+    "parse_metadata",
+    "read_metadata_file",
+    "resolve_metadata_file",
+    "serialize_metadata",
+]
 
 VERSION_HINT = "version-hint.text"
 _HADOOP_NAME = re.compile(r"v([0-9]+)\.metadata\.json\Z")
@@ -132,9 +142,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _INFLATE_CHUNK = 1 << 20
 
 
-def _inflate(f: pafs.NativeFile, path: str, first: bytes, limit: int) -> bytes:
-    """The gzip members of ``f`` (``first``: its first bytes, already read) inflated
-    chunk by chunk, refused as soon as they pass ``limit`` bytes."""
+def _inflate(f: pafs.NativeFile, path: str, first: bytes, limit: int, digest: Any) -> bytes:
+    """The gzip members of ``f`` (``first``: its first bytes, already read and added to
+    ``digest``) inflated chunk by chunk, refused as soon as they pass ``limit`` bytes;
+    every stored byte read is added to ``digest``."""
     out = bytearray()
     pending, inflater = first, None
     while True:
@@ -142,6 +153,7 @@ def _inflate(f: pafs.NativeFile, path: str, first: bytes, limit: int) -> bytes:
             pending = f.read(_INFLATE_CHUNK)
             if not pending:
                 break
+            digest.update(pending)
         if inflater is None:  # a member starts (more than one, as gzip.decompress reads them)
             if pending[:2] != _GZIP_MAGIC:
                 raise FormatError(f"{path}: damaged gzip-compressed table metadata (bytes after the last member)")
@@ -161,18 +173,71 @@ def _inflate(f: pafs.NativeFile, path: str, first: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
-def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]:
-    """Parse a ``metadata.json`` (gzip-compressed ones too), keeping field order.
+#: the top-level field of metadata.json holding icecrypt's authenticator
+#: (``icecrypt.table.commit.authenticity``); icecrypt writes it last
+AUTHENTICATOR_FIELD = "icecrypt-authenticator"
+_AUTHENTICATOR_MEMBER = b',"' + AUTHENTICATOR_FIELD.encode("ascii") + b'":'
+
+
+class MetadataDocument(dict):
+    """A parsed ``metadata.json``: the JSON object (a dict, field order kept), and
+
+    - ``sha256``: the SHA-256 digest (hex) of the bytes stored in the file it was read
+      from (the compressed bytes of a gzip-compressed file): what a catalog records at a
+      commit and compares at every load;
+    - ``body``: for a document whose text ends with an authenticator member, as icecrypt
+      writes it, (SHA-256 of the text before that member, closed by ``}``; the text of the
+      member to the end): what the authenticator covers, taken from the bytes read
+      instead of serializing the document again (``icecrypt.table.commit.authenticity``).
+
+    Documents built in memory are plain dicts."""
+
+    __slots__ = ("sha256", "body")
+
+    def __init__(self, content: dict[str, Any], sha256: str, body: tuple[bytes, bytes] | None = None) -> None:
+        super().__init__(content)
+        self.sha256 = sha256
+        self.body = body
+
+
+def _authenticated_body(data: bytes) -> tuple[bytes, bytes] | None:
+    """(SHA-256 of ``data`` up to its last authenticator member, closed by ``}``; the
+    member and what follows it), or None when ``data`` holds no such member."""
+    cut = data.rfind(_AUTHENTICATOR_MEMBER)
+    if cut < 0:
+        return None
+    digest = hashlib.sha256(memoryview(data)[:cut])
+    digest.update(b"}")
+    return digest.digest(), bytes(data[cut:])
+
+
+def serialize_metadata(metadata: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON, fields in the order of the mapping (as Java's Jackson writes):
+    the bytes of a metadata file icecrypt writes, and what its authenticator covers."""
+    return json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def stored_digest(document: Any) -> str | None:
+    """The SHA-256 (hex) of the stored bytes ``document`` was parsed from; None for a
+    document built in memory."""
+    return getattr(document, "sha256", None)
+
+
+def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> MetadataDocument:
+    """Parse a ``metadata.json`` (gzip-compressed ones too), keeping field order; the
+    result carries the SHA-256 of the stored bytes (:class:`MetadataDocument`).
 
     A file (or its decompressed content) larger than :func:`max_metadata_bytes` is
     refused before it is read whole or parsed."""
     limit = max_metadata_bytes()
+    digest = hashlib.sha256()
     try:
         with filesystem.open_input_file(path) as f:
             first = f.read(min(limit + 1, _INFLATE_CHUNK))
+            digest.update(first)
             if first[:2] == _GZIP_MAGIC:
                 try:
-                    data = _inflate(f, path, first, limit)
+                    data = _inflate(f, path, first, limit, digest)
                 except zlib.error as exc:  # a corrupt deflate stream
                     raise FormatError(f"{path}: damaged gzip-compressed table metadata ({exc})") from None
             else:
@@ -182,7 +247,9 @@ def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]
                         f"{path}: table metadata of {size} bytes is larger than the limit of {limit} bytes "
                         f"(set {MAX_METADATA_BYTES_ENV} to raise it)"
                     )
-                data = first + f.read(limit + 1 - len(first))
+                rest = f.read(limit + 1 - len(first))
+                digest.update(rest)
+                data = first + rest
                 if len(data) > limit:  # the file grew while it was read
                     raise FormatError(f"{path}: table metadata is larger than the limit of {limit} bytes")
     except FileNotFoundError as exc:
@@ -193,7 +260,8 @@ def read_metadata_file(filesystem: pafs.FileSystem, path: str) -> dict[str, Any]
         raise FormatError(f"{path}: table metadata is not valid JSON ({exc})") from None
     if not isinstance(result, dict):
         raise FormatError(f"{path}: table metadata is not a JSON object")
-    return result
+    body = _authenticated_body(data) if AUTHENTICATOR_FIELD in result else None
+    return MetadataDocument(result, digest.hexdigest(), body)
 
 
 def parse_metadata(raw: Mapping[str, Any], path: str) -> Any:

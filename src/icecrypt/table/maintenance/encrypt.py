@@ -49,6 +49,7 @@ import pyarrow.fs as pafs
 from icecrypt.errors import CommitConflictError, KmsError
 from icecrypt.keys import EncryptionManager
 from icecrypt.keys.manager import ENCRYPTION_DEK_LENGTH, ENCRYPTION_TABLE_KEY, validate_table_properties
+from icecrypt.table.commit import authenticity as _authenticity
 from icecrypt.table.commit import store as _commit
 from icecrypt.table.model import changes as _model
 from icecrypt.table.ops import write as w
@@ -250,7 +251,8 @@ def _convert(
             location = _commit_in_place(table, base_location, base, new_base, updates, manager, kms if encrypt else None)
         else:
             metadata_dir = to_fs_path(f"{recorded}/metadata")
-            location = _commit.create_table_metadata(fs, metadata_dir, _model.apply(new_base, updates))
+            sealer = _authenticity.sealer_for(manager, None) if manager is not None else None
+            location = _commit.create_table_metadata(fs, metadata_dir, _model.apply(new_base, updates), sealer=sealer)
     except (_commit.VersionExistsError, CommitConflictError) as exc:
         w._discard(io, written, exc)
         raise CommitConflictError(f"{base_location}: another writer committed while the table was being "
@@ -300,6 +302,8 @@ def _commit_in_place(
             _model.Change.on(version, updates, what=f"table {kind}"), manager=manager,
             keys_whole=False,  # the new version's keys are checked when it is installed
             pin_change=pin, kms=new_kms,
+            # an encrypted table's versions are authenticated from its first encrypted one on
+            authenticate=manager is not None,
         )  # fmt: skip
 
     location = _committer.commit(
