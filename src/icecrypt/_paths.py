@@ -35,7 +35,8 @@ import errno
 import os
 import posixpath
 import re
-from collections.abc import Iterable
+import stat
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 from urllib.parse import unquote
 
@@ -48,8 +49,10 @@ __all__ = [
     "check_location_text",
     "normalize_path",
     "parse_location",
+    "open_directory_nofollow",
     "under_root",
     "unlink_beneath",
+    "walk_files_beneath",
 ]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -233,18 +236,32 @@ def under_root(path: str, roots: Iterable[str]) -> str | None:
     return found
 
 
-def unlink_beneath(root: str, path: str) -> None:
+def open_directory_nofollow(path: str) -> int:
+    """A file descriptor of the directory ``path`` opened with ``O_NOFOLLOW``: a symbolic
+    link as its last component raises PathOutsideTableError (FileNotFoundError when it
+    does not exist, NotADirectoryError when it is a file)."""
+    try:
+        return os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
+            raise PathOutsideTableError(f"{path} is a symbolic link (refused)", location=path) from None
+        raise
+
+
+def unlink_beneath(root: str, path: str, *, root_fd: int | None = None) -> None:
     """Delete the local file ``path`` (normalized, under the directory ``root``) without
-    following a symbolic link below ``root``: every directory between them is opened
-    relative to its parent with ``O_NOFOLLOW`` and the file is unlinked relative to the
-    last one, so a directory swapped for a link at any moment makes the call fail
+    following a symbolic link at or below ``root``: the root is opened with ``O_NOFOLLOW``
+    (or is ``root_fd``, a descriptor the caller opened and checked, e.g.
+    ``Locations.open_root``), every directory between it and the file is opened relative
+    to its parent with ``O_NOFOLLOW`` and the file is unlinked relative to the last one, so
+    a directory swapped for a link at any moment makes the call fail
     (PathOutsideTableError) instead of deleting elsewhere.  A symbolic link as the last
     component is itself removed, never its target.  FileNotFoundError when missing."""
     relative = path[len(root.rstrip("/")) + 1 :] if path != root else ""
     parts = relative.split("/") if relative else []
     if not parts or any(p in ("", ".", "..") for p in parts):
         raise PathOutsideTableError(f"{path}: not a file below {root} (refused)", location=path, table_location=root)
-    fd = os.open(root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))  # the root itself may be a link
+    fd = os.dup(root_fd) if root_fd is not None else open_directory_nofollow(root)
     try:
         for depth, part in enumerate(parts[:-1], 1):
             try:
@@ -262,3 +279,40 @@ def unlink_beneath(root: str, path: str) -> None:
         os.unlink(parts[-1], dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def walk_files_beneath(root: str, root_fd: int) -> Iterator[tuple[str, int]]:
+    """(path, modification time in ns) of every regular file below the local directory
+    ``root``, whose descriptor the caller opened and checked (``root_fd``, not closed
+    here).  Every directory is opened relative to its parent with ``O_NOFOLLOW``:
+    symbolic links are neither followed nor listed, and a directory swapped for a link
+    during the walk is skipped, never entered."""
+    stack: list[tuple[str, int]] = [(root.rstrip("/") or "/", os.dup(root_fd))]
+    try:
+        while stack:
+            directory, fd = stack.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    listed = [(e.name, e.is_symlink(), e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
+                              for e in entries]  # fmt: skip
+                for name, is_link, is_dir, is_file in listed:
+                    if is_link:
+                        continue
+                    here = f"{directory}/{name}" if directory != "/" else f"/{name}"
+                    if is_dir:
+                        try:
+                            stack.append((here, os.open(name, _DIR_FLAGS, dir_fd=fd)))
+                        except OSError:
+                            continue  # gone, or swapped for a link meanwhile: never entered
+                    elif is_file:
+                        try:
+                            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if stat.S_ISREG(st.st_mode):
+                            yield here, st.st_mtime_ns
+            finally:
+                os.close(fd)
+    finally:
+        for _, fd in stack:
+            os.close(fd)

@@ -28,6 +28,7 @@ from icecrypt.table.files.metadata import (
     resolve_metadata_file,
 )
 from icecrypt.table.model.changes import check_refs
+from icecrypt.table.commit import authenticity as _authenticity
 from icecrypt.table.commit.pin import TablePin
 from icecrypt.table.read.scan import TableScan
 
@@ -67,14 +68,22 @@ class EncryptedTable:
         require_encryption: bool = False,
         pin: TablePin | None = None,
         allowed_locations: Sequence[str] = (),
+        require_authenticated_metadata: bool = False,
+        anchor: Any = None,
+        metadata_store: Any = None,
     ):
         self.locations = locations
         self.allowed_locations = _allowed(allowed_locations)
         self.kms = kms
         self.check_keys = check_keys  # repair: KeysLostError when keys were dropped (_repair)
-        self.require_encryption = require_encryption
+        self.require_authenticated_metadata = bool(require_authenticated_metadata)
+        self.require_encryption = require_encryption or self.require_authenticated_metadata
         self.pin = pin  # None: pinned from the first version installed
+        if metadata_store is not None:
+            self.metadata_store = metadata_store
+        self._anchor = anchor  # a fresh load's word on where the table is (icecrypt.table.commit.pin.Anchor)
         self._install(metadata, metadata_location)
+        self._anchor = None
 
     # --- loading ------------------------------------------------------------------------------
 
@@ -91,6 +100,9 @@ class EncryptedTable:
         table_key_id: str | None = None,
         table_uuid: str | None = None,
         allowed_locations: Sequence[str] = (),
+        require_authenticated_metadata: bool = False,
+        data_location: str | None = None,
+        pin: TablePin | None = None,
     ) -> EncryptedTable:
         """Load a table from a ``metadata.json`` file or a table directory.
 
@@ -125,15 +137,36 @@ class EncryptedTable:
         ``allowed_locations``: further locations (as recorded, e.g.
         ``["s3://shared/lookup"]``) whose files this table may read, for tables that
         legitimately reference files outside their location.
+
+        **The table is where the caller points.**  The table directory is the one named
+        (or, for a metadata file, the directory holding its ``metadata/`` directory): a
+        version whose ``location`` is another directory, or a metadata file that does not
+        lie in ``<table>/metadata/``, is refused (TableIdentityError) before anything is
+        read through it.  A ``write.data.path`` outside the table directory is accepted
+        only when the caller names it (``data_location``) or the version is authenticated;
+        a table root that is a symbolic link is refused.
+
+        ``require_authenticated_metadata=True``: refuse a version that carries no valid
+        authenticator (TableIntegrityError), at load and at every refresh and write;
+        implies ``require_encryption``.  Without it, an authenticator present is still
+        verified, and once this object held an authenticated version it refuses
+        unauthenticated ones (see :mod:`icecrypt.table.commit.authenticity`).  Pass
+        ``table_key_id`` with it, so that the master key vouching for the metadata is the
+        one you expect.  ``pin``: a :class:`~icecrypt.table.commit.pin.TablePin` from a
+        trusted source (the driver's table object), which the version must match.
         """
-        from icecrypt.table.commit.pin import trusted_pin
+        from icecrypt.table.commit.pin import Anchor, trusted_pin
 
         locations = Locations(filesystem, location_map)
         path = resolve_metadata_file(locations.filesystem, locations.to_fs_path(metadata_location))
+        anchor = Anchor.of(locations, path, pin=pin, data_location=data_location)
         metadata = read_metadata_file(locations.filesystem, path)
-        pin = trusted_pin(metadata, table_key_id=table_key_id, table_uuid=table_uuid)
+        anchor.check_location(metadata)  # before anything else is done with the version
+        if pin is None:
+            pin = trusted_pin(metadata, table_key_id=table_key_id, table_uuid=table_uuid)
         return cls(metadata, path, locations, kms, check_keys=check_keys, require_encryption=require_encryption,
-                   pin=pin, allowed_locations=allowed_locations)
+                   pin=pin, allowed_locations=allowed_locations,
+                   require_authenticated_metadata=require_authenticated_metadata, anchor=anchor)
 
     def _install(
         self,
@@ -142,6 +175,7 @@ class EncryptedTable:
         committed_manager: EncryptionManager | None = None,
         *,
         keys_checked: bool = False,
+        own: bool = False,
     ) -> None:
         """Make ``metadata`` (read from ``metadata_location``) this table's state.
 
@@ -151,7 +185,11 @@ class EncryptedTable:
         one's cache of unwrapped KEKs when configured alike, so a table object asks the
         KMS for a KEK once per cache TTL, not once per commit or refresh.
         ``keys_checked``: ``metadata`` is this object's own commit on top of a version
-        whose keys were checked, so the lost-key check is not repeated."""
+        whose keys were checked, so the lost-key check is not repeated.  ``own``:
+        ``metadata`` is the document this object just committed (its authenticator, if
+        any, is the one the commit made: not verified again)."""
+        if not own:  # a catalog's digest first: it says whether any of this is what was committed
+            _authenticity.check_digest(self, metadata_location, metadata)
         check_refs(metadata, metadata_location)  # before PyIceberg's model: clearer errors
         model = parse_metadata(metadata, metadata_location)
         properties = metadata.get("properties") or {}
@@ -187,6 +225,13 @@ class EncryptedTable:
         if current is not None and current != -1 and current not in snapshots:
             # as Java's TableMetadata ("Cannot find current version"): a dangling id is damage
             raise FormatError(f"{metadata_location}: current-snapshot-id {current} is not among the table's snapshots")
+        if own:
+            authenticator = _authenticity.own_authenticator(metadata, metadata_location)
+        else:
+            authenticator = _authenticity.check_version(self, metadata_location, metadata, manager=manager)
+        anchor = getattr(self, "_anchor", None)
+        if anchor is not None:  # a fresh load: the roots a version names must be the caller's or authenticated
+            anchor.check_roots(metadata, metadata_location, authenticated=authenticator is not None)
         self._confine_locations()  # before the key check below reads manifest lists
         if manager is not None and not (keys_checked and manager is committed_manager):
             self._check_lost_keys(metadata, metadata_location)
@@ -195,13 +240,22 @@ class EncryptedTable:
         self.model = model
         self.encryption_manager: EncryptionManager | None = manager
         self._snapshots = snapshots
+        self.authenticator = authenticator
+        if authenticator is not None:
+            self.authenticated_seen = True
+        store = getattr(self, "metadata_store", None)
+        if store is not None and hasattr(store, "admitted"):
+            store.admitted(metadata_location)  # a catalog records the digest of a version it had none for
 
     def _confine_locations(self) -> None:
         """Make ``locations`` map only locations under the pinned roots (and the caller's
-        ``allowed_locations``): never those of a newer version's ``location``."""
+        ``allowed_locations``): never those of a newer version's ``location``.  The roots
+        are resolved once, here (a root that is a symbolic link is refused)."""
         key = (self.pin.roots(), getattr(self, "allowed_locations", ()))
         if self.__dict__.get("_confined_by") != key:
-            self.locations = self.locations.unconfined.confined(key[0], allowed_locations=key[1])
+            confined = self.locations.unconfined.confined(key[0], allowed_locations=key[1])
+            confined.check_roots(f"table {self.pin.location}")
+            self.locations = confined
             self._confined_by = key
 
     def _check_lost_keys(self, metadata: dict[str, Any], metadata_location: str) -> None:
@@ -224,6 +278,13 @@ class EncryptedTable:
     #: master key id, table UUID and locations, from the caller, the catalog or the first
     #: version it loaded.
     pin: TablePin | None = None
+
+    #: The verified authenticator of the version held (``icecrypt.table.commit.authenticity``;
+    #: None: the version has none), and whether this object ever held an authenticated
+    #: version (it then refuses unauthenticated ones).
+    authenticator: Any = None
+    authenticated_seen: bool = False
+    require_authenticated_metadata: bool = False
 
     def refresh(self) -> EncryptedTable:
         """Re-read the newest committed version of this table (after a commit here or
@@ -712,6 +773,21 @@ class EncryptedTable:
         from icecrypt.table.maintenance import actions as _maintenance
 
         return _maintenance.remove_orphan_files(self, older_than, dry_run, location=location)
+
+    def authenticate_metadata(self) -> str | None:
+        """Adopt the version this object holds into the table's chain of authenticated
+        metadata: commit it again with an authenticator under a key only the KMS can
+        unwrap (the table's master key wraps it), so that loads with
+        ``require_authenticated_metadata`` accept it and every later icecrypt commit chains
+        to it.  For a table made before authentication existed, or after another engine
+        (Iceberg Java, PyIceberg) committed a version, which carries none: check that
+        version first (``inspect``, ``verify``), then authenticate it.  Returns the new
+        metadata location; None when the version is authenticated already.  A newer
+        version committed meanwhile refuses it (CommitConflictError); ValueError for a
+        plaintext table."""
+        from icecrypt.table.ops.authenticate import authenticate_metadata
+
+        return authenticate_metadata(self)
 
     def repair_keys(self, *, dry_run: bool = False) -> Any:
         """Restore the ``key-id`` values and ``encryption-keys`` entries the current

@@ -9,16 +9,21 @@ first loaded, and checks every version it builds on against the pin.
 
 from __future__ import annotations
 
+import os
+import posixpath
 from dataclasses import dataclass, replace
 from typing import Any
 
-from icecrypt.errors import TableIdentityError
+from icecrypt.errors import PathOutsideTableError, TableIdentityError
 
 ENCRYPTION_TABLE_KEY = "encryption.key-id"
+ENCRYPTION_DEK_LENGTH = "encryption.data-key-length"
+#: Iceberg's default length of data keys (and KEKs), when the property is absent
+DEFAULT_DATA_KEY_LENGTH = 16
 WRITE_DATA_PATH = "write.data.path"
 WRITE_METADATA_PATH = "write.metadata.path"
 
-__all__ = ["TablePin", "check_pin", "trusted_pin"]
+__all__ = ["Anchor", "TablePin", "check_pin", "trusted_pin"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,10 @@ class TablePin:
     """The identity a table object holds fixed.
 
     ``encrypted`` / ``table_key_id``: whether the table is encrypted and under which KMS
-    master key; ``table_uuid``: ``table-uuid``; ``location``: the recorded table location;
+    master key; ``data_key_length``: the length of its data keys and KEKs
+    (``encryption.data-key-length``, 16 when absent; None for a plaintext table: a version
+    may not lower it, as Java's Hive catalog pins it too); ``table_uuid``: ``table-uuid``;
+    ``location``: the recorded table location;
     ``data_location`` / ``metadata_dir``: ``write.data.path`` / ``write.metadata.path`` when
     the table sets them (None otherwise); ``source``: where the pin came from
     (``"caller"``, ``"catalog"`` or ``"loaded version"``), for error messages."""
@@ -38,6 +46,7 @@ class TablePin:
     data_location: str | None = None
     metadata_dir: str | None = None
     source: str = "loaded version"
+    data_key_length: int | None = None
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], *, source: str = "loaded version") -> TablePin:
@@ -51,6 +60,7 @@ class TablePin:
             data_location=(properties.get(WRITE_DATA_PATH) or "").rstrip("/") or None,
             metadata_dir=(properties.get(WRITE_METADATA_PATH) or "").rstrip("/") or None,
             source=source,
+            data_key_length=_data_key_length(properties) if key_id is not None else None,
         )
 
     def roots(self) -> tuple[str, ...]:
@@ -63,6 +73,10 @@ class TablePin:
         changes: list[tuple[str, Any, Any]] = []
         if self.encrypted != found.encrypted or self.table_key_id != found.table_key_id:
             changes.append((ENCRYPTION_TABLE_KEY, self.table_key_id, found.table_key_id))
+        elif (
+            self.encrypted and self.data_key_length is not None and found.data_key_length != self.data_key_length
+        ):  # fmt: skip
+            changes.append((ENCRYPTION_DEK_LENGTH, self.data_key_length, found.data_key_length))
         if self.table_uuid is not None and self.table_uuid != found.table_uuid:
             changes.append(("table-uuid", self.table_uuid, found.table_uuid))
         for name, pinned, now in (
@@ -90,6 +104,16 @@ class TablePin:
         return replace(self, encrypted=True, table_key_id=new_table_key_id)
 
 
+def _data_key_length(properties: dict[str, Any]) -> int | None:
+    """``encryption.data-key-length`` as a number (16 when absent; None when it is not
+    one: a version with such a value disagrees with every pin)."""
+    raw = properties.get(ENCRYPTION_DEK_LENGTH)
+    if raw is None:
+        return DEFAULT_DATA_KEY_LENGTH
+    text = str(raw).strip()
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def _describe(pin: TablePin, name: str, pinned: Any, found: Any) -> str:
     if name == ENCRYPTION_TABLE_KEY:
         if pinned is None:
@@ -100,6 +124,8 @@ def _describe(pin: TablePin, name: str, pinned: Any, found: Any) -> str:
             f"master key changed ({ENCRYPTION_TABLE_KEY} {found!r}, pinned {pinned!r}; after a rotation by "
             "another writer, load the table again with table_key_id= the new key id)"
         )
+    if name == ENCRYPTION_DEK_LENGTH:
+        return f"data key length changed ({ENCRYPTION_DEK_LENGTH} {found!r}, pinned {pinned!r})"
     return f"{name} changed ({found!r}, pinned {pinned!r})"
 
 
@@ -117,6 +143,121 @@ def trusted_pin(
     if table_uuid is not None:
         pin = replace(pin, table_uuid=str(table_uuid))
     return replace(pin, source=source)
+
+
+@dataclass
+class Anchor:
+    """Where a fresh load of a table by path was pointed: the only word on which table it
+    is that does not come from storage.
+
+    ``table_dir``: the table directory (normalized filesystem path) -- the directory
+    holding the ``metadata/`` directory of the metadata file loaded (a table directory,
+    its ``metadata/`` or a file in it, as the caller named it); None when the file lies
+    in no ``metadata/`` directory.  ``pin``: a pin from a trusted source instead (the
+    driver's table object), which the version must match.  ``data_location``: the
+    caller's word for ``write.data.path``, when it lies outside the table directory."""
+
+    locations: Any  # icecrypt.table.files.io.Locations (unconfined)
+    metadata_path: str
+    table_dir: str | None
+    pin: TablePin | None = None
+    data_location: str | None = None
+
+    @classmethod
+    def of(cls, locations: Any, metadata_path: str, *, pin: TablePin | None = None, data_location: str | None = None) -> Anchor:
+        from icecrypt._paths import normalize_path
+
+        path = normalize_path(metadata_path)
+        metadata_dir = posixpath.dirname(path)
+        table_dir = posixpath.dirname(metadata_dir) if posixpath.basename(metadata_dir) == "metadata" else None
+        return cls(locations, metadata_path, table_dir, pin, data_location)
+
+    def _fs(self, location: Any, what: str) -> str:
+        if not isinstance(location, str) or not location:
+            raise TableIdentityError(
+                f"{self.metadata_path}: {what} is missing or not a string (refused)",
+                metadata_location=self.metadata_path, changes=((what, None, location),), source="caller",
+            )  # fmt: skip
+        try:
+            return self.locations.normalized_fs_path(location)
+        except (PathOutsideTableError, ValueError) as exc:
+            raise TableIdentityError(
+                f"{self.metadata_path}: {what} {location!r} cannot be a location of this table ({exc}); refused",
+                metadata_location=self.metadata_path, changes=((what, self.table_dir, location),), source="caller",
+            ) from None  # fmt: skip
+
+    def _same_dir(self, a: str, b: str) -> bool:
+        if a == b:
+            return True
+        import pyarrow.fs as pafs
+
+        local = isinstance(self.locations.filesystem, pafs.LocalFileSystem)
+        return local and os.path.realpath(a) == os.path.realpath(b)
+
+    def check_location(self, metadata: dict[str, Any]) -> None:
+        """Refuse (TableIdentityError) a version that is not the table the caller named:
+        its ``location`` is another directory, or the metadata file does not lie in
+        ``<location>/metadata/`` (nor, with a trusted pin, in the pinned
+        ``write.metadata.path``)."""
+        from icecrypt.table.files.io import _below
+
+        path = self.metadata_path
+        if self.pin is not None:
+            if str(metadata.get("location") or "").rstrip("/") != self.pin.location:
+                self.pin.check(metadata, path)  # names what changed
+            homes = [f"{self.pin.location}/metadata"] + ([self.pin.metadata_dir] if self.pin.metadata_dir else [])
+            file_dir = posixpath.dirname(path)
+            if not any(_below(file_dir, self._fs(home, "metadata directory")) is not None for home in homes):
+                raise TableIdentityError(
+                    f"{path}: the metadata file lies outside the table's metadata directories "
+                    f"({', '.join(homes)}); refused",
+                    metadata_location=path, changes=(("metadata file", homes[0], path),), source=self.pin.source,
+                )  # fmt: skip
+            return
+        if self.table_dir is None:
+            raise TableIdentityError(
+                f"{path}: the metadata file does not lie in a table's metadata/ directory, so a load by path cannot "
+                "tell which table it belongs to (refused: load it through its catalog, or from its table "
+                "directory)",
+                metadata_location=path, changes=(("metadata file", None, path),), source="caller",
+            )  # fmt: skip
+        location = self._fs(metadata.get("location"), "location")
+        if not self._same_dir(location, self.table_dir):
+            raise TableIdentityError(
+                f"{path}: its location {metadata.get('location')!r} is not the table directory {self.table_dir} it was "
+                "loaded from (refused: a version cannot move a table; whoever wrote it could otherwise point "
+                "maintenance at any directory)",
+                metadata_location=path, changes=(("location", self.table_dir, metadata.get("location")),),
+                source="caller",
+            )  # fmt: skip
+
+    def check_roots(self, metadata: dict[str, Any], metadata_location: str, *, authenticated: bool) -> None:
+        """Refuse (TableIdentityError) a ``write.data.path`` / ``write.metadata.path``
+        outside the table directory, unless the caller named it (``data_location``), a
+        trusted pin holds it, or the version is ``authenticated`` (its content is then the
+        word of a holder of the master key)."""
+        from icecrypt.table.files.io import _below
+
+        if self.pin is not None or authenticated or self.table_dir is None:
+            return
+        properties = metadata.get("properties") or {}
+        for name in (WRITE_DATA_PATH, WRITE_METADATA_PATH):
+            value = properties.get(name)
+            if not value:
+                continue
+            root = self._fs(value, name)
+            if _below(root, self.table_dir) is not None:
+                continue
+            if name == WRITE_DATA_PATH and self.data_location and self._same_dir(
+                root, self._fs(self.data_location, "data_location")
+            ):  # fmt: skip
+                continue
+            hint = " (pass data_location= that path if it is where this table's data lives)" if name == WRITE_DATA_PATH else ""
+            raise TableIdentityError(
+                f"{metadata_location}: {name} {value!r} lies outside the table directory {self.table_dir}, and the "
+                f"version is not authenticated: a load by path trusts only the directory it is given{hint}; refused",
+                metadata_location=metadata_location, changes=((name, None, value),), source="caller",
+            )  # fmt: skip
 
 
 def check_pin(table: Any, metadata: dict[str, Any], metadata_location: str) -> None:
@@ -141,8 +282,19 @@ CATALOG_METADATA_PATH = "icecrypt.write-metadata-path"
 #: KEKs retired by the table's own rotations and rekeys, JSON ``[[kek id, sha256 hex of the
 #: wrapped KEK bytes or null], ...]``, oldest first, the last MAX_RETIRED_KEKS kept
 CATALOG_RETIRED_KEKS = "icecrypt.retired-keks"
+#: an encrypted table's ``encryption.data-key-length`` (decimal)
+CATALOG_DEK_LENGTH = "icecrypt.data-key-length"
+#: the SHA-256 (hex) of the bytes of the current metadata file, and the metadata location it
+#: was recorded for (as the catalog records locations): a file changed in place is refused
+#: (icecrypt.table.commit.authenticity); a current location other than the digest's is a
+#: commit by another engine, admitted and recorded
+CATALOG_DIGEST = "icecrypt.metadata-sha256"
+CATALOG_DIGEST_OF = "icecrypt.metadata-sha256-of"
 CATALOG_ROOTS = (CATALOG_LOCATION, CATALOG_DATA_PATH, CATALOG_METADATA_PATH)
-CATALOG_KEYS = (CATALOG_KEY_ID, CATALOG_UUID, *CATALOG_ROOTS, CATALOG_RETIRED_KEKS)
+CATALOG_KEYS = (
+    CATALOG_KEY_ID, CATALOG_UUID, *CATALOG_ROOTS, CATALOG_RETIRED_KEKS, CATALOG_DEK_LENGTH, CATALOG_DIGEST,
+    CATALOG_DIGEST_OF,
+)  # fmt: skip
 MAX_RETIRED_KEKS = 1000
 
 _ROOT_NAMES = {CATALOG_LOCATION: "location", CATALOG_DATA_PATH: WRITE_DATA_PATH, CATALOG_METADATA_PATH: WRITE_METADATA_PATH}
@@ -164,6 +316,8 @@ def catalog_record(metadata: dict[str, Any]) -> dict[str, str]:
     record = _roots_record(pin)
     if pin.encrypted:
         record[CATALOG_KEY_ID] = str(pin.table_key_id)
+        if pin.data_key_length is not None:
+            record[CATALOG_DEK_LENGTH] = str(pin.data_key_length)
     if pin.table_uuid:
         record[CATALOG_UUID] = str(pin.table_uuid)
     return record
@@ -180,9 +334,11 @@ def adopt_record(recorded: dict[str, str] | None, metadata: dict[str, Any], *, k
             record.pop(key, None)
         record.update({k: v for k, v in found.items() if k in CATALOG_ROOTS})
     if key_id or not record.get(CATALOG_KEY_ID):
-        for key in (CATALOG_KEY_ID, CATALOG_UUID):
+        for key in (CATALOG_KEY_ID, CATALOG_UUID, CATALOG_DEK_LENGTH):
             if found.get(key):
                 record[key] = found[key]
+    elif not record.get(CATALOG_DEK_LENGTH) and found.get(CATALOG_DEK_LENGTH):
+        record[CATALOG_DEK_LENGTH] = found[CATALOG_DEK_LENGTH]
     elif not record.get(CATALOG_UUID) and found.get(CATALOG_UUID):
         record[CATALOG_UUID] = found[CATALOG_UUID]
     return record
@@ -242,6 +398,9 @@ def catalog_commit(
     changes: list[tuple[str, Any, Any]] = []
     if key_id and found_key != key_id and not (rotate_to is not None and found_key == rotate_to):
         changes.append((ENCRYPTION_TABLE_KEY, key_id, found_key))
+    recorded_length = record.get(CATALOG_DEK_LENGTH)
+    if key_id and recorded_length and found_key and found.get(CATALOG_DEK_LENGTH) != recorded_length:
+        changes.append((ENCRYPTION_DEK_LENGTH, recorded_length, found.get(CATALOG_DEK_LENGTH)))
     if uuid and metadata.get("table-uuid") != uuid:
         changes.append(("table-uuid", uuid, metadata.get("table-uuid")))
     if record.get(CATALOG_LOCATION):
@@ -285,6 +444,9 @@ def catalog_pin(
             metadata_dir=recorded.get(CATALOG_METADATA_PATH) or None,
             source=pin.source if pin.source == "caller" else "catalog",
         )  # fmt: skip
+    length = recorded.get(CATALOG_DEK_LENGTH)
+    if pin.encrypted and length and length.isascii() and length.isdigit():
+        pin = replace(pin, data_key_length=int(length))
     return pin
 
 

@@ -102,7 +102,13 @@ class Locations:
     def confined(self, roots: Sequence[str], *, allowed_locations: Sequence[str] = ()) -> Locations:
         """A copy that maps only locations under ``roots`` (the table's pinned locations,
         as recorded) or ``allowed_locations`` (extra locations the caller lets the table
-        use), each with the location map applied."""
+        use), each with the location map applied.
+
+        On the local filesystem the roots are resolved here, once: their real paths (what
+        reads through a symbolic link are compared with), and the identity (device and
+        inode) of each root directory that exists, which every delete and listing under
+        it checks again (:meth:`open_root`); :meth:`check_roots` refuses a root that is
+        itself a symbolic link."""
         roots = tuple(r for r in roots if r)
         copy = Locations(self.filesystem, self.location_map)
         copy._confine = (roots, tuple(allowed_locations))
@@ -110,7 +116,82 @@ class Locations:
             [copy.canonical(r) for r in roots], allowed=[copy.canonical(a) for a in allowed_locations],
             table=roots[0] if roots else "?",
         )
+        if copy._local:
+            copy._real_roots()
+            copy._root_identities()
         return copy
+
+    def normalized_fs_path(self, location: str) -> str:
+        """The normalized path on ``filesystem`` of ``location`` (a recorded location or a
+        path), with the location map applied and no confinement: for comparing a
+        location from a trusted source with one read from storage."""
+        return fs_path_of(self.canonical(os.fspath(location)), local=self._local, original=os.fspath(location))
+
+    def _root_identities(self) -> dict[str, tuple[tuple[int, int] | None, str]]:
+        """For each pinned root on the local filesystem: ((device, inode) of the directory
+        when it exists and is not a symbolic link, None when it does not exist yet, the
+        marker (-1, -1) when it is a link), and its real path.  Taken once (the pin's
+        moment)."""
+        cached = self.__dict__.get("_root_ids")
+        if cached is None:
+            cached = {}
+            for root in self.fs_roots():
+                real = os.path.realpath(root)
+                try:
+                    st = os.lstat(root)
+                except FileNotFoundError:
+                    cached[root] = (None, real)
+                    continue
+                except OSError:
+                    cached[root] = ((-1, -1), real)
+                    continue
+                cached[root] = ((-1, -1) if stat.S_ISLNK(st.st_mode) else (st.st_dev, st.st_ino), real)
+            self.__dict__["_root_ids"] = cached
+        return cached
+
+    def check_roots(self, what: str) -> None:
+        """Refuse (PathOutsideTableError) a pinned root that is a symbolic link on the local
+        filesystem: whoever planted it would steer every listing and delete of the table
+        (orphan removal, expiry) into its target.  Directories above a root are the
+        operator's and are resolved once, here."""
+        for root, (identity, _) in self._root_identities().items():
+            if identity == (-1, -1):
+                raise PathOutsideTableError(
+                    f"{what}: the table root {root} is a symbolic link (or cannot be examined); refused: a table's "
+                    "location, write.data.path and write.metadata.path must be directories, never links to them",
+                    location=root, table_location=root,
+                )  # fmt: skip
+
+    def open_root(self, root: str) -> int:
+        """A file descriptor of the pinned local root ``root`` (a path :meth:`fs_roots`
+        returned), opened without following a link and checked to be the directory the
+        pin resolved: the same device and inode, or, for a root that did not exist then,
+        the same real path.  PathOutsideTableError when it changed (a directory swapped
+        for a link, or replaced)."""
+        from icecrypt._paths import open_directory_nofollow
+
+        table = self._confinement.table if self._confinement is not None else root
+        identity, real = self._root_identities().get(root) or (None, os.path.realpath(root))
+        try:
+            fd = open_directory_nofollow(root)
+        except PathOutsideTableError:
+            raise PathOutsideTableError(
+                f"{root}: the table root is now a symbolic link (refused: nothing is listed or deleted through it)",
+                location=root, table_location=table,
+            ) from None
+        st = os.fstat(fd)
+        if identity is None:
+            changed = os.path.realpath(root) != real
+        else:
+            changed = (st.st_dev, st.st_ino) != identity
+        if changed:
+            os.close(fd)
+            raise PathOutsideTableError(
+                f"{root}: the table root is not the directory it was when the table was loaded (replaced or moved; "
+                "refused: nothing is listed or deleted under it)",
+                location=root, table_location=table,
+            )  # fmt: skip
+        return fd
 
     @property
     def unconfined(self) -> Locations:
@@ -404,7 +485,11 @@ def delete_file(locations: Locations, path: str) -> None:
             location=path, table_location=locations.confinement.table,
         )
     if isinstance(fs, pafs.LocalFileSystem):
-        unlink_beneath(root, path)
+        fd = locations.open_root(root)
+        try:
+            unlink_beneath(root, path, root_fd=fd)
+        finally:
+            os.close(fd)
     else:
         fs.delete_file(path)
 

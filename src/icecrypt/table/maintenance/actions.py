@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyiceberg.table.sorting import SortOrder
 
-from icecrypt._paths import normalize_path, under_root
+from icecrypt._paths import normalize_path, under_root, walk_files_beneath
 from icecrypt.errors import (
     CommitConflictError,
     EncryptionKeyNotFoundError,
@@ -1052,10 +1052,9 @@ def remove_orphan_files(
     refs = referenced_files(table)
     check_unambiguous(table.metadata_store, table.filesystem, table.metadata_location, table.metadata)
     roots = _orphan_roots(table, location)
-    fs = table.filesystem
     orphans = []
     for root in roots:
-        for path, mtime in _walk_files(fs, root):
+        for path, mtime in _walk_files(table.locations, root):
             path = _norm(path)
             rel = posixpath.relpath(path, root)
             hidden = [part for part in rel.split("/") if part.startswith((".", "_"))]
@@ -1095,29 +1094,50 @@ def _orphan_roots(table: Any, location: str | None) -> list[str]:
     return [path]
 
 
-def _walk_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int | None]]:
-    """(path, mtime in ms) of every file below ``root``.  On a local filesystem symbolic
-    links are neither followed nor listed (pyarrow's recursive listing follows them):
-    a link to a directory elsewhere cannot bring that directory's files into the walk,
-    and a link is never taken for an orphan."""
+def _walk_files(locations: Any, root: str) -> Iterator[tuple[str, int | None]]:
+    """(path, mtime in ms) of every file below ``root`` (a directory under the table's
+    pinned roots).  On a local filesystem the pinned root it lies under is opened as the
+    pin resolved it (``Locations.open_root``: refused if it was swapped for a link or
+    replaced since the table was loaded) and the walk goes down from there by descriptor,
+    neither following nor listing symbolic links (pyarrow's recursive listing follows
+    them): a link to a directory elsewhere cannot bring that directory's files into the
+    walk, and a link is never taken for an orphan."""
+    fs = locations.filesystem
     if not isinstance(fs, pafs.LocalFileSystem):
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
             if info.type == pafs.FileType.File:
                 yield info.path, (info.mtime_ns // 1_000_000 if info.mtime_ns is not None else None)
         return
-    stack = [root]
-    while stack:
-        directory = stack.pop()
+    pinned = under_root(root, [_norm(r) for r in locations.fs_roots()])
+    if pinned is None:
+        raise PathOutsideTableError(f"{root} lies outside the table's roots (not listed)", location=root)
+    try:
+        root_fd = locations.open_root(pinned)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        if root != pinned:
+            rel = root[len(pinned.rstrip("/")) + 1 :]
+            fd = root_fd
+            try:
+                for part in rel.split("/"):
+                    next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    if fd != root_fd:
+                        os.close(fd)
+                    fd = next_fd
+            except OSError:
+                if fd != root_fd:
+                    os.close(fd)
+                return  # missing, or reached through a link: nothing of the table's below it
+            walk_fd = fd
+        else:
+            walk_fd = root_fd
         try:
-            entries = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        with entries:
-            for entry in entries:
-                if entry.is_symlink():
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    yield entry.path, entry.stat(follow_symlinks=False).st_mtime_ns // 1_000_000
+            for path, mtime_ns in walk_files_beneath(root, walk_fd):
+                yield path, mtime_ns // 1_000_000
+        finally:
+            if walk_fd != root_fd:
+                os.close(walk_fd)
+    finally:
+        os.close(root_fd)
 

@@ -615,7 +615,10 @@ def create(
         location, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
         sort_order=sort_order, properties=properties, filesystem=filesystem,
     )  # fmt: skip
-    return EncryptedTable.load(path, kms=kms, filesystem=filesystem, location_map=location_map or None)
+    # the caller's own write.data.path: its word, as a load of the new table must know it
+    data_location = (properties or {}).get("write.data.path")
+    return EncryptedTable.load(path, kms=kms, filesystem=filesystem, location_map=location_map or None,
+                               data_location=data_location)
 
 
 # --- append / overwrite ---------------------------------------------------------------------
