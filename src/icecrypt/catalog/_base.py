@@ -46,6 +46,8 @@ S3_SESSION_TOKEN = "s3.session-token"
 S3_REGION = "s3.region"
 CLIENT_REGION = "client.region"
 KMS_PROPERTY_PREFIX = "encryption."
+#: catalog property: every table loaded refuses unauthenticated metadata versions
+REQUIRE_AUTHENTICATED_METADATA = "icecrypt.require-authenticated-metadata"
 
 
 def _levels(value: Identifier, what: str) -> tuple[str, ...]:
@@ -99,7 +101,12 @@ class _CatalogTableStore:
         # the recorded metadata directory of the table's location, and its path
         self._metadata_dir = (location.rstrip("/") + "/metadata", locations.to_fs_path(location.rstrip("/") + "/metadata"))
         self._recorded: dict[str, str] = {}
+        # path -> the SHA-256 the catalog recorded for that metadata file (None: none
+        # recorded for it: a commit by another engine, or a table recorded before digests)
+        self._digests: dict[str, str | None] = {}
+        self._admitted: dict[str, str] = {}  # path -> digest to record once the version is installed
         self._lock = threading.Lock()
+        self.record: dict[str, str] | None = None  # the catalog's record, as current() read it last
 
     @property
     def identifier(self) -> tuple[str, ...]:
@@ -135,17 +142,86 @@ class _CatalogTableStore:
         return path
 
     def current(self) -> str:
-        recorded = self.catalog._table_location(self.namespace, self.name)
+        """The current metadata file, with the digest the catalog recorded for it (read in
+        the same query, for :meth:`check_digest`)."""
+        recorded, record = self.catalog._table_state(self.namespace, self.name)
         if recorded is None:
             raise NoSuchTableError(f"catalog {self.catalog.name!r}: table {_show(self.identifier)} does not exist (dropped?)")
-        return self._remember(recorded)
+        return self.adopt_state(recorded, record)
+
+    def adopt_state(self, recorded: str, record: dict[str, str] | None) -> str:
+        """Take ``recorded`` (a metadata location the catalog holds) and the catalog's
+        ``record`` read with it as the current state; returns the file's path."""
+        from icecrypt.table.commit.pin import CATALOG_DIGEST, CATALOG_DIGEST_OF
+
+        path = self._remember(recorded)
+        digest = (record or {}).get(CATALOG_DIGEST) if (record or {}).get(CATALOG_DIGEST_OF) == recorded else None
+        with self._lock:
+            if len(self._digests) > 64:
+                self._digests.clear()
+            self._digests[path] = digest
+        self.record = record
+        return path
+
+    def check_digest(self, path: str, document: Any) -> None:
+        """Refuse (TableIntegrityError) the metadata file at ``path`` when its bytes are not
+        those the catalog recorded at the commit that made it current (the file was
+        changed in place: its storage is writable by others, the catalog database is
+        not).  A current file the catalog recorded no digest for is a commit by another
+        engine through the same database (or one made before digests were recorded): it
+        is admitted, and its digest recorded once the version passed every other check
+        (:meth:`admitted`)."""
+        from icecrypt.errors import TableIntegrityError
+        from icecrypt.table.files.metadata import stored_digest
+
+        actual = stored_digest(document)
+        if actual is None:  # a document this process built: nothing was read
+            return
+        with self._lock:
+            known = path in self._digests
+            expected = self._digests.get(path)
+        if not known:
+            self.current()  # a path nobody asked the catalog about: ask now
+            with self._lock:
+                expected = self._digests.get(path)
+        if expected is None:
+            with self._lock:
+                self._admitted[path] = actual  # recorded once the version passed every check
+            return
+        if expected != actual:
+            raise TableIntegrityError(
+                f"{self.catalog._describe(self.namespace, self.name)}: its current metadata file {path} is not the "
+                "file the catalog recorded when it was committed (its SHA-256 differs: changed in place); refused",
+                metadata_location=path, reason="metadata digest mismatch",
+            )  # fmt: skip
+
+    def admitted(self, path: str) -> None:
+        """The version at ``path`` passed every check of the table object that installed
+        it: record the digest :meth:`check_digest` found for it when the catalog had none
+        (a failure to record it, e.g. read-only access to the database, only warns)."""
+        with self._lock:
+            digest = self._admitted.pop(path, None)
+        if digest is None:
+            return
+        recorded = self._to_recorded(path)
+        try:
+            self.catalog._record_digest(self.namespace, self.name, recorded, digest)
+        except CatalogError as exc:
+            import warnings
+
+            warnings.warn(f"{self!r}: digest of {recorded} not recorded ({exc})", RuntimeWarning, stacklevel=3)
+            return
+        with self._lock:
+            self._digests[path] = digest
 
     def swap(
-        self, expected: str, new: str, *, metadata: Any = None, rotate_to: str | None = None, retired: Any = None
+        self, expected: str, new: str, *, metadata: Any = None, rotate_to: str | None = None, retired: Any = None,
+        digest: str | None = None,
     ) -> None:
         from icecrypt.table.commit.pin import catalog_commit
 
         record = None
+        recorded_new = self._to_recorded(new)
         if metadata is not None:
             # the catalog's pin, not the storage, decides whether encryption.key-id, the
             # UUID or the table's roots may change; it keeps the KEKs rotations retired
@@ -154,18 +230,37 @@ class _CatalogTableStore:
                 recorded, metadata, new, self.catalog._describe(self.namespace, self.name), rotate_to=rotate_to,
                 retired=retired,
             )  # fmt: skip
-        self.catalog._table_swap(self.namespace, self.name, self._to_recorded(expected), self._to_recorded(new), pin=record)
-        self._remember(self._to_recorded(new))
+            if digest is not None:
+                record = _with_digest(record if record is not None else recorded, recorded_new, digest)
+        self.catalog._table_swap(self.namespace, self.name, self._to_recorded(expected), recorded_new, pin=record)
+        path = self._remember(recorded_new)
+        if digest is not None:
+            with self._lock:
+                self._digests[path] = digest
 
-    def create(self, new: str, *, metadata: Any = None) -> None:
+    def create(self, new: str, *, metadata: Any = None, digest: str | None = None) -> None:
         from icecrypt.table.commit.pin import catalog_record
 
+        recorded_new = self._to_recorded(new)
         record = catalog_record(metadata) if metadata is not None else None
-        self.catalog._table_create(self.namespace, self.name, self._to_recorded(new), pin=record)
-        self._remember(self._to_recorded(new))
+        if digest is not None:
+            record = _with_digest(record, recorded_new, digest)
+        self.catalog._table_create(self.namespace, self.name, recorded_new, pin=record)
+        path = self._remember(recorded_new)
+        if digest is not None:
+            with self._lock:
+                self._digests[path] = digest
 
     def __repr__(self) -> str:
         return f"<catalog {self.catalog.name!r} table {_show(self.identifier)}>"
+
+
+def _with_digest(record: dict[str, str] | None, recorded_location: str, digest: str) -> dict[str, str]:
+    """``record`` (a catalog's record of a table) with the SHA-256 of the metadata file at
+    ``recorded_location`` (as the catalog records it)."""
+    from icecrypt.table.commit.pin import CATALOG_DIGEST, CATALOG_DIGEST_OF
+
+    return {**(record or {}), CATALOG_DIGEST: digest, CATALOG_DIGEST_OF: recorded_location}
 
 
 class Catalog:
@@ -197,6 +292,16 @@ class Catalog:
 
             self._kms = create_kms_client(self.properties)
         return self._kms
+
+    @property
+    def require_authenticated_metadata(self) -> bool:
+        """The catalog property ``icecrypt.require-authenticated-metadata`` (default
+        false): every table loaded through the catalog refuses versions without a valid
+        authenticator (``EncryptedTable.load``)."""
+        raw = self.properties.get(REQUIRE_AUTHENTICATED_METADATA, "false").strip().lower()
+        if raw not in ("true", "false"):
+            raise CatalogError(f"catalog {self.name!r}: {REQUIRE_AUTHENTICATED_METADATA} must be true or false, not {raw!r}")
+        return raw == "true"
 
     @property
     def warehouse(self) -> str | None:
@@ -371,7 +476,7 @@ class Catalog:
 
     def load_table(
         self, identifier: Identifier, *, check_keys: bool = True, require_encryption: bool = False,
-        table_key_id: str | None = None,
+        table_key_id: str | None = None, require_authenticated_metadata: bool | None = None,
     ) -> Any:
         """The table ``identifier`` at its current version (NoSuchTableError); its writes
         commit through this catalog (compare-and-swap of the metadata location).
@@ -392,19 +497,27 @@ class Catalog:
         catalog's tables retired (``rotate_keys(new_kek=True)``, ``rekey``) are recorded too
         and refused for new wraps by every table object loaded here, in any process.
         ``table_key_id``: the key id the caller expects; it overrides the catalog's record
-        (e.g. after another engine rotated the master key), which is then updated to it."""
+        (e.g. after another engine rotated the master key), which is then updated to it.
+
+        The catalog also records the SHA-256 of every metadata file an icecrypt commit
+        makes current, and compares it at every load, refresh and commit: a current file
+        changed in place is refused (:class:`~icecrypt.TableIntegrityError`).  A current
+        file with no digest recorded (another engine's commit through the same database)
+        is admitted, and its digest recorded.  ``require_authenticated_metadata``: as
+        ``EncryptedTable.load``; default: the catalog property
+        ``icecrypt.require-authenticated-metadata``."""
         from icecrypt.table import EncryptedTable
         from icecrypt.table.files.metadata import read_metadata_file
         from icecrypt.table.commit.pin import CATALOG_KEY_ID, CATALOG_LOCATION, adopt_record, catalog_pin, retired_keks
 
         namespace, name = self._identifier(identifier)
-        recorded = self._table_location(namespace, name)
+        recorded, pinned = self._table_state(namespace, name)
         if recorded is None:
             raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
-        pinned = self._pin_get(namespace, name)
         store = self._store(namespace, name, recorded.rsplit("/", 2)[0])
-        path = store._remember(recorded)
+        path = store.adopt_state(recorded, pinned)  # the location and its recorded digest, read together
         metadata = read_metadata_file(store.locations.filesystem, path)
+        store.check_digest(path, metadata)  # before anything else is done with what storage holds
         if not (pinned or {}).get(CATALOG_LOCATION):
             # no roots recorded yet (a table another engine made): the metadata location the
             # database records anchors it; with a record, the pin below says what changed
@@ -412,9 +525,11 @@ class Catalog:
         encrypted = (metadata.get("properties") or {}).get("encryption.key-id") or table_key_id or pinned
         kms = self.kms if encrypted else self._kms
         pin = catalog_pin(pinned, metadata, table_key_id=table_key_id)
+        if require_authenticated_metadata is None:
+            require_authenticated_metadata = self.require_authenticated_metadata
         table = EncryptedTable(metadata, path, store.locations, kms, check_keys=check_keys,
-                               require_encryption=require_encryption, pin=pin)  # fmt: skip
-        table.metadata_store = store
+                               require_encryption=require_encryption, pin=pin, metadata_store=store,
+                               require_authenticated_metadata=require_authenticated_metadata)  # fmt: skip
         retired = retired_keks(pinned)
         if retired and table.encryption_manager is not None:
             table.encryption_manager.retire_recorded_keks(retired)  # shared by the object's writers
@@ -441,7 +556,8 @@ class Catalog:
             trusted_pin(metadata, table_key_id=table_key_id).check(metadata, metadata_location)
         if metadata.get("location"):
             self._check_new_location(namespace, name, str(metadata["location"]).rstrip("/"), default=False, same_ok=True)
-        self._table_create(namespace, name, metadata_location, pin=catalog_record(metadata))
+        record = _with_digest(catalog_record(metadata), metadata_location, metadata.sha256)
+        self._table_create(namespace, name, metadata_location, pin=record)
         return self.load_table((*namespace, name))
 
     def list_tables(self, namespace: Identifier) -> list[tuple[str, ...]]:
@@ -499,6 +615,18 @@ class Catalog:
 
     def _pin_get(self, namespace: tuple[str, ...], name: str) -> dict[str, str] | None:
         """The recorded key id and UUID of the table (``icecrypt.table.commit.pin``), None if none."""
+        raise NotImplementedError
+
+    def _table_state(self, namespace: tuple[str, ...], name: str) -> tuple[str | None, dict[str, str] | None]:
+        """The table's metadata location and the catalog's record of it, read together
+        (one query where the backend can: the record's digest must be the one of that
+        location).  A backend overrides this when two reads could straddle a commit."""
+        return self._table_location(namespace, name), self._pin_get(namespace, name)
+
+    def _record_digest(self, namespace: tuple[str, ...], name: str, recorded_location: str, digest: str) -> None:
+        """Record ``digest`` (SHA-256 hex) as that of the metadata file at
+        ``recorded_location``, if that is still the table's current location (a commit by
+        another engine, admitted; ``_CatalogTableStore.check_digest``)."""
         raise NotImplementedError
 
     def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:

@@ -477,6 +477,37 @@ class GlueCatalog(Catalog):
         parameters = (table or {}).get("Parameters") or {}
         return {k: str(parameters[k]) for k in CATALOG_KEYS if parameters.get(k)} or None
 
+    def _table_state(self, namespace: tuple[str, ...], name: str) -> tuple[str | None, dict[str, str] | None]:
+        """The metadata location and the record, from one ``GetTable`` (the parameters of
+        one entry version)."""
+        from icecrypt.table.commit.pin import CATALOG_KEYS
+
+        if len(namespace) != 1:
+            return None, None
+        database = self._database(namespace)
+        table = self._get_table(database, name)
+        if table is None or not self._is_iceberg(table):
+            return None, None
+        parameters = table.get("Parameters") or {}
+        record = {k: str(parameters[k]) for k in CATALOG_KEYS if parameters.get(k)} or None
+        return self._settled_location(database, name, table), record
+
+    def _record_digest(self, namespace: tuple[str, ...], name: str, recorded_location: str, digest: str) -> None:
+        from icecrypt.table.commit.pin import CATALOG_DIGEST, CATALOG_DIGEST_OF, CATALOG_KEYS
+
+        database = self._database(namespace)
+        table = self._get_table(database, name)
+        if table is None or (table.get("Parameters") or {}).get(METADATA_LOCATION) != recorded_location:
+            return  # committed again meanwhile: the next load records the newer one
+        parameters = table.get("Parameters") or {}
+        record = {k: str(parameters[k]) for k in CATALOG_KEYS if parameters.get(k)}
+        record.update({CATALOG_DIGEST: digest, CATALOG_DIGEST_OF: recorded_location})
+        table_input = {k: v for k, v in table.items() if k in _TABLE_INPUT_KEYS}
+        try:  # VersionId: refused by Glue when another update landed in between
+            self._update_table(database, name, self._with_pin(table_input, record), table["VersionId"])
+        except CommitConflictError:
+            return
+
     def _pin_set(self, namespace: tuple[str, ...], name: str, pin: dict[str, str] | None) -> None:
         database = self._database(namespace)
         table = self._get_table(database, name)

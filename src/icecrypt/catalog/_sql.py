@@ -57,8 +57,9 @@ _ENGINES_LOCK = threading.Lock()
 
 def _schema_with_pins() -> tuple[Any, Any, Any, Any]:
     """The JDBC catalog's two tables, and icecrypt's own third one (``icecrypt_table_pins``:
-    each table's master key id, UUID, roots and retired KEKs, out of reach of whoever
-    writes the table's storage; Java and PyIceberg ignore it).  Catalogs created before
+    each table's master key id and data key length, UUID, roots, retired KEKs and the
+    SHA-256 of its current metadata file, out of reach of whoever writes the table's
+    storage; Java and PyIceberg ignore it).  Catalogs created before
     the roots and retired KEKs were recorded lack their columns: they are added when the
     catalog first opens the table (``_PIN_COLUMNS_ADDED``)."""
     from sqlalchemy import Column, MetaData, String, Table, Text
@@ -89,6 +90,9 @@ def _schema_with_pins() -> tuple[Any, Any, Any, Any]:
         Column("write_data_path", String(1000), nullable=True),
         Column("write_metadata_path", String(1000), nullable=True),
         Column("retired_keks", Text, nullable=True),
+        Column("data_key_length", String(16), nullable=True),
+        Column("metadata_sha256", String(64), nullable=True),
+        Column("metadata_sha256_of", String(1000), nullable=True),
     )  # fmt: skip
     return meta, tables, namespaces, pins
 
@@ -100,6 +104,9 @@ _PIN_COLUMNS_ADDED = {
     "write_data_path": _pin.CATALOG_DATA_PATH,
     "write_metadata_path": _pin.CATALOG_METADATA_PATH,
     "retired_keks": _pin.CATALOG_RETIRED_KEKS,
+    "data_key_length": _pin.CATALOG_DEK_LENGTH,
+    "metadata_sha256": _pin.CATALOG_DIGEST,
+    "metadata_sha256_of": _pin.CATALOG_DIGEST_OF,
 }
 _PIN_COLUMNS = {"table_key_id": _pin.CATALOG_KEY_ID, "table_uuid": _pin.CATALOG_UUID, **_PIN_COLUMNS_ADDED}
 
@@ -471,6 +478,45 @@ class SqlCatalog(Catalog):
         self._ensure_pins()
         with self._db("table pin update", write=True) as conn:
             self._write_pin(conn, namespace, name, pin)
+
+    def _table_state(self, namespace: tuple[str, ...], name: str) -> tuple[str | None, dict[str, str] | None]:
+        """The metadata location and the pin record in one query (an outer join): a
+        commit between two queries would pair one version's location with another's
+        digest."""
+        from sqlalchemy import and_, select
+
+        if not self._pins_exist():
+            return self._table_location(namespace, name), None
+        t, p = self._tables.c, self._pins.c
+        columns = [c for c in _PIN_COLUMNS if c in self._pin_columns]
+        join = self._tables.outerjoin(
+            self._pins, and_(p.catalog_name == t.catalog_name, p.table_namespace == t.table_namespace,
+                             p.table_name == t.table_name),
+        )  # fmt: skip
+        stmt = self._where_table(select(t.metadata_location, *(p[c] for c in columns)).select_from(join), namespace, name)
+        with self._db("table lookup") as conn:
+            row = conn.execute(stmt).first()
+        if row is None:
+            return None, None
+        if not row[0]:
+            raise CatalogError(f"{self._describe(namespace, name)} has no metadata_location")
+        record = {_PIN_COLUMNS[c]: str(v) for c, v in zip(columns, row[1:]) if v}
+        return str(row[0]), record or None
+
+    def _record_digest(self, namespace: tuple[str, ...], name: str, recorded_location: str, digest: str) -> None:
+        from sqlalchemy import select
+
+        self._ensure_pins()
+        with self._db("recording a metadata digest", write=True) as conn:
+            stmt = self._where_table(select(self._tables.c.metadata_location), namespace, name).with_for_update()
+            row = conn.execute(stmt).first()
+            if row is None or row[0] != recorded_location:
+                return  # committed again meanwhile: the next load records the newer one
+            columns = [c for c in _PIN_COLUMNS if c in self._pin_columns]
+            found = conn.execute(self._pin_where(select(*(self._pins.c[c] for c in columns)), namespace, name)).first()
+            record = {} if found is None else {_PIN_COLUMNS[c]: str(v) for c, v in zip(columns, found) if v}
+            record.update({_pin.CATALOG_DIGEST: digest, _pin.CATALOG_DIGEST_OF: recorded_location})
+            self._write_pin(conn, namespace, name, record)
 
     def _table_list(self, namespace: tuple[str, ...]) -> list[str]:
         from sqlalchemy import select
