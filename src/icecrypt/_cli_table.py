@@ -113,6 +113,19 @@ def register(subparsers: Any) -> Any:
     _add_common(p)
     p.set_defaults(func=_rotate_keys)
 
+    p = sub.add_parser(
+        "authenticate-metadata",
+        help="add an authenticator to the current metadata version of an encrypted table (after checking it)",
+        description="Commit the table's current version again with an icecrypt authenticator under a key only the "
+                    "KMS can unwrap, so that readers with --require-authenticated-metadata accept it and every later "
+                    "icecrypt commit chains to it.  Run it on a version you trust: a table made before authentication "
+                    "existed, or after another engine (Iceberg Java, PyIceberg) committed.  Nothing is written when "
+                    "the version is authenticated already.",
+    )  # fmt: skip
+    p.add_argument("table")
+    _add_common(p)
+    p.set_defaults(func=_authenticate_metadata)
+
     p = sub.add_parser("repair", help="restore keys a writer without encryption support dropped (from the metadata log)")
     p.add_argument("table")
     p.add_argument("--dry-run", action="store_true", help="find and authenticate the keys, commit nothing")
@@ -132,6 +145,14 @@ def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
         p.add_argument("--require-encryption", action="store_true",
                        help="refuse the table unless it is encrypted (a version without encryption.key-id, "
                             "as whoever can write the storage could commit, is an error)")
+        p.add_argument("--require-authenticated-metadata", action="store_true",
+                       help="refuse a metadata version without a valid icecrypt authenticator (implies "
+                            "--require-encryption; see docs/security.md)")
+        p.add_argument("--expect-key-id", metavar="ID",
+                       help="the KMS master key id the table must be encrypted under (pins it; refused otherwise)")
+        p.add_argument("--data-location", metavar="PATH",
+                       help="the table's write.data.path, when it lies outside the table directory (a load by path "
+                            "trusts no other location the metadata names)")
     # --- catalog options (icecrypt.catalog; catalog-core) ---
     p.add_argument("--catalog", action="append", default=[], metavar="K=V",
                    help="catalog property (repeatable: uri=..., warehouse=..., type=sql|glue, s3.*); "
@@ -179,13 +200,17 @@ def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any
 
     # --- a table by catalog identifier (catalog-core) ---
     if args.catalog:
-        return _catalog(args, kms).load_table(args.table, check_keys=check_keys,
-                                              require_encryption=args.require_encryption)
+        return _catalog(args, kms).load_table(
+            args.table, check_keys=check_keys, require_encryption=args.require_encryption,
+            table_key_id=args.expect_key_id, require_authenticated_metadata=args.require_authenticated_metadata or None,
+        )  # fmt: skip
     # --- end ---
     filesystem, path = _filesystem(args.table)
     return EncryptedTable.load(path, kms=kms, filesystem=filesystem, check_keys=check_keys,
                                location_map=_pairs(args.location_map, "--location-map") or None,
-                               require_encryption=args.require_encryption)
+                               require_encryption=args.require_encryption, table_key_id=args.expect_key_id,
+                               require_authenticated_metadata=args.require_authenticated_metadata,
+                               data_location=args.data_location)  # fmt: skip
 
 
 # --- catalog helper (catalog-core) ---
@@ -627,6 +652,17 @@ def _safe_repair_report(report: Any) -> str:
 
 
 # --- maintenance (icecrypt.table.maintenance.actions) ---------------------------------------------------
+
+
+def _authenticate_metadata(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args))
+    before = table.metadata_location
+    location = table.authenticate_metadata()
+    if location is None:
+        print(f"{safe(before)}: already authenticated; nothing written")
+    else:
+        print(f"{safe(before)}: authenticated as {safe(location)}")
+    return 0
 
 
 def _register_maintenance(sub: Any) -> None:

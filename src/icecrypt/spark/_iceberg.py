@@ -166,6 +166,10 @@ OPT_LOCATION_MAP = "location-map"
 OPT_FILTER = "filter"
 #: writes: create the table if it does not exist, encrypted under this KMS master key
 OPT_TABLE_KEY_ID = "table-key-id"
+#: reads and writes: ``true`` refuses a metadata version without a valid icecrypt
+#: authenticator (``EncryptedTable.load(require_authenticated_metadata=True)``), in the
+#: driver's planning and commit and in every write task
+OPT_REQUIRE_AUTHENTICATED = "require-authenticated-metadata"
 #: writes: data file format, ``parquet`` or ``avro`` (default: the table's write.format.default)
 OPT_WRITE_FORMAT = "write-format"
 #: writes: bytes of Arrow data per data file (default: the table's write.target-file-size-bytes)
@@ -370,12 +374,14 @@ def _open_table(options: Mapping[str, str], location: str, *, pin_key: bool = Tr
                          "encryption.kms-impl) that unwrap the table's keys; a plaintext table is read or written "
                          "only with option encryption=none")
     catalog = _catalog(options)
+    strict = require_authenticated(options)
     try:
         if catalog is not None:
             from icecrypt.errors import NoSuchTableError
 
             try:
-                table = catalog.load_table(location, **({"table_key_id": key_id} if key_id else {}))
+                table = catalog.load_table(location, **({"table_key_id": key_id} if key_id else {}),
+                                           require_authenticated_metadata=strict or None)  # fmt: skip
             except NoSuchTableError as exc:
                 raise FileNotFoundError(str(exc)) from None
         else:
@@ -383,7 +389,7 @@ def _open_table(options: Mapping[str, str], location: str, *, pin_key: bool = Tr
             filesystem, _, _ = resolve(Locations(None, location_map).map_location(location), options)
             kms = _keys.kms_client(_kms_options(options)) if _has_kms(options) else None
             table = EncryptedTable.load(location, kms=kms, filesystem=filesystem, location_map=location_map,
-                                        table_key_id=key_id)
+                                        table_key_id=key_id, require_authenticated_metadata=strict)
     except FileNotFoundError:
         raise
     except Exception as exc:
@@ -393,6 +399,14 @@ def _open_table(options: Mapping[str, str], location: str, *, pin_key: bool = Tr
                                  f"{ENCRYPTION_TABLE_KEY}); pass option encryption=none to read or write a "
                                  "plaintext table")
     return table
+
+
+def require_authenticated(options: Mapping[str, str]) -> bool:
+    """Option ``require-authenticated-metadata`` (``true`` / ``false``, default false)."""
+    raw = (options.get(OPT_REQUIRE_AUTHENTICATED) or "false").strip().lower()
+    if raw not in ("true", "false"):
+        raise ValueError(f"{NAME}: option {OPT_REQUIRE_AUTHENTICATED}={raw!r} must be true or false")
+    return raw == "true"
 
 
 def _new_scan(table: EncryptedTable, options: Mapping[str, str], columns: Sequence[str] | None,
@@ -630,6 +644,8 @@ class IcebergWriter(DataSourceArrowWriter):
         # what the driver's table object pinned: tasks and the commit build only on versions
         # that keep it (a version that dropped encryption.key-id never gets a plaintext file)
         self.table_key_id, self.table_uuid = table.pin.table_key_id, table.pin.table_uuid
+        self.pin = table.pin  # tasks load the job's version against it (roots, key id, UUID)
+        self.require_authenticated = table.require_authenticated_metadata
         self.metadata_location = table.metadata_location
         # where the job starts: a dynamic or filtered overwrite validates the commits since
         # (Java's validateFromSnapshot), so one that added rows it would replace is a conflict
@@ -713,14 +729,14 @@ class IcebergWriter(DataSourceArrowWriter):
         kms = _keys.kms_client(_kms_options(self.options)) if self.encrypted else None
         catalog = _catalog(self.options) if commit else None
         if catalog is not None:
-            table = catalog.load_table(self.location)
+            table = catalog.load_table(self.location, require_authenticated_metadata=self.require_authenticated or None)
             trusted_pin(table.metadata, table_key_id=self.table_key_id, table_uuid=self.table_uuid).check(
                 table.metadata, table.metadata_location
             )
         else:
             table = EncryptedTable.load(self.metadata_location, kms=kms, filesystem=self.filesystem,
-                                        location_map=self.location_map, table_key_id=self.table_key_id,
-                                        table_uuid=self.table_uuid)
+                                        location_map=self.location_map, pin=self.pin,
+                                        require_authenticated_metadata=self.require_authenticated)  # fmt: skip
             if not self.options.get(OPT_CATALOG):
                 table.refresh()
         if self.encrypted and not table.encrypted:  # changed since the job started: never write plaintext
@@ -796,7 +812,7 @@ class IcebergWriter(DataSourceArrowWriter):
         with contextlib.suppress(Exception):
             table = EncryptedTable.load(self.metadata_location, kms=None if not self.encrypted else
                                         _keys.kms_client(_kms_options(self.options)), filesystem=self.filesystem,
-                                        location_map=self.location_map, check_keys=False)
+                                        location_map=self.location_map, check_keys=False, pin=self.pin)
             from icecrypt.table.ops.write import remove_job_leftovers
 
             # the reported files' directories (now empty of them), where dead attempts wrote too
