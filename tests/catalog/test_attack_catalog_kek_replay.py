@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from forgery import forget_recorded_digest, without_authenticator
 
 from icecrypt.errors import ReplayedKeyError
 
@@ -34,13 +35,14 @@ def test_a_catalog_table_refuses_an_old_kek_put_back_in_its_current_file(sqlite_
     table.rotate_keys(new_kek=True)
     table.append(_rows(100))
     current = Path(table.metadata_location)
-    metadata = json.loads(current.read_text())
+    metadata = without_authenticator(json.loads(current.read_text()))
     metadata["encryption-keys"].insert(0, {
         "key-id": "cmVwbGF5ZWQtY2F0YWxvZy1rZWs=", "encrypted-by-id": "keyA",
         "encrypted-key-metadata": base64.b64encode(old.encrypted_key_metadata).decode(),
         "properties": {"KEY_TIMESTAMP": str(time.time_ns() // 1_000_000)},
     })
     current.write_text(json.dumps(metadata))  # in place: the catalog still points here
+    forget_recorded_digest(table)  # (the digest refuses the edit first: the KEK checks are tested here)
     before = _files(warehouse)
     fresh = sqlite_catalog.load_table("db.t")
     with pytest.raises(ReplayedKeyError, match="cmVwbGF5ZWQtY2F0YWxvZy1rZWs="):

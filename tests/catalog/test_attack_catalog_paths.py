@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from forgery import forget_recorded_digest, without_authenticator
 
 from icecrypt.catalog import CatalogError, InvalidIdentifierError
 from icecrypt.table.files.io import PathOutsideTableWarning
@@ -114,10 +115,11 @@ def test_purge_never_deletes_outside_the_dropped_table(sqlite_catalog, tmp_path,
     table.append(rows(0, 3))
     # the attacker edits the current metadata file in place: its log now names files elsewhere
     current = Path(table.metadata_location)
-    metadata = json.loads(current.read_text())
+    metadata = without_authenticator(json.loads(current.read_text()))
     log = [f"file://{victims[0]}", str(victims[1]), f"{table.location}/metadata/../../../elsewhere/v9.metadata.json"]
     metadata["metadata-log"] = metadata.get("metadata-log", []) + [{"timestamp-ms": 1, "metadata-file": f} for f in log]
     current.write_text(json.dumps(metadata))
+    forget_recorded_digest(table)  # (the digest refuses the edit first: the confinement is tested here)
     with pytest.warns(PathOutsideTableWarning, match="elsewhere"):
         sqlite_catalog.drop_table("db.t", purge=True)
     assert_untouched(elsewhere, before)
@@ -139,9 +141,10 @@ def test_a_catalog_tables_location_is_anchored_by_the_catalog(sqlite_catalog):
     mine = sqlite_catalog.create_table("db.mine", SCHEMA, table_key_id=None)
     mine.append(rows(100, 2))
     current = Path(mine.metadata_location)
-    metadata = json.loads(current.read_text())
+    metadata = without_authenticator(json.loads(current.read_text()))
     metadata["location"] = str(victim_dir)
     current.write_text(json.dumps(metadata))
+    forget_recorded_digest(mine)  # (the digest refuses the edit first: the pin is tested here)
     from icecrypt import TableIdentityError
 
     # the catalog recorded the table's roots: the pin says the location changed

@@ -10,12 +10,20 @@ import uuid
 
 import pyarrow.fs as pafs
 import pytest
+from forgery import forget_recorded_digest, without_authenticator
 from test_sql import SCHEMA, rows
 
 from icecrypt import TableIdentityError
 from icecrypt.catalog import load_catalog
 from icecrypt.table.commit import store as _commit
-from icecrypt.table.commit.pin import CATALOG_KEY_ID, CATALOG_LOCATION, CATALOG_UUID
+from icecrypt.table.commit.pin import (
+    CATALOG_DEK_LENGTH,
+    CATALOG_DIGEST,
+    CATALOG_DIGEST_OF,
+    CATALOG_KEY_ID,
+    CATALOG_LOCATION,
+    CATALOG_UUID,
+)
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.servers)])
 def sql_catalog(request, warehouse, kms):
@@ -55,13 +63,18 @@ def setup(request, warehouse, kms):
 
 
 def _rewrite(table, path: str, change) -> None:
-    """The attacker: edit the metadata file at ``path`` in storage, in place."""
+    """The attacker: edit the metadata file at ``path`` in storage, in place (without the
+    authenticator, which would refuse it).  The catalog's digest of the file refuses any
+    such edit first (test_attack_catalog_digest.py); these tests are of the pins, which
+    stand where the catalog holds no digest of the current file (another engine made it
+    current): that digest is forgotten here."""
     fs = table.filesystem
     with fs.open_input_file(path) as f:
-        doc = json.loads(f.read())
+        doc = without_authenticator(json.loads(f.read()))
     change(doc)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(doc).encode())
+    forget_recorded_digest(table)
 
 
 def _files(table) -> set[str]:
@@ -74,7 +87,9 @@ def test_catalog_records_the_pin_and_hands_it_to_loads(setup):
     table = catalog.create_table(f"{ns}.t", SCHEMA, table_key_id=key_a)
     recorded = catalog._pin_get((ns,), "t")
     assert recorded == {CATALOG_KEY_ID: key_a, CATALOG_UUID: table.metadata["table-uuid"],
-                        CATALOG_LOCATION: table.metadata["location"]}
+                        CATALOG_LOCATION: table.metadata["location"], CATALOG_DEK_LENGTH: "16",
+                        CATALOG_DIGEST: recorded[CATALOG_DIGEST],
+                        CATALOG_DIGEST_OF: table.metadata_store.to_recorded(table.metadata_location)}
     table.append(rows(0, 3))
     loaded = catalog.load_table(f"{ns}.t")
     assert loaded.pin.source == "catalog" and loaded.pin.table_key_id == key_a
@@ -158,7 +173,7 @@ def test_caller_key_id_after_another_engines_rotation(sql_catalog):
     sql_catalog.create_namespace("db")
     table = sql_catalog.create_table("db.t", SCHEMA, table_key_id="keyA")
     table.append(rows(0, 3))
-    rotated = json.loads(json.dumps(table.metadata))
+    rotated = without_authenticator(json.loads(json.dumps(table.metadata)))  # Java drops it
     from icecrypt.keys import EncryptionManager
 
     manager = EncryptionManager.from_table_metadata(sql_catalog.kms, rotated)
@@ -200,8 +215,10 @@ def test_plaintext_tables_record_location_and_uuid_only(sql_catalog):
     sql_catalog.create_namespace("db")
     table = sql_catalog.create_table("db.p", SCHEMA, table_key_id=None)
     table.append(rows(0, 2))
-    assert sql_catalog._pin_get(("db",), "p") == {
-        CATALOG_LOCATION: table.metadata["location"], CATALOG_UUID: table.metadata["table-uuid"]}
+    recorded = sql_catalog._pin_get(("db",), "p")
+    assert recorded == {
+        CATALOG_LOCATION: table.metadata["location"], CATALOG_UUID: table.metadata["table-uuid"],
+        CATALOG_DIGEST: recorded[CATALOG_DIGEST], CATALOG_DIGEST_OF: table.metadata_store.to_recorded(table.metadata_location)}
     loaded = sql_catalog.load_table("db.p")
     assert not loaded.pin.encrypted and loaded.pin.source == "catalog"
 

@@ -478,7 +478,9 @@ def test_conflicting_duplicate_key_id_in_table_metadata_is_refused(tables_dir, t
     document = json.loads(source.read_text())
     first, second = document["encryption-keys"][:2]
     document["encryption-keys"].insert(0, dict(second, **{"key-id": first["key-id"]}))
-    path = tmp_path / "v9.metadata.json"
+    path = tmp_path / "t" / "metadata" / "v9.metadata.json"
+    path.parent.mkdir(parents=True)
     path.write_text(json.dumps(document))
     with pytest.raises(FormatError, match=r"v9\.metadata\.json: encryption-keys holds two different entries"):
-        EncryptedTable.load(str(path), kms=MemoryKms(ICEBERG_TEST_MASTER_KEYS))
+        EncryptedTable.load(str(path), kms=MemoryKms(ICEBERG_TEST_MASTER_KEYS),
+                            location_map={document["location"]: str(tmp_path / "t")})

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from forgery import publish_next_version
 
 from icecrypt.cli import main
 
@@ -65,15 +66,10 @@ def newest_metadata(where: Path) -> Path:
 
 
 def commit_edit(where: Path, change) -> Path:
-    """What the attacker writes: the next metadata version (and the hint) with ``change``."""
-    current = newest_metadata(where)
-    metadata = json.loads(current.read_text())
-    change(metadata)
-    version = int(current.name[1:].split(".")[0]) + 1
-    target = where / "metadata" / f"v{version}.metadata.json"
-    target.write_text(json.dumps(metadata))
-    (where / "metadata" / "version-hint.text").write_text(str(version))
-    return target
+    """What the attacker writes: the next metadata version (and the hint) with ``change``
+    (without the authenticator, which would refuse it: the CLI loads without
+    --require-authenticated-metadata here)."""
+    return publish_next_version(where, change)
 
 
 # --- item 17: scan --output -----------------------------------------------------------------------

@@ -6,7 +6,6 @@ FormatError naming the file, and nothing is written."""
 from __future__ import annotations
 
 import base64
-import json
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
-from tablelib import reload, rewrite_chain, rewrite_manifest_list
+from tablelib import edit_metadata, reload, rewrite_chain, rewrite_manifest_list
 
 from icecrypt.errors import FormatError
 from icecrypt.keys import KEY_TIMESTAMP, StandardKeyMetadata, wrap_key_metadata
@@ -93,12 +92,13 @@ def test_manifest_list_without_file_length(table, operation):
     kek = table.kms.unwrap_key(kek_entry.encrypted_key_metadata, manager.table_key_id)
     short = StandardKeyMetadata(list_km.encryption_key, list_km.aad_prefix, None)
     wrapped = wrap_key_metadata(kek, kek_entry.properties[KEY_TIMESTAMP], short)
-    path = Path(table.metadata_location)
-    metadata = json.loads(path.read_text())
-    for key in metadata["encryption-keys"]:
-        if key["key-id"] == snapshot.key_id:
-            key["encrypted-key-metadata"] = base64.b64encode(wrapped).decode("ascii")
-    path.write_text(json.dumps(metadata))
+
+    def rewrap(metadata: dict) -> None:
+        for key in metadata["encryption-keys"]:
+            if key["key-id"] == snapshot.key_id:
+                key["encrypted-key-metadata"] = base64.b64encode(wrapped).decode("ascii")
+
+    edit_metadata(Path(table.metadata_location), rewrap)  # as a Java 1.10 writer leaves it: no authenticator
     table = reload(table)
     assert_refused(table, operation, snapshot.manifest_list)
 

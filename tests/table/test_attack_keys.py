@@ -2,9 +2,11 @@
 service under a fresh id (issue 16, item 5) and KEK ids given another KEK's wrapped bytes
 to poison a long-lived writer's cache (item 6).
 
-The attacker writes new ``v<N>.metadata.json`` versions (metadata.json is not
-authenticated) and knows every wrapped key that ever was in the table's metadata; it has
-no use of the KMS master key.  Each test checks that the writer refuses before anything
+The attacker writes new ``v<N>.metadata.json`` versions and knows every wrapped key that
+ever was in the table's metadata; it has no use of the KMS master key.  The tables here
+are unauthenticated (``forgery.legacy``: as icecrypt before authentication, or Iceberg
+Java, leaves them): on an authenticated table the forged version is refused before any
+of this (``test_attack_authenticity.py::test_a_replayed_kek_is_refused_first_by_authentication``).  Each test checks that the writer refuses before anything
 is written or that what it commits stays readable by every other process.
 """
 
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from forgery import legacy
 from test_maintenance import assert_clean, small_table
 from test_write_roundtrip import SCHEMA, make_rows
 
@@ -99,7 +102,7 @@ def _put_back_first(kek: EncryptedKey):
 
 @pytest.mark.parametrize("drop_original", [False, True], ids=["beside-the-original", "original-dropped"])
 def test_the_rotating_writer_refuses_a_replayed_old_kek(tmp_path, kms, drop_original):
-    table = small_table(tmp_path, kms, appends=1)
+    table = legacy(small_table(tmp_path, kms, appends=1))
     old = _current_kek(table)
     table.rotate_keys(new_kek=True)
     table.append(make_rows(1000, 1010))
@@ -118,7 +121,7 @@ def test_the_rotating_writer_refuses_a_replayed_old_kek(tmp_path, kms, drop_orig
 
 
 def test_a_fresh_writer_refuses_an_old_kek_listed_twice(tmp_path, kms):
-    table = small_table(tmp_path, kms, appends=1)
+    table = legacy(small_table(tmp_path, kms, appends=1))
     old = _current_kek(table)
     table.rotate_keys(new_kek=True)
     table.append(make_rows(1000, 1010))
@@ -133,7 +136,7 @@ def test_a_fresh_writer_refuses_an_old_kek_listed_twice(tmp_path, kms):
 
 
 def test_a_kek_retired_by_rekey_is_refused_under_its_own_id(tmp_path, kms):
-    table = small_table(tmp_path, kms, appends=2)
+    table = legacy(small_table(tmp_path, kms, appends=2))
     leaked = _current_kek(table)
     table.rekey(kek_ids=[leaked.key_id])  # old snapshots kept: the leaked KEK stays listed
 
@@ -145,7 +148,7 @@ def test_a_kek_retired_by_rekey_is_refused_under_its_own_id(tmp_path, kms):
 
 def test_retired_kek_ids_carried_to_a_fresh_writer_are_refused(tmp_path, kms):
     """What a catalog pin can carry across processes: the ids a rotation retired."""
-    table = small_table(tmp_path, kms, appends=1)
+    table = legacy(small_table(tmp_path, kms, appends=1))
     old = _current_kek(table)
     table.rotate_keys(new_kek=True)
     assert old.key_id in table.encryption_manager.retired_kek_ids
@@ -164,7 +167,7 @@ def test_rekey_with_a_new_master_key_defeats_the_replay(tmp_path):
     unwraps nowhere: whatever id, timestamp, position or master key id it is given, no
     writer wraps under it."""
     kms = LocalKms.create_keystore(tmp_path / "keystore.json", ["m1", "m2"])
-    table = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=kms, table_key_id="m1")
+    table = legacy(EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=kms, table_key_id="m1"))
     for i in range(3):
         table.append(make_rows(i * 100, i * 100 + 100))
     leaked = _current_kek(table)
@@ -209,7 +212,7 @@ def test_rekey_with_a_new_master_key_defeats_the_replay(tmp_path):
 
 
 def test_master_key_rotation_never_rewraps_a_replayed_kek(tmp_path, kms):
-    table = small_table(tmp_path, kms, appends=1)
+    table = legacy(small_table(tmp_path, kms, appends=1))
     old = _current_kek(table)
     table.rotate_keys(new_kek=True)
 
@@ -227,7 +230,7 @@ def test_master_key_rotation_never_rewraps_a_replayed_kek(tmp_path, kms):
 
 
 def test_a_poisoned_kek_id_never_makes_later_commits_unreadable(tmp_path, kms):
-    table = small_table(tmp_path, kms, appends=1)
+    table = legacy(small_table(tmp_path, kms, appends=1))
     kek_a = _current_kek(table)
     table.rotate_keys(new_kek=True)
     table.append(make_rows(1000, 1010))

@@ -15,8 +15,9 @@ from pathlib import Path
 import fastavro
 import pyarrow as pa
 import pytest
+from forgery import without_authenticator
 
-from icecrypt import PathOutsideTableError
+from icecrypt import PathOutsideTableError, TableIdentityError
 from icecrypt.table import EncryptedTable
 from icecrypt.table.files.io import PathOutsideTableWarning
 
@@ -63,9 +64,10 @@ def newest_metadata(table: EncryptedTable) -> Path:
 
 def forge_version(table: EncryptedTable, change) -> Path:
     """What the attacker does: write ``v<N+1>.metadata.json`` with ``change`` applied to the
-    newest version, and point the version hint at it."""
+    newest version (without the authenticator, which would refuse it), and point the
+    version hint at it."""
     current = newest_metadata(table)
-    metadata = json.loads(current.read_text())
+    metadata = without_authenticator(json.loads(current.read_text()))
     metadata.setdefault("metadata-log", []).append({"timestamp-ms": metadata["last-updated-ms"], "metadata-file": str(current)})
     change(metadata)
     number = int(current.name.split(".")[0][1:]) + 1
@@ -354,12 +356,17 @@ def test_repair_and_verify_report_outside_files_without_reading_them(tmp_path, o
     outside.check()
 
 
-def test_copying_the_table_keeps_it_readable_where_it_is(tmp_path):
-    # a relocated copy without a location map reads where its metadata says (the
-    # original), still inside the recorded location: nothing refused
-    table = plain_table(tmp_path)
+def test_a_copied_table_is_read_through_a_location_map(tmp_path):
+    # a copy's metadata names the original's location: loaded by path without a location
+    # map it is refused (a load by path is anchored where the caller points; it would
+    # otherwise read, and its maintenance delete, the original's files); with the map it
+    # reads the copy's own files
+    plain_table(tmp_path)
     shutil.copytree(tmp_path / "t", tmp_path / "copy")
-    copy = EncryptedTable.load(str(tmp_path / "copy"))
+    with pytest.raises(TableIdentityError, match="is not the table directory"):
+        EncryptedTable.load(str(tmp_path / "copy"))
+    shutil.rmtree(tmp_path / "t")
+    copy = EncryptedTable.load(str(tmp_path / "copy"), location_map={str(tmp_path / "t"): str(tmp_path / "copy")})
     assert copy.scan().to_arrow().num_rows == 5
 
 

@@ -8,6 +8,7 @@ import json
 
 import pyarrow as pa
 import pytest
+from forgery import without_authenticator
 from tablelib import run_cli
 
 from icecrypt.cli import main
@@ -105,7 +106,7 @@ def test_names_from_storage_are_printed_escaped(setup, capfd):
     table.update_spec().add_identity("cat").commit()
     path = table.fs_path(table.metadata_location)
     with open(path, encoding="utf-8") as f:
-        metadata = json.load(f)
+        metadata = without_authenticator(json.load(f))  # as an engine that does not know it writes
     metadata["partition-specs"][-1]["fields"][0]["name"] = "\x1b]0;owned\x07\x1b[2J"
     with open(path, "w", encoding="utf-8") as f:
         json.dump(metadata, f)

@@ -83,14 +83,16 @@ def test_resolve_directory_hint_and_probe(tmp_path):
 def test_gzipped_metadata_and_bad_json(tmp_path, kms):
     import gzip
 
-    from tablelib import expected, location_map, metadata_path
+    from tablelib import copy_table, expected, location_map, metadata_path
 
     name = "enc_parquet_dek16"
-    target = tmp_path / "00009-x.metadata.json.gz"
+    root = copy_table(name, tmp_path)
+    target = root / "metadata" / "00009-x.metadata.json.gz"
     target.write_bytes(gzip.compress(metadata_path(name).read_bytes()))
-    table = EncryptedTable.load(target, kms=kms, location_map=location_map(name))
+    table = EncryptedTable.load(target, kms=kms, location_map=location_map(name, root))
     assert table.scan().count() == expected(name)["expected"]["row_count"]
-    bad = tmp_path / "v1.metadata.json"
+    bad = tmp_path / "b" / "metadata" / "v1.metadata.json"
+    bad.parent.mkdir(parents=True)
     bad.write_text("{not json")
     from icecrypt.errors import FormatError
 

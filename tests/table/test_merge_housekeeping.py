@@ -104,10 +104,8 @@ def test_target_size_splits_bins(tmp_path, kms):
     for i in range(4):
         table2.append(_rows(i))
     assert len(table2.manifests(table2.current_snapshot())) == 4
-    edit_metadata_path = table2.metadata_location
-    edit_metadata(__import__("pathlib").Path(edit_metadata_path),
-                  lambda m: m["properties"].update({"commit.manifest-merge.enabled": "true"}))
-    table2.refresh()
+    with table2.update_properties() as props:
+        props.set("commit.manifest-merge.enabled", "true")
     table2.append(_rows(4))
     manifests = table2.manifests(table2.current_snapshot())
     # 5 manifests of ~one size, bins from the end: [new], [k1, k2], [k3, k4] -> 3 manifests

@@ -23,11 +23,12 @@ from pathlib import Path
 import pyarrow as pa
 import pydantic
 import pytest
+from forgery import legacy
 from pyiceberg.catalog import sql as pyiceberg_sql
 from tablelib import TABLE_NAMES, copy_table, location_map, metadata_path, table_digest
 
 from icecrypt.cli import main
-from icecrypt.errors import KeysLostError, RepairError
+from icecrypt.errors import KeysLostError, RepairError, TableIntegrityError
 from icecrypt.kms.memory import MemoryKms
 from icecrypt.table import EncryptedTable
 from icecrypt.table.commit import store as _commit
@@ -202,7 +203,8 @@ def test_detection_reads_nothing_more_when_nothing_is_lost(tmp_path, kms):
     counting_kms = CountingKms.with_iceberg_test_keys()
     filesystem = pafs.PyFileSystem(pafs.FSSpecHandler(CountingFs(skip_instance_cache=True)))
     loaded = EncryptedTable.load(table.metadata_location, kms=counting_kms, filesystem=filesystem)
-    assert opened == [table.metadata_location] and CountingKms.calls == 0
+    # one KMS call: the metadata key that verifies the version's authenticator
+    assert opened == [table.metadata_location] and CountingKms.calls == 1
     assert find_lost_keys(loaded.metadata, loaded.locations) == []
 
 
@@ -423,7 +425,9 @@ def test_lost_entries_and_keks_are_detected_from_the_document(tmp_path, kms):
 
 
 def test_refresh_raises_when_the_newest_version_lost_keys(tmp_path, kms):
-    table = _encrypted_table(tmp_path, kms)
+    # a table made before authentication (an authenticated one refuses the writer's version
+    # first: it carries no authenticator, test_catalog_table_broken_by_pyiceberg_...)
+    table = legacy(_encrypted_table(tmp_path, kms))
     stripped = copy.deepcopy(table.metadata)
     stripped.pop("encryption-keys")
     stripped["snapshots"] = [{k: v for k, v in s.items() if k != "key-id"} for s in stripped["snapshots"]]
@@ -436,8 +440,9 @@ def test_refresh_raises_when_the_newest_version_lost_keys(tmp_path, kms):
 
 def test_no_commit_on_top_of_a_version_that_lost_keys(tmp_path, kms):
     """A table object holding an older version appends after another writer dropped
-    keys: the append refuses before committing, and leaves no file behind."""
-    table = _encrypted_table(tmp_path, kms)
+    keys: the append refuses before committing, and leaves no file behind (a table made
+    before authentication: an authenticated one refuses the version first)."""
+    table = legacy(_encrypted_table(tmp_path, kms))
     stale = EncryptedTable.load(table.metadata_location, kms=kms)
     damaged = copy.deepcopy(table.metadata)
     dropped = table.snapshots()[0].key_id
@@ -551,7 +556,9 @@ def test_catalog_table_broken_by_pyiceberg_is_detected_and_repaired(shared_catal
     with pytest.raises(KeysLostError) as caught:
         ours.load_table("db.t")
     assert caught.value.metadata_location == broken
-    with pytest.raises(KeysLostError):
+    # the object from before PyIceberg's commit held an authenticated version: PyIceberg's
+    # carries no authenticator, and is refused before its keys are even looked at
+    with pytest.raises(TableIntegrityError, match="held an authenticated version"):
         table.refresh()
 
     damaged = ours.load_table("db.t", check_keys=False)
@@ -563,9 +570,9 @@ def test_catalog_table_broken_by_pyiceberg_is_detected_and_repaired(shared_catal
     assert main([*cli, *MEMORY_KMS]) == 0
     assert "dry run: nothing committed" in capfd.readouterr().out
     assert theirs.load_table("db.t").metadata_location.removeprefix("file://") == broken
-    # the table object from before PyIceberg's commit repairs the catalog's current version too
-    report = table.repair_keys()
-    assert report.committed_location == table.metadata_location
+    # a table object loaded without the key check repairs the catalog's current version
+    report = damaged.repair_keys()
+    assert report.committed_location == damaged.metadata_location
     assert Path(report.committed_location).name.startswith("00004-")  # 00000-00002 ours, 00003 PyIceberg's
     current = theirs.load_table("db.t").metadata_location.removeprefix("file://")
     assert current == report.committed_location  # the catalog points at the repair

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from forgery import without_authenticator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.expressions import In
@@ -501,7 +502,7 @@ def test_partition_and_spec_id_across_an_evolved_spec(tmp_path, kms):
     table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="keyA", partition_spec=spec)
     table.append(pa.table({"id": pa.array([1, 2], pa.int64()), "s": ["a", "b"]}, schema=schema))
     path = Path(table.metadata_location)  # a second spec, committed as a writer with spec evolution would
-    metadata = json.loads(path.read_text(encoding="utf-8"))
+    metadata = without_authenticator(json.loads(path.read_text(encoding="utf-8")))  # as another writer leaves it
     metadata["partition-specs"].append({"spec-id": 1, "fields": [
         {"source-id": 2, "field-id": 1000, "name": "s", "transform": "identity"},
         {"source-id": 1, "field-id": 1001, "name": "id_bucket", "transform": "bucket[4]"}]})  # fmt: skip
@@ -547,7 +548,7 @@ def test_format_2_tables_have_no_lineage_columns(tmp_path):
     table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=None, table_key_id=None)
     table.append(pa.table({"id": pa.array([1, 2], pa.int64())}, schema=schema))
     path = Path(table.metadata_location)  # the same table as a v2 writer leaves it
-    metadata = json.loads(path.read_text(encoding="utf-8"))
+    metadata = without_authenticator(json.loads(path.read_text(encoding="utf-8")))  # as another writer leaves it
     metadata["format-version"] = 2
     metadata.pop("next-row-id")
     for snapshot in metadata["snapshots"]:
@@ -667,7 +668,7 @@ def _lowered(table: EncryptedTable, kms, name: str, was: int, value: int) -> Enc
     import json
 
     path = Path(table.metadata_location)
-    metadata = json.loads(path.read_text(encoding="utf-8"))
+    metadata = without_authenticator(json.loads(path.read_text(encoding="utf-8")))  # as another writer leaves it
     assert metadata[name] == was
     metadata[name] = value
     path.write_text(json.dumps(metadata), encoding="utf-8")
