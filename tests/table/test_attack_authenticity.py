@@ -212,7 +212,7 @@ def test_any_byte_changed_is_refused_or_reads_the_same(small, data):
     assert table.metadata == original  # accepted only when nothing a reader uses changed
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_dropped_or_reordered_versions_are_refused_by_a_holder(tmp_path_factory, data):
     """A holder of version k: the attacker serves as newer any authentic version other than

@@ -21,10 +21,10 @@ import pytest
 from forgery import publish_next_version
 from test_write_roundtrip import CATEGORY, SCHEMA, make_rows
 
-from icecrypt import PathOutsideTableError, TableIdentityError
+from icecrypt import PathOutsideTableError, TableIdentityError, TableIntegrityError
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.table import EncryptedTable
+from icecrypt.table import EncryptedTable, PlaintextFileError
 
 FAR_FUTURE_MS = int(time.time() * 1000) + 10 * 365 * 24 * 3600 * 1000
 OLD = time.time() - 30 * 24 * 3600  # older than the orphan safety window
@@ -229,3 +229,40 @@ def test_a_lowered_data_key_length_is_refused(tmp_path, kms):
     for task in table.scan().plan_files():
         assert len(StandardKeyMetadata.decode(task.file.key_metadata).encryption_key) == 32
     assert table.scan().to_arrow().num_rows == 10
+
+
+# --- the forged versions of issue 16, against a fresh load -------------------------------------------
+
+
+def _drop_key(doc: dict) -> None:
+    del doc["properties"]["encryption.key-id"]
+
+
+def _other_key(doc: dict) -> None:
+    doc["properties"]["encryption.key-id"] = "keyB"
+
+
+def _other_uuid(doc: dict) -> None:
+    doc["table-uuid"] = "00000000-0000-4000-8000-000000000000"
+
+
+@pytest.mark.parametrize("change", [_drop_key, _other_key, _other_uuid], ids=["no-key-id", "other-key-id", "other-uuid"])
+@pytest.mark.parametrize("strip", [True, False], ids=["authenticator-removed", "authenticator-kept"])
+def test_issue_16_forgeries_are_refused_by_a_fresh_load(tmp_path, table_root, kms, change, strip):
+    """A process that loads the table for the first time, as the caller's word allows
+    (the key id it expects, authenticated metadata required): every forged version is
+    refused before anything is read through it; through the CLI too."""
+    forged = publish_next_version(table_root, change, strip=strip)
+    before = _files(tmp_path)
+    with pytest.raises((TableIdentityError, TableIntegrityError, PlaintextFileError)) as caught:
+        EncryptedTable.load(str(table_root), kms=kms, table_key_id="keyA",
+                            require_authenticated_metadata=True).append(make_rows(100, 110))  # fmt: skip
+    assert str(forged) in str(caught.value)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, "-m", "icecrypt", "table", "expire", str(table_root), "--older-than", "0s",
+         "--expect-key-id", "keyA", "--require-authenticated-metadata", *MEMORY_KMS],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and str(forged) in done.stderr
+    assert _files(tmp_path) == before

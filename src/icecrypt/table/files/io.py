@@ -135,7 +135,7 @@ class Locations:
         cached = self.__dict__.get("_root_ids")
         if cached is None:
             cached = {}
-            for root in self.fs_roots():
+            for root in self.fs_roots() if self._local else ():  # object stores have no links
                 real = os.path.realpath(root)
                 try:
                     st = os.lstat(root)
