@@ -50,7 +50,6 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
-from pyiceberg.typedef import Record
 from pyiceberg.types import (
     BinaryType,
     DateType,
@@ -70,6 +69,7 @@ from pyiceberg.types import (
 
 from icecrypt.errors import FormatError
 from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
+from icecrypt.table.files.layout import partition_path
 from icecrypt.table.files.manifest_write import DATA, to_internal
 from icecrypt.table.model.metadata_columns import LINEAGE
 from icecrypt.table.files.write_io import TableIO
@@ -370,7 +370,7 @@ class _PartitionPlan:
             yield values, batch if len(rows) == batch.num_rows else batch.take(rows)
 
     def path(self, values: tuple) -> str:
-        return self.spec.partition_to_path(Record(*values), self.schema)
+        return partition_path(self.spec, self.schema, values)
 
 
 # --- files ------------------------------------------------------------------------------------
