@@ -141,25 +141,30 @@ def test_human_strings_are_javas(transform, source, value, java):
 # --- Java-shaped tables: data files at the directory names Java wrote ---------------------------------
 
 
-def java_append(table: EncryptedTable, directories: dict, *, name: str = "00000-0-{}-00001.parquet") -> None:
-    """Commit one data file per ``directories`` entry (partition value -> Java's directory
-    name), written at ``<location>/data/<that literal name>/`` as Iceberg Java places it."""
+def java_file(table: EncryptedTable, directory: str, rows: pa.Table, partition: dict) -> dict:
+    """Write ``rows`` as one data file at ``<location>/data/<directory>/`` (the literal
+    directory name Iceberg Java wrote, "" for none); returns its manifest record."""
     from icecrypt.table.commit.target import _Target
 
     target = _Target.of(table)
     io = target.io(target.manager(table.metadata))
     arrow_schema = arrow_write_schema(table.schema)
-    options = DataWriteOptions.from_properties(table.properties)
-    stats_plan = _statistics_plan(table.schema, table.properties)
-    records = []
-    for n, (value, directory) in enumerate(directories.items()):
-        location = f"{table.location}/data/{directory}/{name.format(uuid.uuid4())}"
-        rows = pa.table({"id": pa.array([n], pa.int64()), "category": pa.array([value], pa.string())}, schema=arrow_schema)
-        file = _ParquetFile(io, io.ensure_parent(location), arrow_schema, options)
-        file.write(rows)
-        length, key, metadata = file.close()
-        stats = _parquet_stats(metadata, {}, table.schema, stats_plan)
-        records.append(data_file_record(location, "PARQUET", {"category": value}, 1, length, key, stats, 0))
+    location = f"{table.location}/data/{directory + '/' if directory else ''}00000-0-{uuid.uuid4()}-00001.parquet"
+    file = _ParquetFile(io, io.ensure_parent(location), arrow_schema, DataWriteOptions.from_properties(table.properties))
+    file.write(rows.select(arrow_schema.names).cast(arrow_schema))
+    length, key, metadata = file.close()
+    stats = _parquet_stats(metadata, {}, table.schema, _statistics_plan(table.schema, table.properties))
+    return data_file_record(location, "PARQUET", partition, rows.num_rows, length, key, stats, 0)
+
+
+def java_append(table: EncryptedTable, directories: dict) -> None:
+    """Commit one data file per ``directories`` entry (partition value -> Java's directory
+    name), as Iceberg Java places it."""
+    records = [
+        java_file(table, directory, pa.table({"id": pa.array([n], pa.int64()), "category": pa.array([value], pa.string())}),
+                  {"category": value})
+        for n, (value, directory) in enumerate(directories.items())
+    ]  # fmt: skip
     append_files(table, records)
 
 

@@ -74,6 +74,7 @@ from icecrypt.table.files.manifest_write import DATA, to_internal
 from icecrypt.table.model.metadata_columns import LINEAGE
 from icecrypt.table.files.write_io import TableIO
 from icecrypt.table.model.schema import arrow_storage, arrow_write_schema
+from icecrypt.table.model.transforms import truncate_integers
 
 __all__ = ["DataWriteOptions", "conform", "iter_batches", "write_data_files"]
 
@@ -226,7 +227,7 @@ def _transform_array(transform: Transform, source_type: IcebergType, values: pa.
     if isinstance(transform, TruncateTransform):
         width = transform.width
         if isinstance(source_type, (IntegerType, LongType)):
-            return pc.multiply(_floordiv(values, width), width).cast(values.type)
+            return truncate_integers(values, width)  # Java's wrapping arithmetic (model.transforms)
         if isinstance(source_type, StringType):
             return pc.utf8_slice_codeunits(values, 0, width)
         if isinstance(source_type, BinaryType):
