@@ -35,6 +35,7 @@ from pyiceberg.io.pyarrow import (
     _primitive_to_physical,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
+    match_metrics_mode,
     parquet_path_to_id_mapping,
 )
 from pyiceberg.partitioning import PartitionSpec
@@ -425,13 +426,27 @@ class _ParquetFile:
 
 
 def _statistics_plan(schema: Schema, properties: dict[str, str]) -> dict:
-    """The metrics to keep per field id.  None for the lineage columns: their nulls stand
+    """The metrics to keep per field id, as Iceberg Java's ``MetricsConfig`` and
+    ``ParquetMetrics`` keep them: a field inside structs gets the mode a top-level field
+    would (PyIceberg keeps counts only: no bounds to prune ``addr.zip = 30`` on), a field
+    inside a list or map none at all.  None for the lineage columns too: their nulls stand
     for inherited values, so counts and bounds of the stored values would mislead any
     reader that prunes on them; only their column sizes are recorded."""
     plan = compute_statistics_plan(schema, properties)
+    struct_paths = _struct_path_ids(schema)
+    none = MetricsMode(MetricModeTypes.NONE)
+    default = properties.get("write.metadata.metrics.default", "truncate(16)")
+    for field_id, collector in plan.items():
+        if field_id not in struct_paths:  # inside a list or a map
+            plan[field_id] = replace(collector, mode=none)
+        elif "." in collector.column_name:  # inside structs only
+            mode = match_metrics_mode(properties.get(f"write.metadata.metrics.column.{collector.column_name}", default))
+            if mode.type == MetricModeTypes.TRUNCATE and not isinstance(collector.iceberg_type, (StringType, BinaryType)):
+                mode = MetricsMode(MetricModeTypes.FULL)
+            plan[field_id] = replace(collector, mode=mode)
     for field in LINEAGE:
         if field.field_id in plan:
-            plan[field.field_id] = replace(plan[field.field_id], mode=MetricsMode(MetricModeTypes.NONE))
+            plan[field.field_id] = replace(plan[field.field_id], mode=none)
     return plan
 
 
@@ -440,11 +455,14 @@ def _map_records(values: dict[int, Any]) -> list[dict[str, Any]] | None:
 
 
 def _nan_counts(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[int, int]:
+    """NaN counts of the float and double fields, top-level and inside structs (Java's
+    writer counts both; fields inside lists and maps get no metrics)."""
     counts = {}
-    for field in schema.fields:
-        if isinstance(field.field_type, (FloatType, DoubleType)) and field.field_id in stats_plan:
-            column = table.column(field.name)
-            counts[field.field_id] = int(pc.sum(pc.is_nan(column)).as_py() or 0)
+    for field_id, collector in stats_plan.items():
+        if not isinstance(collector.iceberg_type, (FloatType, DoubleType)) or collector.mode.type == MetricModeTypes.NONE:
+            continue
+        column = _sort_source(table, schema, field_id)
+        counts[field_id] = int(pc.sum(pc.is_nan(column)).as_py() or 0)
     return counts
 
 
