@@ -12,6 +12,7 @@ import datetime
 import decimal
 import math
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -398,3 +399,28 @@ def test_keys_derive_from_the_secret_and_the_name():
     assert a.encryption_key != a.aad_prefix and len(a.aad_prefix) == 16
     assert _native_write.file_key(secret, "n", 24).key_length == 24
     assert _native_write.file_key(bytes(32), "n", 16).encryption_key != _native_write.file_key(secret, "n", 16).encryption_key
+
+
+def test_write_locations_of_the_table_are_honoured(wspark, tmp_path, kms, options):
+    """write.data.path: Spark's native writer puts its files there; the object-storage
+    layout (a hashed directory per file) goes to the Python source, which writes it as
+    Iceberg Java does; <location>/data stays empty either way."""
+    elsewhere = tmp_path / "elsewhere"
+    table = _table(tmp_path, kms, **{"write.data.path": str(elsewhere)})
+    _frame(wspark, _rows(100)).write.format("icecrypt.iceberg").options(**options, native="true").mode("append") \
+        .save(table.location)
+    table.refresh()
+    assert list(elsewhere.rglob("part-*.parquet"))  # Spark's own files, under the data path
+    assert all(f.path.startswith(f"{elsewhere}/") for f in _files(table)) and not Path(table.location, "data").exists()
+    assert _same(table.scan().to_arrow(), _rows(100))
+
+    hashed = _table(tmp_path, kms, name="hashed", **{"write.object-storage.enabled": "true"})
+    with pytest.raises(Exception, match="object-storage layout"):
+        _frame(wspark, _rows(10)).write.format("icecrypt.iceberg").options(**options, native="true") \
+            .mode("append").save(hashed.location)
+    _frame(wspark, _rows(100)).write.format("icecrypt.iceberg").options(**options).mode("append").save(hashed.location)
+    hashed.refresh()
+    for file in _files(hashed):
+        relative = file.path[len(hashed.location) + len("/data/"):]
+        assert re.fullmatch(r"[01]{4}/[01]{4}/[01]{4}/[01]{8}/[^/]+\.parquet", relative), file.path
+    assert _same(hashed.scan().to_arrow(), _rows(100))

@@ -1,5 +1,16 @@
 """Where new files of a table go, as Iceberg Java places them.
 
+Roots (:class:`WriteLayout`, Java's ``LocationProviders`` and
+``BaseMetastoreTableOperations.metadataFileLocation``): data files under
+``write.data.path`` (default ``<location>/data``), manifests, manifest lists and metadata
+files under ``write.metadata.path`` (default ``<location>/metadata``; a path table, like
+Java's Hadoop tables, refuses to relocate its metadata).  With
+``write.object-storage.enabled`` a data file's directory starts with 20 bits of the
+Murmur3 hash of its name as ``bbbb/bbbb/bbbb/bbbbbbbb`` (spreading requests over object
+store prefixes), followed by the partition directories unless
+``write.object-storage.partitioned-paths`` is false, and preceded by the table's last two
+path segments when the data root lies outside the table location.
+
 Partition directories (:func:`partition_path`): ``<field>=<value>/...``, each name and
 value as Java's ``PartitionSpec.partitionToPath`` writes it -- the transform's human
 string (``Transform.toHumanString``: ISO dates and timestamps, base64 binary, Java's
@@ -15,9 +26,11 @@ import base64
 import decimal
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import mmh3
 import numpy as np
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
@@ -38,7 +51,16 @@ from pyiceberg.types import (
     TimeType,
 )
 
-__all__ = ["escape", "human_string", "partition_path"]
+__all__ = ["WriteLayout", "escape", "human_string", "partition_path"]
+
+WRITE_DATA_PATH = "write.data.path"
+WRITE_METADATA_PATH = "write.metadata.path"
+OBJECT_STORAGE = "write.object-storage.enabled"
+PARTITIONED_PATHS = "write.object-storage.partitioned-paths"
+#: what Java read before write.data.path and now refuses (deprecated, "removed in 2.0.0")
+LEGACY_OBJECT_STORAGE_PATH = "write.object-storage.path"
+LEGACY_FOLDER_STORAGE_PATH = "write.folder-storage.path"
+LOCATION_PROVIDER = "write.location-provider.impl"
 
 #: what java.net.URLEncoder leaves as it is
 _KEPT = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-*_")
@@ -66,6 +88,103 @@ def partition_path(spec: PartitionSpec, schema: Schema, values: Sequence[Any]) -
         source = schema.find_field(field.source_id).field_type
         parts.append(f"{escape(field.name)}={escape(human_string(field.transform, source, value))}")
     return "/".join(parts)
+
+
+# --- roots and object-storage layout ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteLayout:
+    """Where one table's new files go (see the module docstring).  ``data_root`` and
+    ``metadata_root`` are the table's pinned roots; every location made here lies under
+    one of them."""
+
+    location: str
+    data_root: str
+    metadata_root: str
+    object_storage: bool = False
+    partitioned_paths: bool = True
+
+    @classmethod
+    def of(
+        cls, location: str, properties: Mapping[str, str] | None, *, data_path: str | None = None,
+        metadata_path: str | None = None, catalog: bool = True,
+    ) -> WriteLayout:
+        """The layout of a table at ``location`` with ``properties``; ``data_path`` /
+        ``metadata_path``: its pinned ``write.data.path`` / ``write.metadata.path`` (None:
+        not set).  ``catalog``: whether a catalog keeps its current version (a path table
+        cannot relocate its metadata).  ValueError, naming the property, for what Iceberg
+        Java refuses to write with and what icecrypt cannot honour."""
+        properties = properties or {}
+        location = location.rstrip("/")
+        object_storage = _java_bool(properties.get(OBJECT_STORAGE))
+        if properties.get(LOCATION_PROVIDER):
+            raise ValueError(
+                f"table {location}: {LOCATION_PROVIDER}={properties[LOCATION_PROVIDER]!r} names a Java class icecrypt "
+                "cannot run: its writers would place files elsewhere than Iceberg Java's (refused; unset it, or set "
+                f"{WRITE_DATA_PATH} / {OBJECT_STORAGE})"
+            )
+        if not data_path:
+            legacy = (LEGACY_OBJECT_STORAGE_PATH, LEGACY_FOLDER_STORAGE_PATH) if object_storage else (LEGACY_FOLDER_STORAGE_PATH,)
+            for name in legacy:
+                if properties.get(name) is not None:
+                    raise ValueError(
+                        f"table {location}: property {name!r} is deprecated and refused by Iceberg Java (removed in "
+                        f"2.0.0); set {WRITE_DATA_PATH} instead"
+                    )
+        if metadata_path and not catalog:
+            raise ValueError(
+                f"table {location}: {WRITE_METADATA_PATH} is set, but a path table cannot relocate its metadata (as "
+                "Iceberg Java's Hadoop tables refuse it; a catalog table honours it)"
+            )
+        return cls(
+            location=location,
+            data_root=(data_path or f"{location}/data").rstrip("/"),
+            metadata_root=(metadata_path or f"{location}/metadata").rstrip("/"),
+            object_storage=object_storage,
+            partitioned_paths=_java_bool(properties.get(PARTITIONED_PATHS), default=True),
+        )
+
+    def data_file(self, name: str, partition_path: str = "") -> str:
+        """The location of a new data (or delete) file ``name``, in the partition
+        directories ``partition_path`` ("" for an unpartitioned file)."""
+        if not self.object_storage:
+            return f"{self.data_root}/{partition_path}/{name}" if partition_path else f"{self.data_root}/{name}"
+        if partition_path and self.partitioned_paths:
+            name = f"{partition_path}/{name}"
+        hashed = _entropy(name)
+        context = None if self.data_root.startswith(self.location) else _path_context(self.location)
+        if context is not None:
+            return f"{self.data_root}/{hashed}/{context}/{name}"
+        if self.partitioned_paths:
+            return f"{self.data_root}/{hashed}/{name}"
+        return f"{self.data_root}/{hashed}-{name}"
+
+    def metadata_file(self, name: str) -> str:
+        """The location of a new manifest, manifest list or metadata file ``name``."""
+        return f"{self.metadata_root}/{name}"
+
+
+def _java_bool(value: str | None, *, default: bool = False) -> bool:
+    """``PropertyUtil.propertyAsBoolean``: ``Boolean.parseBoolean`` of the value."""
+    return default if value is None else value.strip().lower() == "true"
+
+
+def _entropy(name: str) -> str:
+    """Java's ``ObjectStoreLocationProvider.computeHash``: the low 20 bits of Murmur3-32
+    (seed 0) of the UTF-8 name, as binary digits in directories of 4, 4, 4 and 8."""
+    bits = format(mmh3.hash(name.encode("utf-8"), 0, signed=False) & 0xFFFFF, "020b")
+    return f"{bits[0:4]}/{bits[4:8]}/{bits[8:12]}/{bits[12:20]}"
+
+
+def _path_context(location: str) -> str:
+    """The last two segments of ``location`` (Java's ``pathContext``: Hadoop's
+    ``getParent().getName()`` and ``getName()``)."""
+    path = location.split("://", 1)[1].split("/", 1)[1] if "://" in location else location
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return ""
+    return f"{parts[-2] if len(parts) > 1 else ''}/{parts[-1]}"
 
 
 # --- Transform.toHumanString -------------------------------------------------------------------

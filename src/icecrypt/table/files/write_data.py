@@ -70,7 +70,7 @@ from pyiceberg.types import (
 
 from icecrypt.errors import FormatError
 from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
-from icecrypt.table.files.layout import partition_path
+from icecrypt.table.files.layout import WriteLayout, partition_path
 from icecrypt.table.files.manifest_write import DATA, to_internal
 from icecrypt.table.model.metadata_columns import LINEAGE
 from icecrypt.table.files.write_io import TableIO
@@ -532,7 +532,7 @@ class _PartitionWriter:
     def __init__(self, job: _WriteJob, values: tuple) -> None:
         self._job = job
         self._values = values
-        self._directory = f"{job.location}/data" + (f"/{job.plan.path(values)}" if values else "")
+        self._partition_path = job.plan.path(values) if values else ""
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
         self._file: _ParquetFile | None = None
@@ -558,7 +558,7 @@ class _PartitionWriter:
             self._flush()
 
     def _new_location(self, extension: str) -> str:
-        return f"{self._directory}/{self._job.next_file_name(extension)}"
+        return self._job.layout.data_file(self._job.next_file_name(extension), self._partition_path)
 
     def _flush(self) -> None:
         if not self._buffer:
@@ -626,14 +626,14 @@ class _PartitionWriter:
 class _WriteJob:
     """State shared by the partition writers of one append."""
 
-    def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, location: str,
+    def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, layout: WriteLayout,
                  properties: dict[str, str], options: DataWriteOptions, sort_order_id: int,
                  operation_id: str | None = None, task_id: int = 0, lineage: bool = False,
                  sort_order: SortOrder | None = None) -> None:  # fmt: skip
         self.io = io
         self.schema = schema
         self.plan = _PartitionPlan.create(spec, schema)
-        self.location = location.rstrip("/")
+        self.layout = layout
         self.options = options
         self.sort_order = sort_order if sortable(sort_order, schema) else None
         self.sort_order_id = (
@@ -694,7 +694,7 @@ def write_data_files(
     *,
     schema: Schema,
     spec: PartitionSpec,
-    location: str,
+    layout: WriteLayout,
     properties: dict[str, str],
     options: DataWriteOptions,
     sort_order_id: int = 0,
@@ -703,7 +703,8 @@ def write_data_files(
     lineage: bool = False,
     sort_order: SortOrder | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Write ``data`` as data files of the table at ``location``.
+    """Write ``data`` as data files of a table, where ``layout`` places them (Java's
+    layout: ``write.data.path``, partition directories, object-storage prefixes).
 
     With ``lineage``, ``data`` also has the columns ``_row_id`` and
     ``_last_updated_sequence_number`` (rows moved from other files, with the lineage
@@ -714,7 +715,7 @@ def write_data_files(
     and the finished ones deleted before it propagates, so a failed append leaves
     nothing behind.
     """
-    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id, lineage,
+    job = _WriteJob(io, schema, spec, layout, properties, options, sort_order_id, operation_id, task_id, lineage,
                     sort_order)  # fmt: skip
     writers: dict[tuple, _PartitionWriter] = {}
     try:
