@@ -241,7 +241,9 @@ def _plan(table: Any, frame: Any, renames: Mapping[str, str]) -> tuple[list[Any]
         return "the table uses the object-storage layout (a hashed directory per file)"
     directory = f"{layout.data_root}/{os.urandom(8).hex()}"
     fs_directory = table.fs_path(directory, what="data directory")
-    if set(fs_directory) & set("*?[]{}\\,:%") or not fs_directory.startswith("/"):
+    # glob characters and ',' (Spark's path lists) are expanded, ':' refused in a relative
+    # Hadoop path; '%' is a literal character of Hadoop's Path(String) (N%2FA stays one name)
+    if set(fs_directory) & set("*?[]{}\\,:") or not fs_directory.startswith("/"):
         return "the table's path holds characters Hadoop's paths expand or refuse"
     return columns, directory, fs_directory
 
