@@ -85,10 +85,10 @@ def test_a_plain_key_is_another_place_than_a_scheme_on_an_object_store():
 
 @given(
     prefix=st.lists(NAMES, max_size=3),
-    encoded=st.sampled_from(["%2e%2e", "%2E%2e", "%2e", ".%2e", "%2e.", "%2f", "a%2Fb", "%5c", "%00"]),
+    encoded=st.sampled_from(["%2e%2e", "%2E%2e", "%2e", ".%2e", "%2e.", "%00", "a%00b", "x=%00"]),
     suffix=st.lists(NAMES, max_size=3),
 )
-def test_encoded_dot_segments_and_separators_are_refused(prefix, encoded, suffix):
+def test_encoded_dot_segments_and_nul_are_refused(prefix, encoded, suffix):
     location = "/".join([ROOT, *prefix, encoded, *suffix])
     with pytest.raises(UnsafeLocationError):
         parse_location(location, local=True)
@@ -102,6 +102,63 @@ def test_encoded_control_characters_are_literal_names(encoded):
     # character is a name like any other, not a way out of the table
     location = f"{ROOT}/data/part={encoded}/f.parquet"
     assert Locations(pafs.LocalFileSystem()).confined([ROOT]).to_fs_path(location) == location
+
+
+# --- Java's partition directories and the confinement rule at once ------------------------------
+
+FIELD_NAMES = st.text(max_size=6) | st.sampled_from(["category", "..", ".", "a/b", "%2e%2e"])
+VALUES = st.text(max_size=12) | st.sampled_from(["..", ".", "../..", "/", "\\", "%2e%2e", "..%2F..", "a/../../b", "\x00"])
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(fields=st.lists(st.tuples(FIELD_NAMES, VALUES), min_size=1, max_size=3), prefix=st.sampled_from(["", "file:", "file://"]))
+def test_every_java_partition_directory_is_names_inside_the_table(fields, prefix):
+    """Whatever the partition field names and values, the directories Java's escaping
+    makes of them are accepted, opened exactly as written (nothing decoded, nothing
+    normalized away) and lie under the table's data directory; an encoded separator is
+    a character of one name."""
+    from icecrypt.table.files.layout import escape
+
+    directories = "/".join(f"{escape(name)}={escape(value)}" for name, value in fields)
+    location = f"{prefix}{ROOT}/data/{directories}/00000-0-x-00001.parquet"
+    locations = Locations(pafs.LocalFileSystem()).confined([ROOT])
+    if any("\x00" in name + value for name, value in fields):  # %00: NUL stays refused
+        with pytest.raises(UnsafeLocationError):
+            locations.to_fs_path(location)
+        return
+    path = locations.to_fs_path(location)
+    assert path == f"{ROOT}/data/{directories}/00000-0-x-00001.parquet"
+    assert path.count("/") == ROOT.count("/") + 2 + len(fields)
+    assert all("=" in part for part in directories.split("/"))
+
+
+@settings(max_examples=50, deadline=None)
+@given(value=VALUES)
+def test_java_partition_directories_on_storage_are_one_name(tmp_path_factory, value):
+    """On the local filesystem, through pyarrow and through fsspec: the file lands in one
+    directory named as escaped, below the table's data directory."""
+    assume("\x00" not in value)
+    from fsspec.implementations.local import LocalFileSystem
+
+    from icecrypt.table.files.layout import escape
+
+    root = tmp_path_factory.mktemp("t")
+    name = f"category={escape(value)}"
+    for n, fs in enumerate((pafs.LocalFileSystem(), pafs.PyFileSystem(pafs.FSSpecHandler(LocalFileSystem())))):
+        path = Locations(fs).confined([str(root)]).to_fs_path(f"{root}/data/{name}/f{n}")
+        fs.create_dir(posixpath.dirname(path))
+        with fs.open_output_stream(path) as out:
+            out.write(b"x")
+    assert os.listdir(root / "data") == [name]
+    assert sorted(os.listdir(root / "data" / name)) == ["f0", "f1"]
+
+
+@given(segments=st.lists(NAMES, min_size=1, max_size=5), encoded=st.sampled_from(["%2f", "a%2Fb", "%5c", "N%2FA", "..%2F..", "%2F..%2F"]))
+def test_encoded_separators_are_characters_of_a_name(segments, encoded):
+    location = "/".join([ROOT, *segments, encoded])
+    parsed = parse_location(location, local=True)
+    assert parsed.path == posixpath.normpath(location) or parsed.path == normalize_path(location)
+    assert parsed.path.endswith("/" + encoded)
 
 
 @given(segments=st.lists(NAMES, min_size=1, max_size=5))

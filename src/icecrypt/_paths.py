@@ -11,10 +11,14 @@ The rule, in one place (:func:`parse_location`, :meth:`ParsedLocation.within`):
 
 - A location is refused outright (:class:`UnsafeLocationError`) if it holds a NUL,
   another control character or a backslash, or a path segment whose percent-decoding
-  is ``.`` or ``..`` or holds ``/``, ``\\`` or NUL.  Percent-encoding is
-  otherwise *not* decoded (Iceberg writes partition values percent-encoded into file
-  names, and storage takes those names literally), so ``%2e%2e`` can never be read as a
-  parent directory by one layer and as a name by another.
+  is ``.`` or ``..`` or holds NUL.  Percent-encoding is otherwise *not* decoded:
+  Iceberg writes partition values percent-encoded into directory names
+  (``category=N%2FA``, ``path=a%5Cb``), and every layer icecrypt opens files through
+  takes those names literally (pyarrow's local and S3 filesystems, fsspec, Hadoop's
+  ``Path(String)`` in Spark), so an encoded ``/`` or ``\\`` is a character of one
+  name, never a separator, and ``%2e%2e`` can never be read as a parent directory by
+  one layer and as a name by another (Java never writes one: its escaping keeps ``.``
+  and every segment it writes holds ``=``).
 - The scheme is compared case-insensitively (``s3a`` and ``s3n`` count as ``s3``); the
   authority (bucket, host) exactly.  ``file:/p``, ``file:///p``, ``file://localhost/p``
   and, on a local filesystem, a plain ``/p`` are one location; a relative plain path on
@@ -57,16 +61,20 @@ __all__ = [
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
-_ENCODED_FORBIDDEN = re.compile(r"[\x00/\\]")
+_SEPARATOR = re.compile(r"[/\\]")
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
 
 
 class UnsafeLocationError(PathOutsideTableError):
     """A location that no table operation touches whatever its roots: control characters,
-    a backslash, or an encoded dot segment or separator."""
+    a backslash, or an encoded dot segment or NUL."""
 
 
-def check_location_text(location: str) -> None:
+def check_location_text(location: str, *, encoded_separators: bool = False) -> None:
+    """Refuse (:class:`UnsafeLocationError`) text no location may hold (see the module
+    docstring).  ``encoded_separators``: whether a segment may hold ``%2F`` or ``%5C``
+    (a table location may: Java's partition directories do; a name that becomes one
+    segment of a location, such as a catalog identifier's level, may not)."""
     if not isinstance(location, str):
         raise TypeError(f"a location must be a str, not {type(location).__name__}")
     bad = _FORBIDDEN.search(location)
@@ -78,13 +86,18 @@ def check_location_text(location: str) -> None:
             if "%" not in segment:
                 continue
             decoded = unquote(segment)
-            # Encoded control characters other than NUL stay: they are literal text in a
-            # name (Iceberg percent-encodes partition values such as "a\x1bb" into paths)
-            # and decoding them cannot change which directory a path names.
-            if decoded != segment and (decoded in (".", "..") or _ENCODED_FORBIDDEN.search(decoded)):
+            # Other encoded characters stay: they are literal text in a name (Iceberg
+            # percent-encodes partition values such as "N/A", "a\\b" or "a\x1bb" into
+            # directory names) and no layer decodes them, so they cannot change which
+            # directory a path names.  A segment that would decode to a dot segment, and
+            # an encoded NUL, have no such use and are refused.
+            if decoded != segment and (
+                decoded in (".", "..") or "\x00" in decoded or (not encoded_separators and _SEPARATOR.search(decoded))
+            ):
+                what = "a dot segment or NUL" if encoded_separators else "a dot segment, separator or NUL"
                 raise UnsafeLocationError(
-                    f"location {location!r} holds the percent-encoded segment {segment!r} (a dot segment, "
-                    "separator or NUL once decoded; refused)",
+                    f"location {location!r} holds the percent-encoded segment {segment!r} ({what} once decoded; "
+                    "refused)",
                     location=location,
                 )
 
@@ -144,7 +157,7 @@ def parse_location(location: str, *, local: bool) -> ParsedLocation:
     whatever the roots (see the module docstring).  ``local``: the location is opened on
     a local filesystem (a plain path is then a ``file`` path, relative ones from the
     working directory)."""
-    check_location_text(location)
+    check_location_text(location, encoded_separators=True)
     match = _SCHEME.match(location)
     if match is None or len(match.group(1)) == 1:  # a plain path (a drive letter is none)
         if local:

@@ -12,6 +12,7 @@ import datetime
 import decimal
 import math
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -181,6 +182,9 @@ def test_statistics_let_scans_skip_files(wspark, tmp_path, kms, options):
         assert not any(math.isnan(v) for v in bounds)
     tasks = table.scan(row_filter="id >= 2500").plan_files()
     assert len(tasks) == 1
+    # a struct's fields have bounds too, as Iceberg Java's writer gives them
+    assert len(table.scan(row_filter="point.x >= 2500").plan_files()) == 1
+    assert table.scan(row_filter="point.y > -10").to_arrow().num_rows == 9
     assert table.scan(row_filter="id >= 2500").to_arrow().num_rows == 500
     assert table.scan(row_filter="amount > 1000").to_arrow().num_rows == \
         sum(1 for i in range(3000) if i % 13 and i * 0.5 > 1000)
@@ -205,7 +209,7 @@ def test_statistics_equal_the_python_writers(wspark, tmp_path, kms, options):
         native, python = metrics["true"].pop(name), metrics["false"].pop(name)
         assert set(native) >= set(python) - floats and set(native) <= set(python)
         assert native == {k: python[k] for k in native}
-        assert set(native) >= {1, 2, 3, 5, 6, 7, 8, 9, 10}
+        assert set(native) >= {1, 2, 3, 5, 6, 7, 8, 9, 10, 13, 14}  # 13, 14: the struct's fields
     assert metrics["true"] == metrics["false"]
 
 
@@ -235,11 +239,14 @@ def test_types_are_cast_and_widened(wspark, tmp_path, kms, options):
     assert _native_files(table.location)
 
 
-def test_a_table_path_with_a_space_and_non_ascii_letters(wspark, tmp_path, kms, options):
-    table = _table(tmp_path / "a dir ü", kms)
+def test_a_table_path_with_a_space_non_ascii_letters_and_percent_encoding(wspark, tmp_path, kms, options):
+    # '%2F' in a directory name (as Java names partition values) is one name for Hadoop's
+    # Path too: the native write applies and its files land in that directory
+    table = _table(tmp_path / "a dir ü" / "p=N%2FA%41", kms)
     _frame(wspark, _rows(300)).write.format("icecrypt.iceberg").options(**options, native="true").mode("append") \
         .save(table.location)
     assert _native_files(table.location) and _same(table.refresh().scan().to_arrow(), _rows(300))
+    assert sorted(os.listdir(tmp_path / "a dir ü")) == ["p=N%2FA%41"]
     frame = wspark.read.format("icecrypt.iceberg").options(**options).load(table.location)
     assert table_lines(frame.toArrow(), SCHEMA.names) == table_lines(_rows(300), SCHEMA.names)
 
@@ -395,3 +402,28 @@ def test_keys_derive_from_the_secret_and_the_name():
     assert a.encryption_key != a.aad_prefix and len(a.aad_prefix) == 16
     assert _native_write.file_key(secret, "n", 24).key_length == 24
     assert _native_write.file_key(bytes(32), "n", 16).encryption_key != _native_write.file_key(secret, "n", 16).encryption_key
+
+
+def test_write_locations_of_the_table_are_honoured(wspark, tmp_path, kms, options):
+    """write.data.path: Spark's native writer puts its files there; the object-storage
+    layout (a hashed directory per file) goes to the Python source, which writes it as
+    Iceberg Java does; <location>/data stays empty either way."""
+    elsewhere = tmp_path / "elsewhere"
+    table = _table(tmp_path, kms, **{"write.data.path": str(elsewhere)})
+    _frame(wspark, _rows(100)).write.format("icecrypt.iceberg").options(**options, native="true").mode("append") \
+        .save(table.location)
+    table.refresh()
+    assert list(elsewhere.rglob("part-*.parquet"))  # Spark's own files, under the data path
+    assert all(f.path.startswith(f"{elsewhere}/") for f in _files(table)) and not Path(table.location, "data").exists()
+    assert _same(table.scan().to_arrow(), _rows(100))
+
+    hashed = _table(tmp_path, kms, name="hashed", **{"write.object-storage.enabled": "true"})
+    with pytest.raises(Exception, match="object-storage layout"):
+        _frame(wspark, _rows(10)).write.format("icecrypt.iceberg").options(**options, native="true") \
+            .mode("append").save(hashed.location)
+    _frame(wspark, _rows(100)).write.format("icecrypt.iceberg").options(**options).mode("append").save(hashed.location)
+    hashed.refresh()
+    for file in _files(hashed):
+        relative = file.path[len(hashed.location) + len("/data/"):]
+        assert re.fullmatch(r"[01]{4}/[01]{4}/[01]{4}/[01]{8}/[^/]+\.parquet", relative), file.path
+    assert _same(hashed.scan().to_arrow(), _rows(100))

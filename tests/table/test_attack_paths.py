@@ -335,7 +335,7 @@ def test_a_confined_table_still_reads_java_tables_through_a_location_map(golden)
 
 @pytest.mark.parametrize(
     "spelled",
-    ["{t}/data/%2e%2e/%2E%2e/elsewhere/p.parquet", "{t}/data/..%2fx.parquet", "{t}/data/a\\..\\..\\p.parquet",
+    ["{t}/data/%2e%2e/%2E%2e/elsewhere/p.parquet", "{t}/data/a\\..\\..\\p.parquet", "{t}/data/x/%2e%2e/%00p.parquet",
      "{t}/data/\x00p.parquet", "{t}/data/\x1b[31mp.parquet"],
 )
 def test_encoded_dot_segments_and_control_characters_are_refused(tmp_path, outside, spelled):
@@ -343,6 +343,19 @@ def test_encoded_dot_segments_and_control_characters_are_refused(tmp_path, outsi
     outside.add("p.parquet")
     forge_plain_snapshot(table, spelled.format(t=f"{tmp_path}/t"), status=1, current=True)
     with pytest.raises(PathOutsideTableError):
+        EncryptedTable.load(str(tmp_path / "t")).scan().to_arrow()
+    outside.check()
+
+
+@pytest.mark.parametrize("spelled", ["{t}/data/..%2f..%2f..%2felsewhere%2fp.parquet", "{t}/data/c=..%5C..%5Cp.parquet"])
+def test_encoded_separators_name_a_file_inside_the_table(tmp_path, outside, spelled):
+    # an encoded separator is a character of one name (Java writes partition values such
+    # as "N/A" so): the forged entry names a file in data/ that does not exist, and
+    # nothing outside is read
+    table = plain_table(tmp_path)
+    outside.add("p.parquet")
+    forge_plain_snapshot(table, spelled.format(t=f"{tmp_path}/t"), status=1, current=True)
+    with pytest.raises(FileNotFoundError, match="data/"):
         EncryptedTable.load(str(tmp_path / "t")).scan().to_arrow()
     outside.check()
 

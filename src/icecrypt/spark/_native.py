@@ -390,6 +390,10 @@ def _file_keys(files: Mapping[str, Any]) -> str:
     return ",".join(entries)
 
 
+#: what Spark's file source expands in a path it is given
+_GLOB_CHARACTERS = frozenset("*?[]{}\\")
+
+
 def _spark_path(fs_path: str, filesystem: Any) -> str | None:
     """The path Spark's file source opens for a file icecrypt reads at ``fs_path`` (local
     files only for now: object stores would need Spark's own Hadoop credentials)."""
@@ -517,7 +521,10 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
         path = _spark_path(file.fs_path, table.filesystem)
         if path is None:
             return None, "the table is not on the local file system"
-        if not all(_native_task(t, encrypted) for t in group) or (group[0].deletes and not positions_readable):
+        # a path Spark's file source would expand as a glob (Java keeps '*' in partition
+        # directories) is read in Python, as are tasks Spark's reader cannot take
+        glob = bool(set(path) & _GLOB_CHARACTERS)
+        if glob or not all(_native_task(t, encrypted) for t in group) or (group[0].deletes and not positions_readable):
             rest.extend(group)
             continue
         try:
@@ -531,9 +538,7 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
         if deleted is not None:
             filtered[path] = deleted
     if not files:
-        return None, "no Parquet data file without equality deletes in the scan"
-    if any(set(path) & set("*?[]{}\\") for path in files):
-        return None, "a data file path holds glob characters (Spark's file source expands them)"
+        return None, "no Parquet data file without equality deletes (and without glob characters) in the scan"
     output = spark_schema(scan.arrow_schema)
     # a file that fails to decrypt or is gone fails the read, whatever the session's
     # spark.sql.files.ignoreCorruptFiles / ignoreMissingFiles say (no silently missing rows)

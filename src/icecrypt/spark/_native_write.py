@@ -24,8 +24,9 @@ statistics and commits the files as ``icecrypt.iceberg``'s writer commits its ta
 A job that fails leaves no file behind.
 
 The native path takes unpartitioned, unsorted Parquet tables on the local file system
-whose columns are primitives or structs of them (Spark's writer puts no field id on
-list elements or map keys and values), written from columns of the same types (or a
+(their data under ``write.data.path`` when set; the object-storage layout goes to the
+Python source) whose columns are primitives or structs of them (Spark's writer puts no
+field id on list elements or map keys and values), written from columns of the same types (or a
 widening: int to long, float to double, a decimal to a wider one), for appends and
 full overwrites, with options ``branch``, ``wap-id``, ``catalog`` and ``table-key-id``.
 Everything else is written by the Python source, as before (option ``native=false``
@@ -193,7 +194,9 @@ def _plan(table: Any, frame: Any, renames: Mapping[str, str]) -> tuple[list[Any]
     from pyspark.sql import functions as F
 
     from icecrypt.spark._native import _spark_type
+    from icecrypt.table.commit.target import _Target
     from icecrypt.table.files.write_data import table_sort_order
+    from icecrypt.table.ops.write import write_layout
 
     if not table.encrypted:
         return "the table is not encrypted"
@@ -233,9 +236,14 @@ def _plan(table: Any, frame: Any, renames: Mapping[str, str]) -> tuple[list[Any]
                     f"icecrypt.iceberg: a null in required column {field.name!r} of table {table.location}"
                 ))).otherwise(column)
         columns.append(column.alias(field.name, metadata={"parquet.field.id": field.field_id}))
-    directory = f"{table.pin.location.rstrip('/')}/data/{os.urandom(8).hex()}"
+    layout = write_layout(_Target.of(table), table.metadata)  # write.data.path, as the Python source honours it
+    if layout.object_storage:
+        return "the table uses the object-storage layout (a hashed directory per file)"
+    directory = f"{layout.data_root}/{os.urandom(8).hex()}"
     fs_directory = table.fs_path(directory, what="data directory")
-    if set(fs_directory) & set("*?[]{}\\,:%") or not fs_directory.startswith("/"):
+    # glob characters and ',' (Spark's path lists) are expanded, ':' refused in a relative
+    # Hadoop path; '%' is a literal character of Hadoop's Path(String) (N%2FA stays one name)
+    if set(fs_directory) & set("*?[]{}\\,:") or not fs_directory.startswith("/"):
         return "the table's path holds characters Hadoop's paths expand or refuse"
     return columns, directory, fs_directory
 

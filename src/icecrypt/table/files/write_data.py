@@ -35,6 +35,7 @@ from pyiceberg.io.pyarrow import (
     _primitive_to_physical,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
+    match_metrics_mode,
     parquet_path_to_id_mapping,
 )
 from pyiceberg.partitioning import PartitionSpec
@@ -50,7 +51,6 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
-from pyiceberg.typedef import Record
 from pyiceberg.types import (
     BinaryType,
     DateType,
@@ -70,10 +70,12 @@ from pyiceberg.types import (
 
 from icecrypt.errors import FormatError
 from icecrypt.parquet import _AtomicTarget  # the one output target of Parquet writers
+from icecrypt.table.files.layout import WriteLayout, partition_path
 from icecrypt.table.files.manifest_write import DATA, to_internal
 from icecrypt.table.model.metadata_columns import LINEAGE
 from icecrypt.table.files.write_io import TableIO
 from icecrypt.table.model.schema import arrow_storage, arrow_write_schema
+from icecrypt.table.model.transforms import truncate_integers
 
 __all__ = ["DataWriteOptions", "conform", "iter_batches", "write_data_files"]
 
@@ -226,7 +228,7 @@ def _transform_array(transform: Transform, source_type: IcebergType, values: pa.
     if isinstance(transform, TruncateTransform):
         width = transform.width
         if isinstance(source_type, (IntegerType, LongType)):
-            return pc.multiply(_floordiv(values, width), width).cast(values.type)
+            return truncate_integers(values, width)  # Java's wrapping arithmetic (model.transforms)
         if isinstance(source_type, StringType):
             return pc.utf8_slice_codeunits(values, 0, width)
         if isinstance(source_type, BinaryType):
@@ -370,7 +372,7 @@ class _PartitionPlan:
             yield values, batch if len(rows) == batch.num_rows else batch.take(rows)
 
     def path(self, values: tuple) -> str:
-        return self.spec.partition_to_path(Record(*values), self.schema)
+        return partition_path(self.spec, self.schema, values)
 
 
 # --- files ------------------------------------------------------------------------------------
@@ -424,13 +426,27 @@ class _ParquetFile:
 
 
 def _statistics_plan(schema: Schema, properties: dict[str, str]) -> dict:
-    """The metrics to keep per field id.  None for the lineage columns: their nulls stand
+    """The metrics to keep per field id, as Iceberg Java's ``MetricsConfig`` and
+    ``ParquetMetrics`` keep them: a field inside structs gets the mode a top-level field
+    would (PyIceberg keeps counts only: no bounds to prune ``addr.zip = 30`` on), a field
+    inside a list or map none at all.  None for the lineage columns too: their nulls stand
     for inherited values, so counts and bounds of the stored values would mislead any
     reader that prunes on them; only their column sizes are recorded."""
     plan = compute_statistics_plan(schema, properties)
+    struct_paths = _struct_path_ids(schema)
+    none = MetricsMode(MetricModeTypes.NONE)
+    default = properties.get("write.metadata.metrics.default", "truncate(16)")
+    for field_id, collector in plan.items():
+        if field_id not in struct_paths:  # inside a list or a map
+            plan[field_id] = replace(collector, mode=none)
+        elif "." in collector.column_name:  # inside structs only
+            mode = match_metrics_mode(properties.get(f"write.metadata.metrics.column.{collector.column_name}", default))
+            if mode.type == MetricModeTypes.TRUNCATE and not isinstance(collector.iceberg_type, (StringType, BinaryType)):
+                mode = MetricsMode(MetricModeTypes.FULL)
+            plan[field_id] = replace(collector, mode=mode)
     for field in LINEAGE:
         if field.field_id in plan:
-            plan[field.field_id] = replace(plan[field.field_id], mode=MetricsMode(MetricModeTypes.NONE))
+            plan[field.field_id] = replace(plan[field.field_id], mode=none)
     return plan
 
 
@@ -439,11 +455,14 @@ def _map_records(values: dict[int, Any]) -> list[dict[str, Any]] | None:
 
 
 def _nan_counts(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[int, int]:
+    """NaN counts of the float and double fields, top-level and inside structs (Java's
+    writer counts both; fields inside lists and maps get no metrics)."""
     counts = {}
-    for field in schema.fields:
-        if isinstance(field.field_type, (FloatType, DoubleType)) and field.field_id in stats_plan:
-            column = table.column(field.name)
-            counts[field.field_id] = int(pc.sum(pc.is_nan(column)).as_py() or 0)
+    for field_id, collector in stats_plan.items():
+        if not isinstance(collector.iceberg_type, (FloatType, DoubleType)) or collector.mode.type == MetricModeTypes.NONE:
+            continue
+        column = _sort_source(table, schema, field_id)
+        counts[field_id] = int(pc.sum(pc.is_nan(column)).as_py() or 0)
     return counts
 
 
@@ -513,7 +532,7 @@ class _PartitionWriter:
     def __init__(self, job: _WriteJob, values: tuple) -> None:
         self._job = job
         self._values = values
-        self._directory = f"{job.location}/data" + (f"/{job.plan.path(values)}" if values else "")
+        self._partition_path = job.plan.path(values) if values else ""
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
         self._file: _ParquetFile | None = None
@@ -539,7 +558,7 @@ class _PartitionWriter:
             self._flush()
 
     def _new_location(self, extension: str) -> str:
-        return f"{self._directory}/{self._job.next_file_name(extension)}"
+        return self._job.layout.data_file(self._job.next_file_name(extension), self._partition_path)
 
     def _flush(self) -> None:
         if not self._buffer:
@@ -607,14 +626,14 @@ class _PartitionWriter:
 class _WriteJob:
     """State shared by the partition writers of one append."""
 
-    def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, location: str,
+    def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, layout: WriteLayout,
                  properties: dict[str, str], options: DataWriteOptions, sort_order_id: int,
                  operation_id: str | None = None, task_id: int = 0, lineage: bool = False,
                  sort_order: SortOrder | None = None) -> None:  # fmt: skip
         self.io = io
         self.schema = schema
         self.plan = _PartitionPlan.create(spec, schema)
-        self.location = location.rstrip("/")
+        self.layout = layout
         self.options = options
         self.sort_order = sort_order if sortable(sort_order, schema) else None
         self.sort_order_id = (
@@ -675,7 +694,7 @@ def write_data_files(
     *,
     schema: Schema,
     spec: PartitionSpec,
-    location: str,
+    layout: WriteLayout,
     properties: dict[str, str],
     options: DataWriteOptions,
     sort_order_id: int = 0,
@@ -684,7 +703,8 @@ def write_data_files(
     lineage: bool = False,
     sort_order: SortOrder | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Write ``data`` as data files of the table at ``location``.
+    """Write ``data`` as data files of a table, where ``layout`` places them (Java's
+    layout: ``write.data.path``, partition directories, object-storage prefixes).
 
     With ``lineage``, ``data`` also has the columns ``_row_id`` and
     ``_last_updated_sequence_number`` (rows moved from other files, with the lineage
@@ -695,7 +715,7 @@ def write_data_files(
     and the finished ones deleted before it propagates, so a failed append leaves
     nothing behind.
     """
-    job = _WriteJob(io, schema, spec, location, properties, options, sort_order_id, operation_id, task_id, lineage,
+    job = _WriteJob(io, schema, spec, layout, properties, options, sort_order_id, operation_id, task_id, lineage,
                     sort_order)  # fmt: skip
     writers: dict[tuple, _PartitionWriter] = {}
     try:

@@ -384,7 +384,8 @@ def rewrite_group(table: Any, plan: RewritePlan, group: RewriteGroup, *, file_fo
             yield from read_task(task, filesystem, cache=cache)
 
     data_files, _ = write_data_files(
-        io, batches(), schema=schema, spec=spec, location=base["location"], properties=properties, options=options,
+        io, batches(), schema=schema, spec=spec, layout=w.write_layout(target, base), properties=properties,
+        options=options,
         sort_order_id=base.get("default-sort-order-id", 0), lineage=plan.lineage,
         sort_order=plan.sort_order if plan.sort_order is not None else table_sort_order(base),
     )  # fmt: skip
@@ -421,7 +422,7 @@ def commit_rewrite(
         if not plan.groups:
             return RewriteDataFilesResult(base.get("current-snapshot-id"))
         specs, schema = w._specs(base), w._schema(base)
-        location = base["location"].rstrip("/")
+        layout = w.write_layout(target, base)
         snapshot_id = w._new_snapshot_id(base)
         default_spec = specs[base.get("default-spec-id", 0)]
         added_entry_manifest = None
@@ -431,7 +432,7 @@ def commit_rewrite(
                  "file_sequence_number": None, "data_file": f}
                 for f in new_files
             ]  # fmt: skip
-            written.append(loc := f"{location}/metadata/{uuid.uuid4()}-m0.avro")
+            written.append(loc := layout.metadata_file(f"{uuid.uuid4()}-m0.avro"))
             added_entry_manifest = write_manifest(io, loc, entries, spec=default_spec, schema=schema, content=DATA)
         cache: dict[str, list] = {}
         rewritten_manifests: dict[tuple[str, frozenset], tuple[WrittenManifest, list]] = {}
@@ -479,7 +480,7 @@ def commit_rewrite(
                     continue
                 key = (m["manifest_path"], hit)
                 if key not in rewritten_manifests:
-                    written.append(loc := f"{location}/metadata/{uuid.uuid4()}-m1.avro")
+                    written.append(loc := layout.metadata_file(f"{uuid.uuid4()}-m1.avro"))
                     rewritten_manifests[key] = _rewrite_manifest(vio, loc, m, entries, removed, snapshot_id, specs, schema)
                 manifest, files = rewritten_manifests[key]
                 new_manifests.append(manifest)
@@ -589,7 +590,7 @@ def rewrite_manifests(
     all_manifests = w._read_manifest_list(io, manager, parent)
     live = _live(io, manager, parent)
     specs, schema = w._specs(base), w._schema(base)
-    location = base["location"].rstrip("/")
+    layout = w.write_layout(target, base)
     snapshot_id = w._new_snapshot_id(base)
     groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for m in all_manifests:
@@ -621,7 +622,7 @@ def rewrite_manifests(
                     e = dict(e)
                     e["status"] = EXISTING
                     chunk.append(e)
-                written.append(loc := f"{location}/metadata/{uuid.uuid4()}-m{len(written)}.avro")
+                written.append(loc := layout.metadata_file(f"{uuid.uuid4()}-m{len(written)}.avro"))
                 new_manifests.append(write_manifest(io, loc, chunk, spec=specs[spec_id], schema=schema, content=content))
         _emit(progress, "commit", snapshot_id=snapshot_id)
 

@@ -54,6 +54,7 @@ from icecrypt.table.commit import store as _commit
 from icecrypt.table.model import changes as _model
 from icecrypt.table.ops import write as w
 from icecrypt.table.files.io import Deletions, Locations
+from icecrypt.table.files.layout import WriteLayout
 from icecrypt.table.files.manifest import read_manifest
 from icecrypt.table.files.manifest_write import ADDED, DATA, write_manifest, write_manifest_list
 from icecrypt.table.model.metadata_columns import LAST_UPDATED_SEQUENCE_NUMBER, ROW_ID, ROW_POSITION, lineage_columns
@@ -236,13 +237,16 @@ def _convert(
     if encrypt:
         manager = EncryptionManager.from_table_metadata(kms, new_base)
     io = TableIO(fs, to_fs_path, manager)
-    _remove_leftovers(locations, to_fs_path, recorded, run)
+    # in place: the table's pinned roots and layout; a new table: its own location
+    layout = (w.write_layout(w._Target.of(table), new_base) if target is None
+              else WriteLayout.of(recorded, new_base.get("properties"), catalog=False))  # fmt: skip
+    _remove_leftovers(locations, to_fs_path, layout, run)
     # what expiry deletes after the commit is listed before it: a failure to read it
     # then fails the conversion, not the deletions after a commit that stands
     old_files = _old_files(table, base, base_location) if expire and target is None else None
     written: list[str] = []
     try:
-        updates, stats = _build(table, base, base_location, new_base, io, manager, recorded, run, row_ids,
+        updates, stats = _build(table, base, base_location, new_base, io, manager, layout, run, row_ids,
                                 target_file_size, written, in_place=target is None)  # fmt: skip
         if target is None:
             updates = [*kind_updates, *updates]
@@ -454,7 +458,7 @@ def _lineage_batches(table: Any, row_ids: dict[str, int] | None) -> tuple[Iterat
 
 def _build(
     table: Any, base: Mapping[str, Any], base_location: str, new_base: dict[str, Any], io: TableIO,
-    manager: EncryptionManager | None, recorded: str, run: str, row_ids: dict[str, int] | None,
+    manager: EncryptionManager | None, layout: WriteLayout, run: str, row_ids: dict[str, int] | None,
     target_file_size: int | None, written: list[str], *, in_place: bool,
 ) -> tuple[list[Any], dict[str, Any]]:
     """Write the new files (each name recorded in ``written`` before it is created) and
@@ -474,7 +478,7 @@ def _build(
         stats.update(counts)
         options = DataWriteOptions.from_properties(properties, target_file_size=target_file_size)
         data_files, started = write_data_files(
-            io, batches, schema=schema, spec=spec, location=recorded, properties=properties, options=options,
+            io, batches, schema=schema, spec=spec, layout=layout, properties=properties, options=options,
             sort_order_id=new_base.get("default-sort-order-id", 0), operation_id=run, lineage=lineage,
         )  # fmt: skip
         written.extend(started)
@@ -482,9 +486,9 @@ def _build(
                     "file_sequence_number": None, "data_file": f} for f in data_files]  # fmt: skip
         manifests = []
         if entries:
-            written.append(loc := f"{recorded}/metadata/{run}-m0.avro")
+            written.append(loc := layout.metadata_file(f"{run}-m0.avro"))
             manifests.append(write_manifest(io, loc, entries, spec=spec, schema=schema, content=DATA))
-        written.append(list_location := f"{recorded}/metadata/snap-{snapshot_id}-1-{run}.avro")
+        written.append(list_location := layout.metadata_file(f"snap-{snapshot_id}-1-{run}.avro"))
         parent = w._current_snapshot(new_base)
         key, next_row_id = write_manifest_list(
             io, list_location, manifests, [], snapshot_id=snapshot_id,
@@ -523,15 +527,15 @@ def _live_file_records(table: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _remove_leftovers(locations: Locations, to_fs_path: Any, recorded: str, run: str) -> None:
+def _remove_leftovers(locations: Locations, to_fs_path: Any, layout: WriteLayout, run: str) -> None:
     """Delete what an interrupted run of this conversion left: its files carry ``run``
     in their names (data files: ``<task>-<pid>-<run>-<n>``; manifests, manifest list)
     and no committed version references them (a version that did would no longer be
     the source this run id was derived from)."""
     fs = locations.filesystem
     deletions = Deletions(locations, f"cleanup of conversion {run}")  # never through a link, never elsewhere
-    for sub in ("data", "metadata"):
-        root = to_fs_path(f"{recorded}/{sub}")
+    for recorded_root in (layout.data_root, layout.metadata_root):
+        root = to_fs_path(recorded_root)
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
             if info.type == pafs.FileType.File and run in info.base_name:
                 deletions.path(info.path)

@@ -101,14 +101,14 @@ def cherry_pick(table: Any, snapshot_id: int) -> int:
     if wap_id:
         extra[PUBLISHED_WAP_ID] = wap_id
     extra[SOURCE_SNAPSHOT_ID] = str(snapshot_id)
-    location = base["location"].rstrip("/")
+    layout = w.write_layout(target, base)
     commit_id = uuid.uuid4()
     specs, schema = w._specs(base), w._schema(base)
     written: list[str] = []
     try:
         manifests = []
         for n, (spec_id, files) in enumerate(sorted(by_spec.items())):
-            written.append(path := f"{location}/metadata/{commit_id}-m{n}.avro")
+            written.append(path := layout.metadata_file(f"{commit_id}-m{n}.avro"))
             manifests.append(write_manifest(io, path, w._added_entries(files, new_id), spec=specs[spec_id],
                                             schema=schema, content=DATA))  # fmt: skip
         added = [f for files in by_spec.values() for f in files]

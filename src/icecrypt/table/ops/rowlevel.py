@@ -336,7 +336,7 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
     snapshot_id = _write._new_snapshot_id(metadata)
     schema = _write._schema(metadata)
     specs = _write._specs(metadata)
-    location = metadata["location"].rstrip("/")
+    layout = _write.write_layout(target, metadata)
     commit_id = str(uuid.uuid4())
     manager = target.manager(metadata)
     io = target.io(manager)
@@ -350,21 +350,21 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
         if plan.new_rows is not None and plan.new_rows.num_rows:
             properties = metadata.get("properties") or {}
             rewritten, started = write_data_files(
-                io, plan.new_rows, schema=schema, spec=spec, location=metadata["location"], properties=properties,
+                io, plan.new_rows, schema=schema, spec=spec, layout=layout, properties=properties,
                 options=DataWriteOptions.from_properties(properties), lineage=True,
                 sort_order_id=metadata.get("default-sort-order-id", 0), sort_order=table_sort_order(metadata),
             )  # fmt: skip
             written += started
             data_files += rewritten
         if data_files:
-            written.append(manifest_location := f"{location}/metadata/{commit_id}-m0.avro")
+            written.append(manifest_location := layout.metadata_file(f"{commit_id}-m0.avro"))
             once.append(write_manifest(
                 io, manifest_location, _write._added_entries(data_files, snapshot_id), spec=spec, schema=schema,
                 content=DATA,
             ))  # fmt: skip
             added += data_files
         if plan.vectors:
-            written.append(puffin_location := f"{location}/data/00000-0-{commit_id}-00001.puffin")
+            written.append(puffin_location := layout.data_file(f"00000-0-{commit_id}-00001.puffin"))
             content, placements = puffin_file(
                 [DeletionVector(v.data_file["file_path"], v.positions) for v in plan.vectors]
             )
@@ -375,7 +375,7 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
                 added.append(record)
                 by_spec.setdefault(vector.spec_id, []).append(_write._added_entries([record], snapshot_id)[0])
             for n, (spec_id, entries) in enumerate(sorted(by_spec.items()), 1):
-                written.append(manifest_location := f"{location}/metadata/{commit_id}-d{n}.avro")
+                written.append(manifest_location := layout.metadata_file(f"{commit_id}-d{n}.avro"))
                 once.append(write_manifest(
                     io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=POSITION_DELETES
                 ))  # fmt: skip
@@ -387,7 +387,7 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
                 _validate(version_io, version_manager, version, base.head_id, plan, target.metadata_location,
                           base.branch)  # fmt: skip
             return _change_on(version_io, version_manager, version, plan, once, added, snapshot_id,
-                              f"{location}/metadata/{commit_id}-r{next(attempts)}", base.branch)  # fmt: skip
+                              layout.metadata_file(f"{commit_id}-r{next(attempts)}"), base.branch)  # fmt: skip
 
         _write._commit_change(
             target, base.location, base.metadata, build, snapshot_id=snapshot_id, retry=True,

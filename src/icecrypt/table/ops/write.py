@@ -63,8 +63,9 @@ from icecrypt.table.files.manifest_write import (
     write_manifest,
     write_manifest_list,
 )
-from icecrypt.table.commit.pin import check_unambiguous
+from icecrypt.table.commit.pin import TablePin, check_unambiguous
 from icecrypt.table.model.retention import plan_expiry
+from icecrypt.table.files.layout import WriteLayout
 from icecrypt.table.files.write_data import DataWriteOptions, table_sort_order, write_data_files
 from icecrypt.table.files.write_dv import DeletionVector, decode_dv, puffin_file
 from icecrypt.table.files.write_io import TableIO
@@ -439,7 +440,7 @@ def _commit_change(
         manager = target.manager(version)
         keys_whole = target.check_base_keys(version_location, version, manager)
         change = build(version, manager)
-        list_location = f"{version['location'].rstrip('/')}/metadata/snap-{snapshot_id}-{n}-{commit_id}.avro"
+        list_location = write_layout(target, version).metadata_file(f"snap-{snapshot_id}-{n}-{commit_id}.avro")
         updates = _snapshot_updates(
             target, version, manager, change, snapshot_id, list_location, branch=branch, stage_only=stage_only
         )
@@ -479,6 +480,17 @@ def _commit_planned(
         target, base_location, base, lambda _version, _manager: change, snapshot_id=snapshot_id, retry=False,
         branch=branch,
     )  # fmt: skip
+
+
+def write_layout(target: _Target, metadata: dict[str, Any]) -> WriteLayout:
+    """Where the table's new files go: under its pinned roots (the table object's pin,
+    never a root read from a newer version; ``metadata``'s own when nothing is pinned)
+    in the layout ``metadata``'s properties ask for (Java's ``LocationProviders``).
+    ValueError for a layout Iceberg Java refuses (deprecated location properties, a path
+    table with ``write.metadata.path``), before anything is written."""
+    pin = target.pin if target.pin is not None else TablePin.from_metadata(metadata)
+    return WriteLayout.of(pin.location, metadata.get("properties"), data_path=pin.data_location,
+                          metadata_path=pin.metadata_dir, catalog=target.store is not None)  # fmt: skip
 
 
 # --- create -----------------------------------------------------------------------------------
@@ -634,7 +646,7 @@ def _write_new_data(
     properties = base.get("properties") or {}
     options = DataWriteOptions.from_properties(properties, file_format=file_format, target_file_size=target_file_size)
     data_files, started = write_data_files(
-        io, data, schema=schema, spec=spec, location=base["location"], properties=properties,
+        io, data, schema=schema, spec=spec, layout=write_layout(target, base), properties=properties,
         options=options, sort_order_id=base.get("default-sort-order-id", 0), operation_id=operation_id,
         task_id=task_id, sort_order=table_sort_order(base), lineage=lineage,
     )  # fmt: skip
@@ -695,7 +707,7 @@ def remove_job_leftovers(
         with contextlib.suppress(ValueError):  # a file outside the table is nobody's to keep here
             keep_fs.add(locations.to_fs_path(path))
     dirs = {posixpath.dirname(path) for path in keep_fs}
-    for directory in (*directories, f"{table.pin.location}/data"):
+    for directory in (*directories, table.pin.data_location or f"{table.pin.location}/data"):
         try:
             dirs.add(locations.delete_path(directory, what="directory"))
         except ValueError:  # outside the table: never listed, never cleaned
@@ -749,7 +761,8 @@ def append_files(
             return _model.ref_snapshot(base, branch)
         _check_data_files(io, data_files)
         snapshot_id = _new_snapshot_id(base)
-        manifest_location = f"{base['location'].rstrip('/')}/metadata/{uuid.uuid4()}-m0.avro"
+        layout = write_layout(target, base)
+        manifest_location = layout.metadata_file(f"{uuid.uuid4()}-m0.avro")
         written.append(manifest_location)
         manifest = write_manifest(
             io, manifest_location, _added_entries(data_files, snapshot_id),
@@ -765,7 +778,8 @@ def append_files(
             kept = []
             if parent is not None:
                 kept = [m for m in _read_manifest_list(target.io(manager), manager, parent) if _has_live_files(m)]
-            change = _merge_append(target.io(manager), version, manifest, kept, data_files, snapshot_id, merged_written)
+            change = _merge_append(target.io(manager), version, manifest, kept, data_files, snapshot_id, merged_written,
+                                   layout)
             change.summary_extra.update(extra)
             change.summary_extra.update(extra_summary)
             last[:] = [change]
@@ -794,6 +808,7 @@ def _merge_append(
     data_files: list[dict[str, Any]],
     snapshot_id: int,
     merged_written: list[str],
+    layout: WriteLayout,
 ) -> _Change:
     """An append's change, its manifests merged as Java's MergeAppend merges them
     (``icecrypt.table.files.merge``): data and delete manifests separately."""
@@ -802,11 +817,10 @@ def _merge_append(
     settings = MergeSettings.from_properties(version.get("properties"))
     if not settings.enabled:
         return _Change("append", [manifest], kept, added_files=data_files)
-    location = version["location"].rstrip("/")
     common = dict(
         settings=settings, snapshot_id=snapshot_id, specs=_specs(version), schema=_schema(version),
         read_entries=lambda record: _read_entries(io, record), io=io,
-        new_location=lambda: f"{location}/metadata/{uuid.uuid4()}-m0.avro", written=merged_written,
+        new_location=lambda: layout.metadata_file(f"{uuid.uuid4()}-m0.avro"), written=merged_written,
     )  # fmt: skip
     data, replaced_data = merge_manifests([manifest, *(m for m in kept if m["content"] == DATA)], **common)
     deletes, replaced_deletes = merge_manifests([m for m in kept if m["content"] != DATA], **common)
@@ -937,7 +951,7 @@ def _commit_overwrite(
     """The commit half of an overwrite on top of ``base``: ``data_files`` added, every
     live file of the branch's head snapshot marked DELETED.  Whatever ``written`` lists (the
     new data files; the manifests written here join it) is deleted if this raises."""
-    location = base["location"].rstrip("/")
+    layout = write_layout(target, base)
     commit_id = str(uuid.uuid4())
     snapshot_id = _new_snapshot_id(base)
     try:
@@ -949,7 +963,7 @@ def _commit_overwrite(
         new_manifests: list[WrittenManifest] = []
         replaced = 0
         if data_files:
-            manifest_location = f"{location}/metadata/{commit_id}-m0.avro"
+            manifest_location = layout.metadata_file(f"{commit_id}-m0.avro")
             written.append(manifest_location)
             new_manifests.append(write_manifest(
                 io, manifest_location, _added_entries(data_files, snapshot_id), spec=spec, schema=schema, content=DATA
@@ -970,7 +984,7 @@ def _commit_overwrite(
                     removed.append(entry["data_file"])
             specs = _specs(base)
             for n, ((content, spec_id), entries) in enumerate(sorted(groups.items(), key=lambda kv: kv[0]), 1):
-                manifest_location = f"{location}/metadata/{commit_id}-m{n}.avro"
+                manifest_location = layout.metadata_file(f"{commit_id}-m{n}.avro")
                 written.append(manifest_location)
                 new_manifests.append(write_manifest(
                     io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=content
@@ -1163,12 +1177,12 @@ def _commit_delete(
     vectors: list[_Vector],
     branch: str = _model.MAIN_BRANCH,
 ) -> int:
-    location = base["location"].rstrip("/")
+    layout = write_layout(target, base)
     commit_id = str(uuid.uuid4())
     snapshot_id = _new_snapshot_id(base)
     specs = _specs(base)
     written: list[str] = []
-    names = (f"{location}/metadata/{commit_id}-m{n}.avro" for n in range(1 << 30))
+    names = (layout.metadata_file(f"{commit_id}-m{n}.avro") for n in range(1 << 30))
     try:
         new_manifests: list[WrittenManifest] = []
         kept: list[dict[str, Any]] = []
@@ -1196,7 +1210,7 @@ def _commit_delete(
             ))  # fmt: skip
         added: list[dict[str, Any]] = []
         if vectors:
-            written.append(puffin_location := f"{location}/data/00000-0-{commit_id}-00001.puffin")
+            written.append(puffin_location := layout.data_file(f"00000-0-{commit_id}-00001.puffin"))
             content_bytes, placements = puffin_file(
                 [DeletionVector(v.data_file["file_path"], v.positions) for v in vectors]
             )

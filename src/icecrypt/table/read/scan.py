@@ -79,6 +79,7 @@ from icecrypt.table.files.read import (
     read_task,
 )
 from icecrypt.table.read.travel import resolve_read
+from icecrypt.table.model.transforms import java_spec
 
 if TYPE_CHECKING:
     from icecrypt.table.commit.state import TableView
@@ -250,7 +251,8 @@ class _Evaluators:
         self._widened = () if self.trivial else _widened_bounds(table, schema)
 
     def _projected(self, spec_id: int) -> BooleanExpression:
-        return inclusive_projection(self.schema, self.specs[spec_id], self.case_sensitive)(self.row_filter)
+        # Java's truncate arithmetic: the partition values Java and icecrypt write
+        return inclusive_projection(self.schema, java_spec(self.specs[spec_id]), self.case_sensitive)(self.row_filter)
 
     def manifest(self, manifest: ManifestFile) -> bool:
         if self.trivial:
