@@ -93,13 +93,17 @@ class _CatalogTableStore:
     the table reads paths on its filesystem.  Paths read from the catalog are mapped back
     to what the catalog holds, so a swap compares against the catalog's exact string."""
 
-    def __init__(self, catalog: Catalog, namespace: tuple[str, ...], name: str, locations: Locations, location: str):
+    def __init__(
+        self, catalog: Catalog, namespace: tuple[str, ...], name: str, locations: Locations, location: str,
+        metadata_dir: str | None = None,
+    ):
         self.catalog = catalog
         self.namespace = namespace
         self.name = name
         self.locations = locations
-        # the recorded metadata directory of the table's location, and its path
-        self._metadata_dir = (location.rstrip("/") + "/metadata", locations.to_fs_path(location.rstrip("/") + "/metadata"))
+        # the recorded metadata directory (write.metadata.path, else <location>/metadata), and its path
+        recorded_dir = (metadata_dir or location.rstrip("/") + "/metadata").rstrip("/")
+        self._metadata_dir = (recorded_dir, locations.to_fs_path(recorded_dir))
         self._recorded: dict[str, str] = {}
         # path -> the SHA-256 the catalog recorded for that metadata file (None: none
         # recorded for it: a commit by another engine, or a table recorded before digests)
@@ -436,8 +440,10 @@ class Catalog:
 
     # --- tables -----------------------------------------------------------------------------
 
-    def _store(self, namespace: tuple[str, ...], name: str, location: str) -> _CatalogTableStore:
-        return _CatalogTableStore(self, namespace, name, self._locations(location), location)
+    def _store(
+        self, namespace: tuple[str, ...], name: str, location: str, metadata_dir: str | None = None
+    ) -> _CatalogTableStore:
+        return _CatalogTableStore(self, namespace, name, self._locations(location), location, metadata_dir)
 
     def create_table(
         self,
@@ -465,7 +471,7 @@ class Catalog:
         if "://" not in location:
             location = os.path.abspath(location)
         self._check_new_location(namespace, name, location, default=default)
-        store = self._store(namespace, name, location)
+        store = self._store(namespace, name, location, (properties or {}).get("write.metadata.path"))
         filesystem = store.locations.filesystem
         _write.create_metadata(
             location, schema, kms=self.kms if table_key_id is not None else self._kms, table_key_id=table_key_id,

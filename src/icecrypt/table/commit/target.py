@@ -25,6 +25,17 @@ __all__ = ["FORMAT_VERSION"]
 FORMAT_VERSION = 3
 
 
+WRITE_METADATA_PATH = "write.metadata.path"
+
+
+def metadata_root(metadata: dict[str, Any]) -> str:
+    """Where the metadata files of the table ``metadata`` describes go, as Iceberg Java's
+    ``BaseMetastoreTableOperations.metadataFileLocation`` says: ``write.metadata.path``
+    when set, else ``<location>/metadata``."""
+    custom = (metadata.get("properties") or {}).get(WRITE_METADATA_PATH)
+    return custom.rstrip("/") if custom else f"{str(metadata['location']).rstrip('/')}/metadata"
+
+
 def check_format_version(location: str, metadata: dict[str, Any]) -> None:
     """Refuse (ValueError) to write on a version not of the format icecrypt writes."""
     if metadata.get("format-version") != FORMAT_VERSION:
@@ -149,10 +160,17 @@ class _Target:
         nothing was committed.  ``retired``: KEKs a key rotation retired (id, digest), kept
         by a catalog.  ``sealer``: authenticates the new version (:meth:`sealer`); a new
         encrypted table is authenticated without one given."""
+        properties = metadata.get("properties") or {}
+        if self.store is None and properties.get(WRITE_METADATA_PATH):
+            # as Java's HadoopTableOperations: a path table's metadata lies in <location>/metadata
+            raise ValueError(
+                f"{base_location or metadata.get('location')}: a path table cannot relocate its metadata "
+                f"({WRITE_METADATA_PATH} is for catalog tables); nothing committed"
+            )
         if base_location is None:
-            if sealer is None and self.kms is not None and (metadata.get("properties") or {}).get(ENCRYPTION_TABLE_KEY):
+            if sealer is None and self.kms is not None and properties.get(ENCRYPTION_TABLE_KEY):
                 sealer = self.sealer(None, metadata, EncryptionManager.from_table_metadata(self.kms, metadata))
-            metadata_dir = self.to_fs_path(f"{metadata['location'].rstrip('/')}/metadata")
+            metadata_dir = self.to_fs_path(metadata_root(metadata))
             if self.store is None:
                 return _commit.create_table_metadata(self.filesystem, metadata_dir, metadata, sealer=sealer)
             return _commit.commit_metadata_to_store(
@@ -161,9 +179,13 @@ class _Target:
         if self.store is None:
             return _commit.commit_metadata(self.filesystem, base_location, metadata, base=base, sealer=sealer)
         rotation = pin.table_key_id if pin is not None and pin != self.pin else None
+        # a catalog table's metadata files go where Java's metastore catalogs put them:
+        # write.metadata.path as pinned, else <location>/metadata
+        pinned = pin if pin is not None else self.pin
+        root = (pinned.metadata_dir or f"{pinned.location}/metadata") if pinned is not None else metadata_root(metadata)
         return _commit.commit_metadata_to_store(
             self.filesystem, self.store, base_location, metadata, base=base, rotate_to=rotation, retired=retired,
-            sealer=sealer,
+            sealer=sealer, metadata_dir=self.to_fs_path(root),
         )
 
     def latest(self, *, any_format_version: bool = False) -> tuple[str, dict[str, Any]]:

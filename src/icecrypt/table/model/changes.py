@@ -360,7 +360,9 @@ class Change:
 def log_previous(metadata: dict[str, Any], base: Mapping[str, Any], base_location: str) -> None:
     """Append the base version to ``metadata-log`` of ``metadata`` (a copy being built),
     trimmed to ``write.metadata.previous-versions-max`` entries as Java trims it."""
-    recorded = f"{base['location'].rstrip('/')}/metadata/{posixpath.basename(base_location)}"
+    custom = (base.get("properties") or {}).get("write.metadata.path")  # where Java puts a catalog table's files
+    root = custom.rstrip("/") if custom else f"{base['location'].rstrip('/')}/metadata"
+    recorded = f"{root}/{posixpath.basename(base_location)}"
     log = list(metadata.get("metadata-log") or []) + [
         {"timestamp-ms": base.get("last-updated-ms", 0), "metadata-file": recorded}
     ]
