@@ -549,7 +549,7 @@ def file_key_metadata(raw: Any, what: str, location: str, *, encrypted: bool, ne
 
 def open_plain_avro(what: str, location: str, filesystem: pafs.FileSystem, path: str, *, kind: str) -> Any:
     """The records of an Avro file of a plaintext table, read with the same checks as
-    an encrypted table's (schema, per-block budgets: ``icecrypt._avro_guard``); an AGS1
+    an encrypted table's (schema, per-block budgets: ``icecrypt.avro._guard``); an AGS1
     file is refused (the table has no key for it)."""
     from icecrypt.avro import _unencrypted_records
 
@@ -575,7 +575,7 @@ def open_avro(
     Encrypted tables read through :func:`icecrypt.avro.read_records` (AGS1, trusted
     length); plaintext tables read plain Avro and refuse an AGS1 file.  Either way the
     schema must be one Iceberg writes for manifests and manifest lists and every block
-    is decoded under a budget (``icecrypt._avro_guard``).  Errors, also those raised
+    is decoded under a budget (``icecrypt.avro._guard``).  Errors, also those raised
     while iterating inside the ``with`` block, name the file.
     """
     fs = locations.filesystem
