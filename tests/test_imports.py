@@ -152,6 +152,7 @@ def _import_alone(name: str) -> tuple[str, int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~80 interpreters, some importing pyspark: a minute on a quiet machine
 def test_every_module_imports_in_a_fresh_interpreter():
     """Each module imported first, alone, in a new interpreter (what a Spark worker or a
     user's script does): an import that only works after another module was imported
