@@ -1,7 +1,8 @@
 # icecrypt — the two commands of the quick start, and the pieces they are made of.
 #   make demo    the main job on the embedded default (local files, local keystore KMS)
-#   make test    the whole test suite (first proves that OpenSSL's source can still be
-#                fetched and verified into an empty cache: `make fetch-check`)
+#   make test    the whole test suite, on every core (first proves that OpenSSL's source can
+#                still be fetched and verified into an empty cache: `make fetch-check`)
+#   make test-quick   the inner loop: the suite without Spark and the slow tests (minutes)
 #   make wheel   dist/: an sdist and a manylinux wheel (auditwheel-repaired), checked, with
 #                icecrypt's Spark jar (scripts/build-jar.sh: javac against pyspark's jars)
 #   make wheel-test   that wheel installed into a fresh venv, the suites run against it
@@ -18,8 +19,13 @@ JAR := src/icecrypt/spark/icecrypt-spark.jar
 JAVA := $(shell find java/src -name '*.java') scripts/build-jar.sh
 NATIVE := src/icecrypt/_gcm.pyx src/icecrypt/_native/gcm.c include/icecrypt/gcm.h setup.py
 PYTEST_ARGS ?=
+# pytest-xdist workers (`auto`: one per core; 0 runs in one process).  Each worker starts its
+# own key servers and Spark session (stopped by PID, and by tests/servers/reaper.py if the
+# worker is killed); files are kept whole on one worker so module fixtures are built once.
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: all demo test bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro bench-abi3 fuzz sanitize
+.PHONY: all demo test test-quick bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro bench-abi3 fuzz sanitize
 
 all: build
 
@@ -53,7 +59,12 @@ build: system $(VENV)/.native $(JAR)
 
 # Every key server and device must run: a missing one fails instead of skipping.
 test: build fetch-check
-	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(PYTEST_ARGS)
+	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# Everything but the tests that need Spark and the ones marked slow: the loop while editing
+# (`make test` before pushing).
+test-quick: build
+	$(PY) -m pytest $(XDIST) -m "not spark and not slow" $(PYTEST_ARGS)
 
 # The cold path, every time: fetch OpenSSL's source into an empty cache, verify it, configure.
 fetch-check: system

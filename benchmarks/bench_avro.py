@@ -40,7 +40,7 @@ import pyarrow as pa
 
 import icecrypt
 from icecrypt import ags1, avro
-from icecrypt._avro_arrow import writable_rows
+from icecrypt.avro._arrow import writable_rows
 
 
 def make_table(rows: int, seed: int = 7) -> pa.Table:

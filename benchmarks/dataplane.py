@@ -294,7 +294,7 @@ def _plain_avro_reader(avro_module) -> Callable[[str], pa.Table]:
     batch builder), applied to a plaintext Avro file read from disk."""
     import fastavro
 
-    from icecrypt._avro_arrow import (
+    from icecrypt.avro._arrow import (
         BatchBuilder,
         expand,
         to_arrow_schema,

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from spark_fixtures import start_spark, stop_spark
 
 from icecrypt.kms.local import LocalKms
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable
 
 MASTER = "master"

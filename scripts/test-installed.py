@@ -58,8 +58,16 @@ def main(argv: list[str]) -> int:
                 if isinstance(value, list):
                     value = "".join(f"\n    {item}" for item in value)
                 ini.write(f"{key} = {value}\n")
-        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
+        # on every core when pytest-xdist is there (the test extra has it), files kept whole
+        xdist = ["-n", os.environ.get("TEST_WORKERS", "auto"), "--dist", "loadfile"] if _has("xdist") else []
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *xdist, *args]
         return subprocess.run(command, cwd=work, env=env).returncode
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 if __name__ == "__main__":

@@ -21,6 +21,14 @@ settings.register_profile("expensive", deadline=None, max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the shared Spark session (directly or through another fixture) is a
+    Spark test, marked or not: ``-m "not spark"`` (``make test-quick``) leaves it out."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(scope="session")
 def vectors():
     """manifest.json of ../shared/vectors (Iceberg Java's ground truth); never copied."""

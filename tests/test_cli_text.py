@@ -1,4 +1,4 @@
-"""icecrypt._cli_text: what the command line does to text from storage before a terminal
+"""icecrypt.cli._text: what the command line does to text from storage before a terminal
 sees it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from icecrypt._cli_text import SafeStream, safe, safe_lines
+from icecrypt.cli._text import SafeStream, safe, safe_lines
 
 
 @pytest.mark.parametrize(

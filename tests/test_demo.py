@@ -26,6 +26,10 @@ def test_demo_end_to_end(tmp_path):
     for step in ("1. keystore", "2. 30,000 orders", "4. PySpark", "5. verify", "5b.", "6. new KEK", "7. after rotation", "8. one flipped byte"):
         assert step in out, out
     assert "all checks passed" in out and "found: " in out
+    # the table is read natively (a session built with icecrypt.spark.configure), and the
+    # Python path's figure is shown beside it
+    assert "with Spark's own Parquet reader;" in out and "NOT TAKEN" not in out, out
+    assert "the same through Python tasks" in out and "(through Python tasks " in out, out
     assert "{'PARE'" in out or "'PARE'" in out
     # the keystore never leaks: no base64 of its master key in the output
     import json

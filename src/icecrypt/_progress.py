@@ -16,7 +16,7 @@ class Progress:
     def __init__(self, total: int, label: str, *, threshold: int = 64 << 20, stream: TextIO | None = None):
         self.stream = stream if stream is not None else sys.stderr
         # the bar's own "\r" must reach the terminal: past the CLI's escaping stream
-        # (icecrypt._cli_text.SafeStream); the label is the CLI's, never from storage
+        # (icecrypt.cli._text.SafeStream); the label is the CLI's, never from storage
         self.stream = getattr(self.stream, "unescaped", self.stream)
         self.total = total
         self.label = label

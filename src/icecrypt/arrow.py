@@ -69,6 +69,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from icecrypt import ags1
+from icecrypt._encrypting import EncryptingHandler, is_encrypted_filesystem
 from icecrypt._encfs import (
     EncryptingStream,
     KeyAccess,
@@ -89,17 +90,6 @@ __all__ = [
 
 # Filesystems whose ``move`` of a file is an atomic rename within one directory.
 _RENAMING_TYPES = frozenset({"local", "hdfs", "mock"})
-
-
-def is_encrypted_filesystem(filesystem: Any) -> bool:
-    """Whether ``filesystem`` encrypts: a :class:`pyarrow.fs.PyFileSystem` made by
-    :meth:`EncryptedFileSystem.wrap`, or a SubTreeFileSystem view of one (for callers
-    that must not encrypt twice)."""
-    while isinstance(filesystem, pafs.SubTreeFileSystem):
-        filesystem = filesystem.base_fs
-    return isinstance(filesystem, pafs.PyFileSystem) and isinstance(
-        filesystem.handler, EncryptedFileSystemHandler
-    )
 
 
 def _renames_atomically(fs: pafs.FileSystem) -> bool:
@@ -224,7 +214,7 @@ def _arrow_entry(method: Callable[..., Any]) -> Callable[..., Any]:
     return entry
 
 
-class EncryptedFileSystemHandler(KeyAccess, pafs.FileSystemHandler):
+class EncryptedFileSystemHandler(EncryptingHandler, KeyAccess, pafs.FileSystemHandler):
     """The :class:`pyarrow.fs.FileSystemHandler` behind :meth:`EncryptedFileSystem.wrap`.
 
     ``base``: the filesystem holding the stored (encrypted) bytes.  ``manager``: source of

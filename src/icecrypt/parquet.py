@@ -38,7 +38,6 @@ import os
 import posixpath
 import re
 import secrets
-import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ import pyarrow.parquet as pq
 import pyarrow.parquet.encryption as pqe
 
 from icecrypt._atomic import fsync_directory
+from icecrypt._encrypting import is_encrypted_filesystem
 from icecrypt.errors import AuthenticationError, FormatError
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.keys.manager import AAD_PREFIX_LENGTH, DEFAULT_DATA_KEY_LENGTH
@@ -218,10 +218,8 @@ def _base_filesystem(filesystem: pafs.FileSystem) -> pafs.FileSystem:
 
 def _is_encrypting_filesystem(filesystem: pafs.FileSystem) -> bool:
     """Whether ``filesystem`` (or the base of a SubTreeFileSystem) is icecrypt.arrow's
-    EncryptedFileSystem, which would encrypt the natively encrypted bytes again.  (If
-    icecrypt.arrow was never imported, no such filesystem can exist.)"""
-    arrow = sys.modules.get("icecrypt.arrow")
-    return arrow is not None and arrow.is_encrypted_filesystem(_base_filesystem(filesystem))
+    EncryptedFileSystem, which would encrypt the natively encrypted bytes again."""
+    return is_encrypted_filesystem(_base_filesystem(filesystem))
 
 
 def _renames_atomically(filesystem: pafs.FileSystem) -> bool:

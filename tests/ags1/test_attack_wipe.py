@@ -8,7 +8,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from icecrypt import ags1, avro
-from icecrypt._avro_container import Plaintext
+from icecrypt.avro._container import Plaintext
 from icecrypt.keys import StandardKeyMetadata
 
 KEY = bytes(range(16))

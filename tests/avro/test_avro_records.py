@@ -14,7 +14,7 @@ from vectorlib import TABLES_DIR
 
 import icecrypt
 from icecrypt import ags1, avro
-from icecrypt._avro_container import Plaintext, iter_blocks, read_header
+from icecrypt.avro._container import Plaintext, iter_blocks, read_header
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata
 from icecrypt.kms.memory import MemoryKms
 

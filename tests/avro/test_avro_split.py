@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from icecrypt import ags1, avro
-from icecrypt._avro_container import Plaintext, iter_blocks, read_header
+from icecrypt.avro._container import Plaintext, iter_blocks, read_header
 
 BS = ags1.PLAIN_BLOCK_SIZE
 SCHEMA = {

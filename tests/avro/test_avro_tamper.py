@@ -12,7 +12,7 @@ import pytest
 
 import icecrypt
 from icecrypt import ags1, avro
-from icecrypt._avro_container import Header
+from icecrypt.avro._container import Header
 from icecrypt.keys import StandardKeyMetadata
 
 KEY = bytes(range(16))

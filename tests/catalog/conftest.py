@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from servers import HOST, ServerStartError, free_port, unavailable, wait_for_port
+from servers import HOST, ServerStartError, free_port, unavailable, unwatch, wait_for_port, watch
 
 from icecrypt.kms.memory import MemoryKms
 
@@ -181,6 +181,7 @@ def postgres_server() -> Iterator[PostgresServer]:
             )  # fmt: skip
         finally:
             server_log.close()
+        watch(proc.pid, remove=root)  # stopped and removed even if pytest is killed
         try:
             wait_for_port(HOST, port, timeout=30, proc=proc)
         except ServerStartError as exc:
@@ -193,6 +194,8 @@ def postgres_server() -> Iterator[PostgresServer]:
         if proc is not None:
             _stop(proc)
         shutil.rmtree(root, ignore_errors=True)
+        if proc is not None:
+            unwatch(proc.pid, remove=root)
 
 
 @pytest.fixture

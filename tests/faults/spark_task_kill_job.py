@@ -27,7 +27,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from icecrypt.spark._avro import AvroDataSource, AvroWriter
-from icecrypt.spark._iceberg import IcebergDataSource, IcebergWriter
+from icecrypt.spark._iceberg import IcebergWriter
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.spark._parquet import ParquetDataSource, ParquetWriter
 
 KILL_PARTITION = "test.kill-partition"

@@ -3,7 +3,7 @@ them (no decryption in front: every byte of the input reaches the decoder): a ma
 list (``read_manifest_list``), a manifest (``read_manifest``) or an Avro data file (the
 checked reader the scan uses, ``_AvroFile.unencrypted``: records and Arrow batches).
 These went straight to fastavro before; now they pass the schema check and the per-block
-budgets of ``icecrypt._avro_guard`` as an encrypted table's files do.
+budgets of ``icecrypt.avro._guard`` as an encrypted table's files do.
 
 Input: ``kind | Avro file``.  ``kind % 3``: 0 a manifest list, 1 a manifest of a
 plaintext table written here at start-up (its partition spec and schema are used),
@@ -31,7 +31,7 @@ import pyarrow as pa
 from fuzzlib import Finding, Input, table_plaintexts, workdir, write_file
 
 from icecrypt import DecryptionError
-from icecrypt._avro_container import _zigzag
+from icecrypt.avro._container import _zigzag
 from icecrypt.avro import _AvroFile
 from icecrypt.table import EncryptedTable, Locations
 from icecrypt.table.files.manifest import ManifestFile, read_manifest, read_manifest_list

@@ -9,7 +9,8 @@ import stat
 
 import pytest
 
-from icecrypt import FormatError, KmsKeyNotFoundError, _cli_keys, ags1
+from icecrypt import FormatError, KmsKeyNotFoundError, ags1
+from icecrypt.cli import _keys as _cli_keys
 from icecrypt.keys import EncryptionManager, StandardKeyMetadata, read_encryption_keys
 from icecrypt.kms.local import LocalKms
 from icecrypt.kms.memory import MemoryKms

@@ -3,7 +3,9 @@
 Every server listens on 127.0.0.1 only, on a port picked here, and runs in its own
 session (process group) so that stopping it stops its children too.  A server is always
 stopped by its own process id: :func:`stop_process` sends SIGTERM to the group, waits a
-bounded time, then SIGKILLs the group and reaps the process.
+bounded time, then SIGKILLs the group and reaps the process.  Every group started here is
+also announced to a reaper process (``servers/reaper.py``) that stops it if the process
+that started it ends without doing so (pytest stopped by SIGTERM, SIGKILL, a timeout).
 
 The signatures of :func:`free_port`, :func:`wait_for_port`, :func:`start_process` and
 :func:`stop_process` are shared by all the server modules in this package; keep them stable.
@@ -21,6 +23,9 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from servers.reaper import group_alive as _group_alive
+from servers.reaper import signal_group as _signal_group
+
 __all__ = [
     "HOST",
     "ServerStartError",
@@ -36,6 +41,8 @@ __all__ = [
     "venv_bin",
     "unavailable",
     "require_module",
+    "watch",
+    "unwatch",
 ]
 
 #: the only address local servers listen on
@@ -135,6 +142,42 @@ def _name(proc: subprocess.Popen) -> str:
     return str(args)
 
 
+_reaper: tuple[int, int, subprocess.Popen] | None = None  # (owner pid, pipe write end, reaper)
+
+
+def _announce(line: str, *, start: bool = True) -> None:
+    """Send one line to this process's reaper, starting it on first use (with ``start``)."""
+    global _reaper
+    if _reaper is None or _reaper[0] != os.getpid():  # none yet, or a forked child's copy
+        if not start:
+            return
+        read_end, write_end = os.pipe()  # not inherited by other children: only the reaper holds it
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py"), str(read_end)],
+                pass_fds=(read_end,), stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            os.close(read_end)
+        _reaper = (os.getpid(), write_end, proc)
+    os.write(_reaper[1], (line + "\n").encode())
+
+
+def watch(pgid: int, *, remove: str | os.PathLike[str] | None = None) -> None:
+    """Have the reaper stop process group ``pgid`` (and remove the directory ``remove``) if
+    this process ends before :func:`unwatch` is called for it."""
+    _announce(f"+{pgid}")
+    if remove is not None:
+        _announce(f"+rm {os.fspath(remove)}")
+
+
+def unwatch(pgid: int, *, remove: str | os.PathLike[str] | None = None) -> None:
+    """``pgid`` was stopped (and ``remove`` removed) by its owner: the reaper forgets them."""
+    _announce(f"-{pgid}", start=False)
+    if remove is not None:
+        _announce(f"-rm {os.fspath(remove)}", start=False)
+
+
 def start_process(
     args: Sequence[str | os.PathLike[str]],
     *,
@@ -147,7 +190,8 @@ def start_process(
 
     Standard input is closed; stdout and stderr go to ``log_path`` (appended) or are
     discarded.  ``env`` is merged over the current environment.  Extra keyword arguments
-    go to :class:`subprocess.Popen`.  Stop it with :func:`stop_process`.
+    go to :class:`subprocess.Popen`.  Stop it with :func:`stop_process`; the reaper stops
+    it if this process ends first.
     """
     full_env = dict(os.environ)
     if env:
@@ -157,7 +201,7 @@ def start_process(
             out = stack.enter_context(open(log_path, "ab"))  # the child keeps its own copy
         else:
             out = subprocess.DEVNULL
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [os.fspath(a) for a in args],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -167,21 +211,8 @@ def start_process(
             start_new_session=True,
             **popen_kwargs,
         )
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    watch(proc.pid)
+    return proc
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
@@ -205,6 +236,8 @@ def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.02)
+    if not _group_alive(pgid):  # else the reaper still has it
+        unwatch(pgid)
 
 
 @contextlib.contextmanager

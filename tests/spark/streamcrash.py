@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.spark._stream import IcebergStreamWriter
 from icecrypt.table import EncryptedTable
 

@@ -13,7 +13,8 @@ from pyspark.sql import types as T
 
 from icecrypt import TableIdentityError
 from icecrypt.kms.local import LocalKms
-from icecrypt.spark._iceberg import IcebergDataSource, IcebergWriter
+from icecrypt.spark._iceberg import IcebergWriter
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable
 
 pytestmark = pytest.mark.spark

@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from icecrypt.kms.local import LocalKms
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable, read_task
 
 pytestmark = pytest.mark.spark

@@ -29,7 +29,8 @@ from table.tablelib import (
 from vectorlib import TABLES_DIR
 
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.spark._iceberg import IcebergDataSource, TaskPartition
+from icecrypt.spark._iceberg import TaskPartition
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable
 
 pytestmark = pytest.mark.spark

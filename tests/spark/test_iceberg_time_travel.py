@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 from table.tablelib import copy_table, edit_metadata, expected, location_map, metadata_path, table_digest
 
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 
 pytestmark = pytest.mark.spark
 

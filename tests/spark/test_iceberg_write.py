@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from icecrypt.kms.local import LocalKms
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable
 
 pytestmark = pytest.mark.spark

@@ -12,7 +12,7 @@ import pytest
 from table.tablelib import expected, location_map, metadata_path
 
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable
 
 pytestmark = pytest.mark.spark

@@ -11,7 +11,7 @@ from table.tablelib import location_map, metadata_path
 
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import METADATA_TABLES, EncryptedTable
 
 pytestmark = pytest.mark.spark

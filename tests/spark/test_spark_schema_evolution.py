@@ -14,7 +14,7 @@ from pyiceberg.types import StringType
 from table.tablelib import copy_table, location_map, metadata_path
 
 from icecrypt.kms.memory import MemoryKms
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable
 
 pytestmark = pytest.mark.spark

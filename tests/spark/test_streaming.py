@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from icecrypt.spark._iceberg import IcebergDataSource
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.spark._stream import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY
 from icecrypt.table import EncryptedTable
 from streamcrash import KMS, new_table, rows

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pytest
 
 from icecrypt import FormatError
-from icecrypt._avro_container import _zigzag as _long
+from icecrypt.avro._container import _zigzag as _long
 from icecrypt.table import EncryptedTable
 from icecrypt.table.files.deletes import DV_MAGIC, decode_deletion_vector
 

@@ -128,3 +128,27 @@ def test_a_symlinked_manifest_list_and_manifest_pointing_outside_are_refused(tmp
         os.symlink(elsewhere / manifest.name, manifest)
     with pytest.raises(PathOutsideTableError, match=manifests[0].name):
         EncryptedTable.load(str(tmp_path / "t")).scan().to_arrow()
+
+
+def test_a_linked_file_beside_checked_ones_is_refused_and_a_new_scan_looks_again(tmp_path):
+    """Planning looks at each directory once per scan (the files of a table share a few),
+    but at every file: a link among plain files of a checked directory is refused, and a
+    directory swapped for a link after one scan is refused by the next."""
+    table = _plain_table(tmp_path)
+    table.append(_rows(5, 5))
+    files = sorted(Path(t.file.fs_path) for t in table.scan().plan_files())
+    assert len(files) == 2 and files[0].parent == files[1].parent
+    payroll = _outside(tmp_path) / "payroll.parquet"
+    shutil.move(files[1], payroll)
+    os.symlink(payroll, files[1])
+    with pytest.raises(PathOutsideTableError, match=files[1].name):
+        EncryptedTable.load(str(tmp_path / "t")).scan().plan_files()
+    os.unlink(files[1])
+    shutil.move(payroll, files[1])
+    victim = EncryptedTable.load(str(tmp_path / "t"))
+    assert len(victim.scan().plan_files()) == 2  # the directory is checked, and kept for this scan
+    elsewhere = tmp_path / "elsewhere" / "data"
+    shutil.move(tmp_path / "t" / "data", elsewhere)
+    os.symlink(elsewhere, tmp_path / "t" / "data")
+    with pytest.raises(PathOutsideTableError):
+        victim.scan().plan_files()  # the same table object, a new scan: looked at again

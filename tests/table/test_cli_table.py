@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from tablelib import expected, flip_byte, location_map, metadata_path, table_digest
 
-from icecrypt._cli_table import parse_partition, parse_schema, parse_time
+from icecrypt.cli._table import parse_partition, parse_schema, parse_time
 from icecrypt.cli import main
 
 MEMORY_KMS = ["--kms-type", "memory", "--kms-property", "encryption.kms.memory.iceberg-test-keys=true"]

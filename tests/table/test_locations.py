@@ -98,3 +98,42 @@ def test_gzipped_metadata_and_bad_json(tmp_path, kms):
 
     with pytest.raises(FormatError, match="not valid JSON"):
         EncryptedTable.load(bad, kms=kms)
+
+
+def _rule(loc: Locations, location: str):
+    """What the confinement rule says of ``location``, computed in full (no directory kept)."""
+    from icecrypt._paths import fs_path_of
+
+    try:
+        parsed = loc.confinement.check(location, loc.canonical(location))
+        return fs_path_of(parsed, local=isinstance(loc.filesystem, pafs.LocalFileSystem), original=location)
+    except Exception as exc:  # noqa: BLE001 - the kind of refusal is compared
+        return type(exc)
+
+
+def _kept(loc: Locations, location: str):
+    try:
+        return loc.to_fs_path(location)
+    except Exception as exc:  # noqa: BLE001
+        return type(exc)
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local", "object-store"])
+def test_directories_kept_by_a_confined_locations_give_what_the_full_rule_gives(tmp_path, local):
+    """A confined Locations keeps each directory's canonical form once it was found inside
+    (planning maps thousands of files in a few directories); every file name is still
+    checked, and the answer is the full rule's, refusals included."""
+    fs = pafs.LocalFileSystem() if local else pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    root = "/w/t" if local else "s3://b/w/t"
+    loc = Locations(fs, {f"{root}/data/moved": f"{root}/elsewhere", "s3://b/mapped": "s3://b/w/t/m"}).confined(
+        [root], allowed_locations=[f"{root.rsplit('/', 1)[0]}/shared/x.parquet"])
+    names = ["a.parquet", "%2e%2e", "%2E%2e", "..", ".", "", "a%2Fb", "a%00b", "a\x01b", "a b", "k=v%20w.parquet",
+             "moved", "x.parquet"]
+    directories = [f"{root}/data", f"{root}/data/", f"{root}/data//p=1", f"{root}/data/./p", f"{root}/data/../data",
+                   f"{root}/data/../../t2", f"{root}", f"{root.rsplit('/', 1)[0]}/shared", f"{root}/data/moved",
+                   "s3://b/mapped", "s3://other/w/t/data", "file:/w/t/data", "file:///w/t/data", "/w/t/data", "w/t/data"]
+    for directory in directories:
+        for name in names:
+            location = f"{directory}/{name}"
+            first, again = _kept(loc, location), _kept(loc, location)  # the second one from the kept directory
+            assert first == again == _rule(loc, location), location

@@ -58,7 +58,7 @@ def test_spark_filter_option(table, row_filter):
     pytest.importorskip("pyspark")
     from pyspark.sql.datasource import CaseInsensitiveDict
 
-    from icecrypt.spark._iceberg import IcebergDataSource
+    from icecrypt.spark._iceberg_source import IcebergDataSource
 
     options = CaseInsensitiveDict({"path": table.metadata_location, "encryption.kms-type": "memory",
                                    "encryption.kms.memory.iceberg-test-keys": "true", "filter": row_filter})  # fmt: skip

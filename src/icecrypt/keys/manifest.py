@@ -95,7 +95,7 @@ def _is_local(filesystem: Any) -> bool:
 def _refuse_encrypting(filesystem: Any) -> None:
     if filesystem is None:
         return
-    from icecrypt.arrow import is_encrypted_filesystem
+    from icecrypt._encrypting import is_encrypted_filesystem
 
     if is_encrypted_filesystem(filesystem):
         raise ValueError(

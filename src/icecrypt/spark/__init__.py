@@ -44,7 +44,8 @@ from icecrypt.keys import ENCRYPTION_TABLE_KEY, StandardKeyMetadata
 from icecrypt.kms import KeyManagementClient, create_kms_client
 from icecrypt.spark._common import OPT_JOB_ID, OPT_KEYS_MANIFEST, OPT_KEYS_WRAPPED, resolve
 from icecrypt.spark._keys import wrap_keys as _wrap_keys
-from icecrypt.spark._native import configure, jar_path, native_available, read_table, route
+from icecrypt.spark._native import configure, jar_path, native_available, read_table
+from icecrypt.spark._routing import route, warn_unrouted
 from icecrypt.spark._ship import executor_conf, pack_environment, use_archive
 
 __all__ = [
@@ -75,7 +76,7 @@ __all__ = [
 DATA_SOURCES: tuple[str, ...] = (
     "icecrypt.spark._avro:AvroDataSource",
     "icecrypt.spark._parquet:ParquetDataSource",
-    "icecrypt.spark._iceberg:IcebergDataSource",
+    "icecrypt.spark._iceberg_source:IcebergDataSource",
 )
 
 #: where :func:`write` records keys when no manifest is named: inside the output
@@ -148,7 +149,9 @@ def register(spark: Any) -> None:
     ``icecrypt.iceberg`` needs pyiceberg (the ``iceberg`` extra); without it that source
     is skipped with a warning and the file sources are still registered.  In a session
     built with :func:`configure`, its batch reads then take the native path where it
-    applies (:func:`route`; option ``native=false`` turns that off for a read).
+    applies (:func:`route`; option ``native=false`` turns that off for a read); a classic
+    session built without it gets one ``RuntimeWarning`` naming :func:`configure`, as its
+    ``icecrypt.iceberg`` reads and writes then run as Python tasks.
     """
     iceberg = False
     for entry in DATA_SOURCES:
@@ -162,8 +165,8 @@ def register(spark: Any) -> None:
             continue
         spark.dataSource.register(source)
         iceberg = iceberg or name == "IcebergDataSource"
-    if iceberg:
-        route(spark)
+    if iceberg and not route(spark):
+        warn_unrouted(spark)
 
 
 def wrap_keys(

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from icecrypt import avro
-from icecrypt._avro_container import Plaintext, first_block
+from icecrypt.avro._container import Plaintext, first_block
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.spark._common import (
     AGS1_BLOCK,

@@ -99,7 +99,6 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyiceberg.expressions import BooleanExpression
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
     InputPartition,
@@ -121,8 +120,8 @@ from icecrypt.spark._common import (
     resolve,
     split_size,
 )
-from icecrypt.spark._native import OPT_NATIVE
-from icecrypt.spark._schema import Projection, spark_schema
+from icecrypt.spark._options import NAME, OPT_NATIVE
+from icecrypt.spark._schema import Projection
 from icecrypt.table import (
     ChangelogScan,
     ChangelogTask,
@@ -142,10 +141,7 @@ from icecrypt.table.ops.write import _bind_filter, _head_id
 from icecrypt.table.read.scan import parse_row_filter
 from icecrypt.table.read.travel import resolve_read
 
-__all__ = ["IcebergDataSource", "IcebergReader", "IcebergWriter", "MetadataTableReader", "TaskDataFiles",
-           "TaskPartition"]
-
-NAME = "icecrypt.iceberg"
+__all__ = ["IcebergReader", "IcebergWriter", "MetadataTableReader", "TaskDataFiles", "TaskPartition"]
 
 # --- options (Spark lower-cases their names) ---------------------------------------------
 #: reads: the snapshot to read (time travel); default the current one
@@ -863,54 +859,3 @@ def _remove(filesystem: pafs.FileSystem, path: str) -> None:
     except OSError as exc:
         if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
             raise IcecryptError(f"{NAME}: cannot remove {path}: {exc}") from exc
-
-
-# --- the data source ---------------------------------------------------------------------------
-
-
-class IcebergDataSource(DataSource):
-    """``spark.read.format("icecrypt.iceberg")`` / ``df.write.format("icecrypt.iceberg")``."""
-
-    @classmethod
-    def name(cls) -> str:
-        return NAME
-
-    def schema(self) -> StructType:
-        options = dict(self.options)
-        location = _location(options, "load")
-        if options.get(OPT_METADATA_TABLE):
-            _no_incremental(options, f"with option {OPT_METADATA_TABLE}")
-            return spark_schema(_metadata_table(options, location).schema)
-        table = _open_table(options, location)
-        try:  # the filter is checked here too, so that load() reports a bad one
-            scan = _new_scan(table, options, columns_option(options), options.get(OPT_FILTER) or None)
-        except ValueError as exc:
-            raise ValueError(f"{NAME}: table {location}: {exc}") from None
-        return spark_schema(scan.arrow_schema)
-
-    def reader(self, schema: StructType) -> IcebergReader | MetadataTableReader:
-        if self.options.get(OPT_METADATA_TABLE):
-            return MetadataTableReader(self.options, schema)
-        return IcebergReader(self.options, schema)
-
-    def _check_write(self, where: str) -> None:
-        if self.options.get(OPT_METADATA_TABLE):
-            raise ValueError(f"{NAME}: metadata tables are read only (option {OPT_METADATA_TABLE})")
-        _no_incremental(self.options, where)
-
-    def writer(self, schema: StructType, overwrite: bool) -> IcebergWriter:
-        self._check_write("in a write")
-        return IcebergWriter(self.options, schema, overwrite)
-
-    def streamReader(self, schema: StructType) -> Any:
-        """``spark.readStream``: the appended rows of new snapshots (``icecrypt.spark._stream``)."""
-        from icecrypt.spark._stream import IcebergStreamReader
-
-        return IcebergStreamReader(self.options, schema)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        """``df.writeStream``: one commit per epoch, exactly once (``icecrypt.spark._stream``)."""
-        from icecrypt.spark._stream import IcebergStreamWriter
-
-        self._check_write("in a streaming write")
-        return IcebergStreamWriter(self.options, schema, overwrite)

@@ -39,7 +39,7 @@ Routed reads: in a session built with :func:`configure` (which adds icecrypt's s
 extension, ``org.icecrypt.spark.Extensions``), ``spark.read.format("icecrypt.iceberg")``
 takes the same path by itself.  The extension's analyzer rule
 (``org.icecrypt.spark.NativeRouting``) hands each batch read of the Python source to the
-planner :func:`route` registered for the session (over Py4J, on the driver), and puts the
+planner :func:`icecrypt.spark.route` registered for the session (over Py4J, on the driver), and puts the
 DataFrame it answers with in the relation's place when the columns match; Spark's
 optimizer then prunes and pushes filters into the Parquet scan.  Option ``native`` means
 what it means for :func:`read_table`.  Appends and full overwrites of ``icecrypt.iceberg``
@@ -62,13 +62,15 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import threading
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-_log = logging.getLogger("icecrypt.spark")
+from icecrypt.spark._options import NAME, OPT_NATIVE
+
 
 #: the jar with icecrypt's JVM code (built by scripts/build-jar.sh, shipped in the wheel)
 JAR_NAME = "icecrypt-spark.jar"
@@ -82,9 +84,6 @@ READ_ID_PROPERTY = "icecrypt.read-id"
 #: file without field ids as nulls (instead of failing) with the second one on
 FIELD_ID_READ = "spark.sql.parquet.fieldId.read.enabled"
 FIELD_ID_IGNORE_MISSING = "spark.sql.parquet.fieldId.read.ignoreMissing"
-#: read option: ``auto`` (default: native when it applies), ``true`` (native or an error
-#: saying why not), ``false`` (always the Python path)
-OPT_NATIVE = "native"
 #: the session extension (static: set when the session is built, by :func:`configure`) whose
 #: analyzer rule routes ``icecrypt.iceberg`` reads, and that rule
 EXTENSIONS_PROPERTY = "spark.sql.extensions"
@@ -96,7 +95,7 @@ DELETES_FORMAT = "org.icecrypt.spark.LiveRows"
 DELETES_OPTION = "icecrypt.deletes"
 ROW_INDEX_COLUMN = "_tmp_metadata_row_index"
 
-__all__ = ["FACTORY_CLASS", "JAR_NAME", "configure", "jar_path", "native_available", "read_table", "route"]
+__all__ = ["FACTORY_CLASS", "JAR_NAME", "configure", "jar_path", "native_available", "read_table"]
 
 
 def jar_path() -> str:
@@ -111,12 +110,36 @@ def jar_path() -> str:
 def configure(builder: Any) -> Any:
     """``builder`` (a ``SparkSession.Builder``) with icecrypt's jar added to ``spark.jars``,
     icecrypt's session extension added to ``spark.sql.extensions`` (its analyzer rule sends
-    ``icecrypt.iceberg`` reads to the native path once :func:`route` — called by
+    ``icecrypt.iceberg`` reads to the native path once :func:`icecrypt.spark.route` — called by
     ``icecrypt.spark.register`` — names the driver's planner) and Parquet field-id reads on
-    (a file without field ids fails); returns it."""
+    (a file without field ids fails); returns it.
+
+    On a local master (``local``, ``local[N]``, ``local-cluster[...]``, set on ``builder``)
+    the Python workers run the driver's interpreter unless the user chose one
+    (``spark.pyspark.python`` or ``PYSPARK_PYTHON``): a job started as ``venv/bin/python
+    job.py`` without the virtual environment on the PATH would otherwise start ``python3``
+    from the PATH, which has no icecrypt.  The setting is recorded as Spark's
+    ``spark.pyspark.python`` and, because PySpark starts its workers from the environment,
+    as ``PYSPARK_PYTHON`` in this process's environment (before the session starts)."""
     builder = _add_to_list(builder, "spark.jars", jar_path())
     builder = _add_to_list(builder, EXTENSIONS_PROPERTY, EXTENSIONS_CLASS)
+    builder = _default_python(builder)
     return builder.config(FIELD_ID_READ, "true").config(FIELD_ID_IGNORE_MISSING, "false")
+
+
+#: Spark's setting of the Python workers' interpreter
+PYTHON_PROPERTY = "spark.pyspark.python"
+
+
+def _default_python(builder: Any) -> Any:
+    """``builder`` with the workers' interpreter set to the driver's, on a local master when
+    none is chosen (see :func:`configure`)."""
+    options = getattr(builder, "_options", None) or {}
+    master = str(options.get("spark.master") or "")
+    if not master.startswith("local") or options.get(PYTHON_PROPERTY) or os.environ.get("PYSPARK_PYTHON"):
+        return builder
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    return builder.config(PYTHON_PROPERTY, sys.executable)
 
 
 def _add_to_list(builder: Any, key: str, value: str) -> Any:
@@ -129,67 +152,6 @@ def _add_to_list(builder: Any, key: str, value: str) -> Any:
     if value not in values:
         values.append(value)
     return builder.config(key, ",".join(values))
-
-
-class _Planner:
-    """What ``org.icecrypt.spark.NativeRouting`` calls (over Py4J, on the driver) when Spark
-    analyzes a read of ``icecrypt.iceberg``: the native path's JVM Dataset, or why it does
-    not apply.  Planning errors also answer "does not apply": the read then takes the
-    Python path, which raises them as it always has (a tampered file fails either way)."""
-
-    class Java:
-        implements = [ROUTING_CLASS + "$Planner"]
-
-    def __init__(self, spark: Any) -> None:
-        self._spark = spark
-
-    def plan(self, encoded: str) -> Any:
-        options = _decode_options(encoded)
-        location = options.pop("path")
-        options.pop(OPT_NATIVE, None)
-        try:
-            frame, why = _native_read(self._spark, location, options)
-        except Exception as exc:  # noqa: BLE001 - the Python path raises it again, as before
-            why = f"planning failed: {type(exc).__name__}: {exc}"
-            frame = None
-        if frame is not None:
-            return frame._jdf
-        _log.debug("icecrypt.iceberg: table %s: the Python source reads (%s)", location, why)
-        return why
-
-    def write(self, data: Any, encoded: str, overwrite: bool) -> None:
-        from icecrypt.spark._native_write import write
-
-        write(self._spark, data, _decode_options(encoded), overwrite)
-
-
-def _decode_options(encoded: str) -> dict[str, str]:
-    fields = encoded.split("\0")[:-1]  # name, value, name, value, ... (NUL-terminated)
-    return {fields[i].lower(): fields[i + 1] for i in range(0, len(fields) - 1, 2)}
-
-
-def route(spark: Any) -> bool:
-    """Let ``spark``'s reads of ``icecrypt.iceberg`` take the native path when it applies
-    (option ``native`` as for :func:`read_table`), and its appends and full overwrites
-    Spark's own Parquet writer (``icecrypt.spark._native_write``); True when they can:
-    a classic session built with :func:`configure` (the extension is static) whose jar
-    loads.  Calling it again is harmless; ``icecrypt.spark.register`` calls it."""
-    jsession = _jvm_session(spark)
-    if jsession is None:
-        return False
-    extensions = [name.strip() for name in (spark.conf.get(EXTENSIONS_PROPERTY, "") or "").split(",")]
-    if EXTENSIONS_CLASS not in extensions or not native_available(spark, install=False):
-        return False
-    from pyspark.java_gateway import ensure_callback_server_started
-
-    routing = spark.sparkContext._jvm.org.icecrypt.spark.NativeRouting
-    if routing.registered(jsession) and getattr(spark, "_icecrypt_planner", None) is not None:
-        return True
-    ensure_callback_server_started(spark.sparkContext._gateway)
-    planner = _Planner(spark)
-    spark._icecrypt_planner = planner  # py4j holds the object only while the JVM refers to it
-    routing.register(jsession, planner)
-    return True
 
 
 def _jvm_session(spark: Any) -> Any:
@@ -440,7 +402,7 @@ def read_table(spark: Any, location: str, **options: str) -> Any:
     with option ``catalog``, an identifier) as a DataFrame, with ``icecrypt.iceberg``'s
     options; the native path when it applies (module docstring), option ``native=false``
     for the Python path only, ``native=true`` to fail when it does not apply."""
-    from icecrypt.spark import _iceberg as ib
+    from icecrypt.spark._iceberg_source import IcebergDataSource
 
     options = {str(k).lower(): str(v) for k, v in options.items()}
     mode = options.pop(OPT_NATIVE, "auto").strip().lower()
@@ -451,9 +413,9 @@ def read_table(spark: Any, location: str, **options: str) -> Any:
         return frame
     if mode == "true":
         raise ValueError(f"icecrypt.spark.read_table: table {location}: the native path does not apply ({why})")
-    spark.dataSource.register(ib.IcebergDataSource)
+    spark.dataSource.register(IcebergDataSource)
     # native=false: the routing rule (route) must not plan this read a second time
-    return spark.read.format(ib.NAME).options(**options).option(OPT_NATIVE, "false").load(location)
+    return spark.read.format(NAME).options(**options).option(OPT_NATIVE, "false").load(location)
 
 
 def _encode(options: Mapping[str, str]) -> str:
@@ -575,7 +537,6 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
 
 def _python_part(spark: Any, tasks: list[Any], scan: Any, output: Any, table: Any, location: str) -> Any:
     """The rows of ``tasks`` read by read_task in Python workers, one task per partition."""
-    from icecrypt.spark._iceberg import NAME
     from icecrypt.spark._schema import Projection
 
     projection = Projection(scan.arrow_schema, output, f"{NAME}: table {location}")
@@ -585,7 +546,6 @@ def _python_part(spark: Any, tasks: list[Any], scan: Any, output: Any, table: An
 
 def _read_tasks(tasks: tuple, filesystem: Any, projection: Any, location: str, batches: Iterator[Any]) -> Iterator[Any]:
     from icecrypt.spark._common import file_error
-    from icecrypt.spark._iceberg import NAME
     from icecrypt.table import read_task
 
     for batch in batches:

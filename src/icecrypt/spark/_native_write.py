@@ -44,6 +44,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from icecrypt.spark._options import NAME, OPT_NATIVE
+
 #: parquet-java's hook and icecrypt's factory for writes (org.icecrypt.spark.FileEncryption)
 ENCRYPTION_CLASS = "org.icecrypt.spark.FileEncryption"
 SECRET_PROPERTY = "icecrypt.secret.write-key"
@@ -83,8 +85,7 @@ def write(spark: Any, jdf: Any, options: dict[str, str], overwrite: bool) -> Non
     """What NativeWrite's insert runs: the native write, or the Python source's."""
     from pyspark.sql.classic.dataframe import DataFrame
 
-    from icecrypt.spark._iceberg import NAME
-    from icecrypt.spark._native import OPT_NATIVE, _keys_in_flight
+    from icecrypt.spark._native import _keys_in_flight
 
     options = dict(options)
     location = options.pop("path")

@@ -536,13 +536,21 @@ class EncryptedTable:
         filesystem: pafs.FileSystem | None = None,
     ) -> EncryptedTable:
         """Create a format-version 3 table at ``location`` (encrypted under the KMS master
-        key ``table_key_id``; None makes a plaintext table) and return it."""
+        key ``table_key_id``, ``encryption.data-key-length`` from ``properties``, default 16;
+        None makes a plaintext table) and return it.  ``schema``: a PyIceberg schema, or an
+        Arrow schema (ids assigned unless every field carries ``PARQUET:field_id``).  The
+        table is laid out as Iceberg's Hadoop catalog lays tables out
+        (``metadata/v1.metadata.json``, version hint)."""
         from icecrypt.table.ops import write as _write
 
-        return _write.create(
+        filesystem, path, location_map = _write.create_metadata(
             location, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
             properties=dict(properties) if properties is not None else None, filesystem=filesystem,
         )  # fmt: skip
+        # the caller's own write.data.path: its word, as a load of the new table must know it
+        data_location = (properties or {}).get("write.data.path")
+        return cls.load(path, kms=kms, filesystem=filesystem, location_map=location_map or None,
+                        data_location=data_location)
 
     def append(self, data: Any, **options: Any) -> int | None:
         """Append rows (a pyarrow Table, RecordBatch or iterable of batches); returns the

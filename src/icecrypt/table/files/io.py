@@ -28,6 +28,7 @@ from icecrypt._paths import (
     Confinement,
     ParsedLocation,
     UnsafeLocationError,
+    check_location_text,
     fs_path_of,
     normalize_path,
     parse_location,
@@ -237,13 +238,18 @@ class Locations:
                 return self.location_map[prefix] + location[len(prefix) :]
         return location
 
-    def to_fs_path(self, location: str | os.PathLike[str], *, what: str = "file") -> str:
+    def to_fs_path(self, location: str | os.PathLike[str], *, what: str = "file",
+                   verified: set[str] | None = None) -> str:
         """The path of ``location`` on ``filesystem``; in a confined ``Locations``, only
         for a location inside the table (else PathOutsideTableError naming ``what``),
-        and then the normalized path: what was checked is what is opened."""
+        and then the normalized path: what was checked is what is opened.
+
+        ``verified``: a set the caller keeps for one batch of lookups (the files of one
+        scan plan): directories found free of symbolic links below a root are added to
+        it and not looked at again in that batch (the file itself always is)."""
         path = self._confined_path(os.fspath(location), what=what)
         if self._local and self._confinement is not None:
-            self._check_real_path(os.fspath(location), path, what=what)
+            self._check_real_path(os.fspath(location), path, what=what, verified=verified)
         return path
 
     def _confined_path(self, location: str, *, what: str) -> str:
@@ -251,6 +257,9 @@ class Locations:
         confinement = self._confinement
         if confinement is None:
             return self._fs_path(self.map_location(location), location)
+        inside = self._in_checked_directory(location)
+        if inside is not None:
+            return fs_path_of(inside, local=self._local, original=location)
         try:
             parsed = self.canonical(location)
         except UnsafeLocationError as exc:
@@ -261,7 +270,49 @@ class Locations:
         confinement.check(location, parsed, what=what)
         return fs_path_of(parsed, local=self._local, original=location)
 
-    def _check_real_path(self, location: str, path: str, *, what: str) -> None:
+    def _in_checked_directory(self, location: str) -> ParsedLocation | None:
+        """The canonical form of ``location`` when it names a plain file in a directory
+        already found inside the table, from that directory's canonical form (kept per
+        directory: the lexical rule is a function of the text alone, and the files of a
+        table share a few directories); None when the full rule must run.  Exactly what
+        :meth:`canonical` and the confinement check would give: the name is checked as
+        ``parse_location`` checks each segment, and directories under which a location
+        map prefix begins, or that lie outside every root, are never kept."""
+        head, _, name = location.rpartition("/")
+        if not head or name in ("", ".", "..") or not (head[0] == "/" or _DIRECTORY_URI.match(head)):
+            return None
+        memo = self.__dict__.setdefault("_directories", {})
+        parsed = memo.get(head, False)
+        if parsed is False:
+            parsed = self._checked_directory(head)
+            if len(memo) >= 4096:
+                memo.clear()
+            memo[head] = parsed
+        if parsed is None:
+            return None
+        try:
+            check_location_text(name)
+        except UnsafeLocationError:
+            return None  # the full rule raises, naming the whole location
+        return ParsedLocation(parsed.scheme, parsed.authority, f"{parsed.path}/{name}" if parsed.path != "/" else f"/{name}")
+
+    def _checked_directory(self, head: str) -> ParsedLocation | None:
+        """``head`` in canonical form if every file directly in it is inside the table by
+        the same rule as the directory (see :meth:`_in_checked_directory`), else None."""
+        try:
+            raw = parse_location(head, local=self._local)
+            parsed = self.canonical(head)
+        except (PathOutsideTableError, ValueError):
+            return None
+        for prefix, _ in self._canonical_prefixes():  # a map prefix below it: a file may match it
+            if prefix.scheme == raw.scheme and prefix.authority == raw.authority and prefix.path != raw.path \
+                    and _below(prefix.path, raw.path) is not None:
+                return None
+        if self._confinement is None or not self._confinement.contains(parsed):
+            return None
+        return parsed
+
+    def _check_real_path(self, location: str, path: str, *, what: str, verified: set[str] | None = None) -> None:
         """On the local filesystem, refuse (PathOutsideTableError) a path that a symbolic
         link in one of its components takes out of the table: its real path must lie under
         the real path of a root or an allowed location.  Lexical confinement alone would
@@ -269,7 +320,7 @@ class Locations:
         table by a rewrite).  Cheap for the usual path without links (one ``realpath``).
         What remains is a race: a component swapped for a link between this check and the
         open is followed (readers do not open with O_NOFOLLOW on every component)."""
-        if self._no_link_below_a_root(path):
+        if self._no_link_below_a_root(path, verified):
             return  # the usual case: a few lstat calls below the root, no full realpath
         real = os.path.realpath(path)
         if real == path:
@@ -283,28 +334,47 @@ class Locations:
             location=location, table_location=table,
         )  # fmt: skip
 
-    def _no_link_below_a_root(self, path: str) -> bool:
+    def _no_link_below_a_root(self, path: str, verified: set[str] | None = None) -> bool:
         """Whether ``path`` lies lexically under a root (or allowed location) and neither
         that root's last component nor any component below it is a symbolic link (a
         component that does not exist yet has no link below it).  Components above a root
-        are resolved once, with the root (``_real_roots``)."""
+        are resolved once, with the root (``_real_roots``).  Directories in ``verified``
+        (this batch found them free of links) are not looked at again; the ones found
+        now are added."""
+        if verified is not None and path.rpartition("/")[0] in verified:
+            try:  # the usual case in a plan: the directory is known, only the file is looked at
+                return not stat.S_ISLNK(os.lstat(path).st_mode)
+            except FileNotFoundError:
+                return True
+            except OSError:
+                return False
         for root in self._lexical_roots():
             rest = _below(path, root)
             if rest is None:
                 continue
             current = root
+            seen = []
             try:
-                if stat.S_ISLNK(os.lstat(current).st_mode):
-                    return False
-                for part in rest.split("/"):
-                    if part:
-                        current = f"{current.rstrip('/')}/{part}"
-                        if stat.S_ISLNK(os.lstat(current).st_mode):
-                            return False
+                if verified is None or current not in verified:
+                    if stat.S_ISLNK(os.lstat(current).st_mode):
+                        return False
+                    seen.append(current)
+                parts = [part for part in rest.split("/") if part]
+                for i, part in enumerate(parts):
+                    current = f"{current.rstrip('/')}/{part}"
+                    directory = i < len(parts) - 1
+                    if directory and verified is not None and current in verified:
+                        continue
+                    if stat.S_ISLNK(os.lstat(current).st_mode):
+                        return False
+                    if directory:
+                        seen.append(current)
             except FileNotFoundError:
                 return True
             except OSError:
                 return False
+            if verified is not None:
+                verified.update(seen)
             return True
         return False
 
@@ -396,6 +466,10 @@ class Locations:
     def __repr__(self) -> str:
         confined = "" if self._confinement is None else f" roots={list(self._confine[0])!r}"
         return f"<Locations filesystem={type(self.filesystem).__name__} location_map={self.location_map!r}{confined}>"
+
+
+#: a location whose scheme and authority are followed by a path (``s3://bucket/...``)
+_DIRECTORY_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://[^/]*/")
 
 
 def _below(path: str, prefix: str) -> str | None:
@@ -560,7 +634,7 @@ def file_key_metadata(raw: Any, what: str, location: str, *, encrypted: bool, ne
 
 def open_plain_avro(what: str, location: str, filesystem: pafs.FileSystem, path: str, *, kind: str) -> Any:
     """The records of an Avro file of a plaintext table, read with the same checks as
-    an encrypted table's (schema, per-block budgets: ``icecrypt._avro_guard``); an AGS1
+    an encrypted table's (schema, per-block budgets: ``icecrypt.avro._guard``); an AGS1
     file is refused (the table has no key for it)."""
     from icecrypt.avro import _unencrypted_records
 
@@ -586,7 +660,7 @@ def open_avro(
     Encrypted tables read through :func:`icecrypt.avro.read_records` (AGS1, trusted
     length); plaintext tables read plain Avro and refuse an AGS1 file.  Either way the
     schema must be one Iceberg writes for manifests and manifest lists and every block
-    is decoded under a budget (``icecrypt._avro_guard``).  Errors, also those raised
+    is decoded under a budget (``icecrypt.avro._guard``).  Errors, also those raised
     while iterating inside the ``with`` block, name the file.
     """
     fs = locations.filesystem

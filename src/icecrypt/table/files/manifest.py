@@ -248,6 +248,7 @@ def read_manifest(
     encrypted: bool,
     include_deleted: bool = False,
     require_keys: bool = True,
+    partition_types: dict[int, Any] | None = None,
 ) -> Iterator[ManifestEntry]:
     """The live entries of a manifest (EXISTING and ADDED; DELETED too on request).
 
@@ -255,15 +256,21 @@ def read_manifest(
     partition fields.  Errors name the manifest or the file they are about.  With
     ``require_keys=False`` an entry of an encrypted table without key metadata is
     returned (with ``key_metadata=None``) instead of failing the whole manifest, for
-    callers that report such files one by one.
+    callers that report such files one by one.  ``partition_types``: a dict the caller
+    keeps while it reads the manifests of one scan (same ``specs`` and ``schema``), where
+    each spec's partition type is kept once computed.
     """
     spec = specs.get(manifest.spec_id)
     if spec is None:
         raise FormatError(f"manifest {manifest.path}: unknown partition spec id {manifest.spec_id}")
-    try:
-        partition_type = spec.partition_type(schema)
-    except ValueError as exc:
-        raise FormatError(f"manifest {manifest.path}: partition spec {spec.spec_id} does not fit the schema ({exc})") from None
+    partition_type = None if partition_types is None else partition_types.get(manifest.spec_id)
+    if partition_type is None:
+        try:
+            partition_type = spec.partition_type(schema)
+        except ValueError as exc:
+            raise FormatError(f"manifest {manifest.path}: partition spec {spec.spec_id} does not fit the schema ({exc})") from None
+        if partition_types is not None:
+            partition_types[manifest.spec_id] = partition_type
     with open_avro("manifest", manifest.path, locations, manifest.key_metadata, encrypted=encrypted) as records:
         with _malformed("manifest", manifest.path):
             names = _partition_names(records.schema)

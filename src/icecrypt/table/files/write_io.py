@@ -80,7 +80,7 @@ class TableIO:
     ) -> tuple[int, StandardKeyMetadata | None]:
         """Write an Avro container file; returns (stored length, key metadata with
         file_length, or None for a plaintext table)."""
-        from icecrypt._avro_container import DEFAULT_SYNC_INTERVAL, write_container, write_encrypted
+        from icecrypt.avro._container import DEFAULT_SYNC_INTERVAL, write_container, write_encrypted
         from icecrypt.avro import DEFAULT_DEFLATE_LEVEL
 
         path = self.ensure_parent(location)

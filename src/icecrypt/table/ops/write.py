@@ -29,7 +29,6 @@ import secrets
 import time
 import types
 import uuid
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +73,6 @@ from icecrypt.table.model.schema import iceberg_schema, schema_to_json, sort_ord
 __all__ = [
     "append",
     "append_files",
-    "create",
     "create_metadata",
     "delete",
     "expire_snapshots",
@@ -600,37 +598,6 @@ def new_table_metadata(
         "metadata-log": [],
     }
     return metadata
-
-
-def create(
-    location: str,
-    schema: Schema | pa.Schema,
-    *,
-    kms: Any,
-    table_key_id: str | None,
-    partition_spec: PartitionSpec | None = None,
-    properties: dict[str, str] | None = None,
-    filesystem: pafs.FileSystem | None = None,
-    sort_order: SortOrder | None = None,
-) -> Any:
-    """Create a format-version 3 table at ``location`` and return it loaded.
-
-    ``table_key_id`` (the KMS master key) makes it encrypted (``encryption.key-id``;
-    ``encryption.data-key-length`` from ``properties``, default 16); ``None`` makes a
-    plaintext table.  ``schema``: a PyIceberg schema, or an Arrow schema (ids assigned
-    unless every field carries ``PARQUET:field_id``).  The table is laid out as Iceberg's
-    Hadoop catalog lays tables out (``metadata/v1.metadata.json``, version hint).
-    """
-    from icecrypt.table import EncryptedTable
-
-    filesystem, path, location_map = create_metadata(
-        location, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
-        sort_order=sort_order, properties=properties, filesystem=filesystem,
-    )  # fmt: skip
-    # the caller's own write.data.path: its word, as a load of the new table must know it
-    data_location = (properties or {}).get("write.data.path")
-    return EncryptedTable.load(path, kms=kms, filesystem=filesystem, location_map=location_map or None,
-                               data_location=data_location)
 
 
 # --- append / overwrite ---------------------------------------------------------------------

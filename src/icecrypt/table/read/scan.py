@@ -375,6 +375,8 @@ class TableScan:
         )
         self.metrics = PlanMetrics()
         self._tasks: list[FileScanTask] | None = None
+        #: directories this scan's planning found free of symbolic links (Locations.to_fs_path)
+        self._verified_directories: set[str] = set()
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -447,10 +449,11 @@ class TableScan:
         many manifests the snapshot has.  ``include_deleted``: DELETED entries too (for
         the changelog)."""
         table = self.table
+        partition_types: dict[int, Any] = {}  # by spec id, computed once for this scan's schema
 
         def read(manifest: ManifestFile) -> Iterator[ManifestEntry]:
             return read_manifest(manifest, table.locations, table.specs, self.schema, encrypted=table.encrypted,
-                                 include_deleted=include_deleted)
+                                 include_deleted=include_deleted, partition_types=partition_types)
 
         def entries(manifest: ManifestFile) -> list[ManifestEntry]:
             return list(read(manifest))
@@ -479,7 +482,7 @@ class TableScan:
     def _task_file(self, file: ContentFile, sequence_number: int) -> TaskFile:
         return TaskFile(
             path=file.file_path,
-            fs_path=self.table.locations.to_fs_path(file.file_path),
+            fs_path=self.table.locations.to_fs_path(file.file_path, verified=self._verified_directories),
             file_format=file.file_format,
             content=file.content,
             record_count=file.record_count,

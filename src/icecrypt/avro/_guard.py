@@ -37,8 +37,8 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from icecrypt._avro_arrow import _fullname, resolve
-from icecrypt._avro_container import SYNC_SIZE, _zigzag
+from icecrypt.avro._arrow import _fullname, resolve
+from icecrypt.avro._container import SYNC_SIZE, _zigzag
 from icecrypt.errors import FormatError
 
 #: deepest nesting of types (records, arrays, maps, unions) in a schema

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from icecrypt._cli_text import safe
+from icecrypt.cli._text import safe
 
 __all__ = ["register"]
 
@@ -179,7 +179,7 @@ def _kms(args: argparse.Namespace) -> Any:
     """The KMS client the options describe, or None when none is described."""
     if not args.kms_type and not args.kms_property:
         return None
-    from icecrypt._cli_keys import _kms_from_args
+    from icecrypt.cli._keys import _kms_from_args
 
     return _kms_from_args(args)
 

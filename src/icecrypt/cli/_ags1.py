@@ -11,7 +11,7 @@ from typing import Any, BinaryIO
 
 from icecrypt import _gcm, ags1
 from icecrypt._atomic import AtomicFile
-from icecrypt._cli_text import safe
+from icecrypt.cli._text import safe
 from icecrypt._progress import Progress
 from icecrypt.errors import FormatError
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from icecrypt._atomic import AtomicFile
-from icecrypt._cli_text import safe
+from icecrypt.cli._text import safe
 
 __all__ = ["register"]
 

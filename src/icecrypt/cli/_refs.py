@@ -10,8 +10,8 @@ import json
 import sys
 from typing import Any
 
-from icecrypt._cli_table import _add_common, _kms, _load, parse_time
-from icecrypt._cli_text import safe
+from icecrypt.cli._table import _add_common, _kms, _load, parse_time
+from icecrypt.cli._text import safe
 
 __all__ = ["register"]
 

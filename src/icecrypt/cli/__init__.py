@@ -3,7 +3,7 @@
 Command groups live in their own modules and plug in through ``register(subparsers)``:
 each adds its sub-commands with ``set_defaults(func=handler)``, where
 ``handler(args) -> int`` returns the exit status.  Errors leave as one line on stderr;
-everything printed shows control characters escaped (:mod:`icecrypt._cli_text`):
+everything printed shows control characters escaped (:mod:`icecrypt.cli._text`):
 
   0 success   1 other error   2 authentication failure   3 format error   4 KMS error
   64 usage error (argparse's syntax errors, which would otherwise also exit 2)
@@ -16,7 +16,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from icecrypt._cli_text import SafeStream, safe
+from icecrypt.cli._text import SafeStream, safe
 from icecrypt.errors import AuthenticationError, FormatError, IcecryptError, KmsError
 
 EXIT_OK = 0
@@ -36,10 +36,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 # Modules that define register(subparsers); imported lazily so `icecrypt --help` is quick.
-COMMAND_MODULES = ("icecrypt._cli_ags1", "icecrypt._cli_keys", "icecrypt._cli_table")
+COMMAND_MODULES = ("icecrypt.cli._ags1", "icecrypt.cli._keys", "icecrypt.cli._table")
 # Commands of `icecrypt table` kept in modules of their own: each defines register(sub),
-# ``sub`` being what icecrypt._cli_table's register returns (the table group's subparsers).
-TABLE_COMMAND_MODULES = ("icecrypt._cli_refs", "icecrypt._cli_schema", "icecrypt._cli_spec", "icecrypt._cli_encrypt")
+# ``sub`` being what icecrypt.cli._table's register returns (the table group's subparsers).
+TABLE_COMMAND_MODULES = ("icecrypt.cli._refs", "icecrypt.cli._schema", "icecrypt.cli._spec", "icecrypt.cli._encrypt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups = {name: importlib.import_module(name).register(subparsers) for name in COMMAND_MODULES}
     for name in TABLE_COMMAND_MODULES:
-        importlib.import_module(name).register(groups["icecrypt._cli_table"])
+        importlib.import_module(name).register(groups["icecrypt.cli._table"])
     return parser
 
 

@@ -8,7 +8,7 @@ module reads and writes such files with fastavro:
 * :func:`read_records` / :func:`write_records` — records as dicts, with the header
   metadata Iceberg keeps in manifests (``schema``, ``partition-spec``, ...).
 * :func:`read` / :func:`read_schema` / :func:`read_split` / :func:`write` — Arrow
-  tables and batches (types and field ids mapped as in ``_avro_arrow``).
+  tables and batches (types and field ids mapped as in ``icecrypt.avro._arrow``).
 
 Decryption is lazy and positional: reads decrypt only the AGS1 blocks the bytes they
 need live in (``read_split`` decrypts the header's block and those of its range; pass a
@@ -29,7 +29,7 @@ import fastavro
 import pyarrow as pa
 
 from icecrypt import ags1
-from icecrypt._avro_arrow import (
+from icecrypt.avro._arrow import (
     BatchBuilder,
     SchemaError,
     arrow_name,
@@ -41,7 +41,7 @@ from icecrypt._avro_arrow import (
     top_level_fields,
     writable_rows,
 )
-from icecrypt._avro_container import (
+from icecrypt.avro._container import (
     DEFAULT_SYNC_INTERVAL,
     Header,
     MemoryBytes,
@@ -59,7 +59,7 @@ from icecrypt._avro_container import (
     write_container,
     write_encrypted,
 )
-from icecrypt._avro_guard import BlockGuard, plan
+from icecrypt.avro._guard import BlockGuard, plan
 from icecrypt.errors import FormatError, IcecryptError
 from icecrypt.keys import StandardKeyMetadata
 
@@ -101,7 +101,7 @@ def avro_to_arrow_schema(avro_schema: Any) -> pa.Schema:
     """The Arrow schema of an Avro record schema (a dict, or its JSON text).
 
     Iceberg's logical types and field ids are mapped as described in
-    ``icecrypt._avro_arrow``; field ids land in field metadata ``b"PARQUET:field_id"``.
+    ``icecrypt.avro._arrow``; field ids land in field metadata ``b"PARQUET:field_id"``.
     Raises ValueError for schemas Arrow cannot hold (unions other than ``[null, T]``,
     recursive records, a top level that is not a record).
     """
@@ -127,7 +127,7 @@ def arrow_to_avro_schema(schema: pa.Schema, name: str = "record") -> dict:
 
 class _AvroFile:
     """An open encrypted Avro file: decrypted-byte access, the header and its schema,
-    and the guard every block passes before fastavro decodes it (``_avro_guard``;
+    and the guard every block passes before fastavro decodes it (``icecrypt.avro._guard``;
     ``kind="metadata"`` for a table's manifests and manifest lists, whose schema must
     be one Iceberg writes there)."""
 

@@ -9,9 +9,9 @@ import json
 import sys
 from typing import Any
 
-from icecrypt._cli_refs import _parser
-from icecrypt._cli_table import _add_common, _kms, _load
-from icecrypt._cli_text import safe
+from icecrypt.cli._refs import _parser
+from icecrypt.cli._table import _add_common, _kms, _load
+from icecrypt.cli._text import safe
 
 __all__ = ["register"]
 

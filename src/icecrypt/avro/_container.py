@@ -80,7 +80,7 @@ def coerce_key_metadata(key_metadata: Any, name: str) -> StandardKeyMetadata:
 
 
 def _is_encrypting_filesystem(filesystem: Any) -> bool:
-    from icecrypt.arrow import is_encrypted_filesystem
+    from icecrypt._encrypting import is_encrypted_filesystem
 
     if is_encrypted_filesystem(filesystem):
         return True
