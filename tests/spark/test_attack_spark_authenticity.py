@@ -12,7 +12,8 @@ from test_attack_spark_pin import MASTER, SCHEMA, SPARK_SCHEMA, _rows, keystore,
 
 from icecrypt import TableIntegrityError
 from icecrypt.kms.local import LocalKms
-from icecrypt.spark._iceberg import IcebergDataSource, IcebergWriter
+from icecrypt.spark._iceberg import IcebergWriter
+from icecrypt.spark._iceberg_source import IcebergDataSource
 from icecrypt.table import EncryptedTable
 
 pytestmark = pytest.mark.spark
