@@ -60,7 +60,7 @@ def register(subparsers: Any) -> Any:
                    help="the snapshot current at TIME: ISO date/time (UTC unless it says) or ms since the epoch")
     p.add_argument("--branch", help="read the head of this branch")
     p.add_argument("--tag", help="read the snapshot of this tag")
-    p.add_argument("--limit", type=int, help="stop after this many rows")
+    p.add_argument("--limit", type=_row_count, metavar="N", help="stop after this many rows (0 or more)")
     p.add_argument("--output", "-o", help="write to a file instead: .parquet, .csv, .jsonl, .arrow (plaintext!)")
     p.add_argument("--count", action="store_true", help="print only the number of rows")
     _add_common(p)
@@ -142,6 +142,18 @@ def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+def _row_count(text: str) -> int:
+    """argparse type of ``--limit``: a number of rows, 0 to 2**63 - 1 (a negative one
+    reached pyarrow's slice, which aborted the interpreter with a C++ length_error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of rows") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is not a number of rows (0 or more)")
+    return value
 
 
 def _pairs(items: list[str], option: str) -> dict[str, str]:
@@ -393,14 +405,20 @@ class _sink:
     The file is written as ``icecrypt decrypt`` writes: decrypted rows go to a temporary
     file of mode 0600 beside the target that takes the target's name only when the scan
     completed (a symlink there is replaced, its target untouched); a failed scan leaves
-    the target as it was.
+    the target as it was, and no temporary file.  While the file is written, SIGTERM and
+    SIGHUP end the command through the same cleanup (exit status 128 + the signal)
+    instead of leaving the temporary file of decrypted rows behind.
     """
+
+    #: signals whose default action would end the process without the cleanup
+    SIGNALS = ("SIGTERM", "SIGHUP")
 
     def __init__(self, output: str | None, schema: Any):
         self.output, self.schema = output, schema
         self.writer: Any = None
         self.atomic: Any = None
         self.header = True
+        self.handlers: dict[int, Any] = {}
 
     def __enter__(self) -> Any:
         import pyarrow as pa
@@ -415,7 +433,12 @@ class _sink:
         suffix = out.lower().rsplit(".", 1)[-1]
         if suffix not in ("parquet", "csv", "arrow", "feather", "ipc", "jsonl", "json", "ndjson"):
             raise ValueError(f"{out}: unknown output format (use .parquet, .csv, .jsonl or .arrow)")
-        self.atomic = AtomicFile(out)
+        self._catch_signals()
+        try:
+            self.atomic = AtomicFile(out)
+        except BaseException:
+            self._restore_signals()
+            raise
         self.sink = io.BufferedWriter(self.atomic.file, 1 << 20)
         try:
             if suffix == "parquet":
@@ -427,7 +450,10 @@ class _sink:
             else:
                 self.writer = _JsonLines(self.sink)
         except BaseException:
-            self._close(failed=True)
+            try:
+                self._close(failed=True)
+            finally:
+                self._restore_signals()
             raise
         return self.writer.write_table
 
@@ -445,8 +471,35 @@ class _sink:
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         if self.atomic is None:
             sys.stdout.flush()
-        else:
+            return
+        try:
             self._close(failed=exc_type is not None)
+        finally:
+            self._restore_signals()
+
+    def _catch_signals(self) -> None:
+        """Make SIGTERM and SIGHUP raise SystemExit here (main thread only: elsewhere the
+        process's handlers cannot be changed)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def terminated(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
+
+        for name in self.SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) == signal.SIG_DFL:
+                self.handlers[number] = signal.signal(number, terminated)
+
+    def _restore_signals(self) -> None:
+        import signal
+
+        for number, handler in self.handlers.items():
+            signal.signal(number, handler)
+        self.handlers = {}
 
     def _close(self, *, failed: bool) -> None:
         """Finish the file and give it the target's name, or (``failed``) remove it."""

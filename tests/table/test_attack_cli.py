@@ -143,6 +143,55 @@ def test_scan_output_subprocess_symlink(tmp_path, capfd, table):
     assert stat.S_IMODE(out.stat().st_mode) == 0o600 and pq.read_table(out).num_rows == 600
 
 
+@pytest.mark.parametrize("limit", ["-1", "-5", "x", "1.5", str(2**63)])
+def test_scan_limit_must_be_a_number_of_rows(tmp_path, table, limit):
+    """``--limit -1`` reached pyarrow's slice: a C++ length_error aborted the interpreter
+    (exit 134) and left the hidden temporary file of decrypted rows beside the output.
+    Now argparse refuses it, before anything is read or written."""
+    out = tmp_path / "rows.csv"
+    done = run_process("table", "scan", table, "--limit", limit, "-o", out, *MEMORY_KMS)
+    assert done.returncode not in (0, 134) and -done.returncode not in (6, 11), done.returncode
+    assert b"argument --limit" in done.stderr and b"is not a number of rows" in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "t"]  # no output, no temporary file
+    done = run_process("table", "scan", table, "--limit", "0", "-o", out, *MEMORY_KMS)
+    assert done.returncode == 0, done.stderr
+    assert pacsv.read_csv(out).num_rows == 0 and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+_KILLED_MID_SCAN = """
+import os, signal, sys
+import icecrypt.table
+from icecrypt.cli import main
+
+real = icecrypt.table.read_task
+
+def read_task(*args, **kwargs):
+    for n, batch in enumerate(real(*args, **kwargs)):
+        yield batch
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # after the first batch is written
+
+icecrypt.table.read_task = read_task
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_scan_output_ended_by_a_signal_leaves_no_temporary_file(tmp_path, table, signame):
+    """A scan to a file ended by SIGTERM (or SIGHUP) while it writes: the temporary file of
+    decrypted rows is removed, the old output stays, the exit status says the signal."""
+    import signal
+
+    out = tmp_path / "rows.csv"
+    out.write_text("old\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    argv = ["table", "scan", str(table), "-o", str(out), *MEMORY_KMS]
+    done = subprocess.run([sys.executable, "-c", _KILLED_MID_SCAN, signame, *argv], capture_output=True,
+                          timeout=120, env=env, check=False)  # fmt: skip
+    assert done.returncode == 128 + getattr(signal, signame), done.stderr
+    assert out.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 # --- item 18: terminal injection ---------------------------------------------------------------------
 
 
