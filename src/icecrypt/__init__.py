@@ -25,6 +25,7 @@ from icecrypt.errors import (
     PathOutsideTableError,
     RepairError,
     ReplayedKeyError,
+    SnapshotIntegrityError,
     TableIdentityError,
     TableVersionError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "PathOutsideTableError",
     "RepairError",
     "ReplayedKeyError",
+    "SnapshotIntegrityError",
     "TableIdentityError",
     "TableVersionError",
     "get_default_threads",

@@ -29,7 +29,9 @@ Rate limits (Iceberg's names): ``streaming-max-files-per-micro-batch`` and
 ``streaming-max-rows-per-micro-batch`` (a batch takes whole files while both hold, and
 always at least one file).  ``trigger(availableNow=True)`` honours them and stops at the
 head the query saw when it started.  Snapshots whose operation is ``replace``
-(compaction) add no rows and are passed over; ``overwrite`` and ``delete`` snapshots fail
+(compaction) add no rows and are passed over (each snapshot's ``operation`` is first
+checked against its manifests: a label forged in ``metadata.json`` fails the query with
+``SnapshotIntegrityError``); ``overwrite`` and ``delete`` snapshots fail
 the query with a clear error unless ``streaming-skip-overwrite-snapshots`` /
 ``streaming-skip-delete-snapshots`` is ``true`` (their files are then not read), as in
 Iceberg's Spark source.  Options ``columns`` and ``filter`` apply as to batch reads.
@@ -68,6 +70,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStream
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from icecrypt.errors import SnapshotIntegrityError
 from icecrypt.spark._common import OPT_BATCH_SIZE, file_error, positive_int, split_size
 from icecrypt.spark._iceberg import (
     NAME,
@@ -97,7 +100,7 @@ from icecrypt.spark._iceberg import (
 from icecrypt.spark._schema import Projection
 from icecrypt.table import EncryptedTable, FileScanTask, TableScan, read_task
 from icecrypt.table.files.metadata import Snapshot
-from icecrypt.table.read.incremental import _ancestry, snapshot_range
+from icecrypt.table.read.incremental import _ancestry, check_snapshot_operation, snapshot_range
 from icecrypt.table.read.scan import parse_row_filter
 
 __all__ = ["EPOCH_ID_PROPERTY", "QUERY_ID_PROPERTY", "IcebergStreamReader", "IcebergStreamWriter",
@@ -222,7 +225,7 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_table", "_files", "_target"):
+        for name in ("_table", "_files", "_target", "_checked"):
             state.pop(name, None)
         return state
 
@@ -312,7 +315,17 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _admitted(self, table: EncryptedTable, snapshot: Snapshot) -> list[_File]:
         """The files a snapshot the stream reaches contributes (its appended ones), or []
-        for one it passes over; an overwrite or delete not to be skipped stops the stream."""
+        for one it passes over; an overwrite or delete not to be skipped stops the stream.
+        The label decides, so it is checked against the snapshot's manifests first (once
+        per snapshot): a forged one is a SnapshotIntegrityError, never rows passed over."""
+        checked = self.__dict__.setdefault("_checked", set())
+        if snapshot.snapshot_id not in checked:
+            try:
+                check_snapshot_operation(table, snapshot)
+            except SnapshotIntegrityError as exc:
+                raise SnapshotIntegrityError(f"{NAME}: stream of {exc}", table=exc.table,
+                                             snapshot_id=exc.snapshot_id) from None
+            checked.add(snapshot.snapshot_id)
         operation = snapshot.operation
         if operation == "append" or operation == "replace":
             return self._snapshot_files(table, snapshot, False)
