@@ -52,6 +52,9 @@ DataFrameReader options into the scan's Hadoop configuration, broadcast to the e
 it shows them in no query plan (``explain``, every mode), no UI page or REST answer and
 no event log (measured with Spark 4.x; tests/test_secrets_hygiene.py checks it), and the
 name matches Spark's default ``spark.redaction.regex`` in case a Spark version ever does.
+Executors parse it once per read (``org.icecrypt.spark.FileKeys``: cached under the read
+id and the SHA-256 digest of the whole text, dropped and zeroed when the last task of the
+JVM that used it ends).
 The Python tasks carry their files' key metadata as ``icecrypt.iceberg``'s do.
 """
 
