@@ -381,6 +381,8 @@ def _write_ref(base: dict[str, Any], branch: str | None, wap_id: str | None) -> 
     if branch is not None and (not isinstance(branch, str) or not branch):
         raise ValueError(f"branch must be a non-empty string, not {branch!r}")
     name = branch or _model.MAIN_BRANCH
+    if name not in (base.get("refs") or {}):
+        _model.check_ref_name(name)  # a write to a new branch creates it: refused before any file is written
     ref = (base.get("refs") or {}).get(name)
     if ref is not None and ref.get("type") != "branch":
         raise ValueError(f"{name!r} is a tag, not a branch: a write cannot commit to it")
