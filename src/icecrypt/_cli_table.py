@@ -191,8 +191,8 @@ def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any
 
     # --- a table by catalog identifier (catalog-core) ---
     if args.catalog:
-        return _catalog(args, kms).load_table(args.table, check_keys=check_keys,
-                                              require_encryption=args.require_encryption)
+        return _catalog(args, kms, existing=True).load_table(args.table, check_keys=check_keys,
+                                                             require_encryption=args.require_encryption)
     # --- end ---
     filesystem, path = _filesystem(args.table)
     return EncryptedTable.load(path, kms=kms, filesystem=filesystem, check_keys=check_keys,
@@ -201,11 +201,60 @@ def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any
 
 
 # --- catalog helper (catalog-core) ---
-def _catalog(args: argparse.Namespace, kms: Any) -> Any:
-    """The catalog the --catalog options describe (KMS from the --kms-* options)."""
+def _catalog(args: argparse.Namespace, kms: Any, *, existing: bool = False) -> Any:
+    """The catalog the --catalog options describe (KMS from the --kms-* options).
+    ``existing``: the command works on a table that must exist already (every command
+    but ``table create``), so the catalog must exist too: it never creates a catalog
+    database or its tables (scan, inspect, verify... of a mistyped SQLite path made one)."""
     from icecrypt.catalog import load_catalog
 
-    return load_catalog(args.catalog_name, kms=kms, **_pairs(args.catalog, "--catalog"))
+    properties = _pairs(args.catalog, "--catalog")
+    if existing:
+        properties = _existing_catalog(args.catalog_name, properties)
+    return load_catalog(args.catalog_name, kms=kms, **properties)
+
+
+def _existing_catalog(name: str, properties: dict[str, str]) -> dict[str, str]:
+    """``properties`` of an SQL catalog opened without creating anything: its tables not
+    created (``init_catalog_tables=false``), and its SQLite database file, named by the
+    uri or the default under a local warehouse, required to exist (CatalogError
+    otherwise; SQLite would create an empty one when connecting)."""
+    import os
+
+    from icecrypt.errors import CatalogError
+
+    if str(properties.get("type") or "sql").strip().lower() != "sql":
+        return properties
+    properties = {**properties, "init_catalog_tables": "false"}
+    if not properties.get("uri"):
+        if not properties.get("warehouse"):
+            return properties  # the catalog says what it needs
+        from icecrypt.catalog._sql import DEFAULT_SQLITE_NAME, _local_warehouse_path
+
+        # the catalog's default database, named here so that opening it creates no directory
+        path = os.path.join(_local_warehouse_path(properties["warehouse"]), DEFAULT_SQLITE_NAME)
+        properties["uri"] = f"sqlite:///{path}"
+    path = _sqlite_file(properties["uri"])
+    if path is not None and not os.path.isfile(path):
+        raise CatalogError(f"catalog {name!r}: the SQLite database {path} does not exist (a command on an existing "
+                           "table never creates a catalog; check --catalog uri=... or warehouse=...)")
+    return properties
+
+
+def _sqlite_file(uri: str) -> str | None:
+    """The database file an SQLite URL names; None for another database, an in-memory
+    one, or an SQLite URI filename (``sqlite:///file:...``)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(uri)
+    except Exception:  # noqa: BLE001 - no SQLAlchemy, or no URL: the catalog reports it
+        return None
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    if url.database.startswith("file:"):
+        return None
+    return url.database
 # --- end catalog helper ---
 
 

@@ -192,6 +192,57 @@ def test_scan_output_ended_by_a_signal_leaves_no_temporary_file(tmp_path, table,
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+# --- issue 30: commands on an existing table never create a catalog ---------------------------------
+
+
+READ_ONLY = (["scan"], ["snapshots"], ["inspect", "_", "snapshots"], ["verify"], ["refs"], ["properties"],
+             ["schema"], ["spec"])
+
+
+def _command(words: list[str], identifier: str) -> list[str]:
+    return [words[0], identifier, *words[2:]] if len(words) > 1 else [words[0], identifier]
+
+
+@pytest.mark.parametrize("words", READ_ONLY, ids=[w[0] for w in READ_ONLY])
+def test_a_read_only_command_never_creates_a_catalog_database(tmp_path, capfd, words):
+    """``table scan db.t --catalog uri=sqlite:///missing.db`` created an SQLite database
+    with the catalog's tables at the mistyped path (and a warehouse directory and
+    database when only warehouse= was given).  Now it says the database does not exist
+    and creates nothing."""
+    missing = tmp_path / "cat" / "missing.db"
+    missing.parent.mkdir()
+    status, out, err = run(capfd, "table", *_command(words, "db.t"), "--catalog", f"uri=sqlite:///{missing}",
+                           *MEMORY_KMS)
+    assert status != 0 and f"the SQLite database {missing} does not exist" in err, err
+    assert list(missing.parent.iterdir()) == []
+    warehouse = tmp_path / "wh"
+    status, out, err = run(capfd, "table", *_command(words, "db.t"), "--catalog", f"warehouse={warehouse}",
+                           *MEMORY_KMS)
+    assert status != 0 and "does not exist" in err, err
+    assert not warehouse.exists()
+
+
+def test_commands_on_an_existing_catalog_create_no_tables_in_it(tmp_path, capfd):
+    """A database that exists but holds no catalog (another application's): a command on
+    a table reports that it has no catalog tables and adds none; a real catalog works."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (x TEXT)")
+    status, out, err = run(capfd, "table", "scan", "db.t", "--catalog", f"uri=sqlite:///{other}", *MEMORY_KMS)
+    assert status != 0 and "iceberg_tables" in err, err
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["notes"]
+    catalog = ["--catalog", f"uri=sqlite:///{tmp_path / 'cat.db'}", "--catalog", f"warehouse={tmp_path / 'wh'}"]
+    assert run(capfd, "table", "create", "db.t", "--schema", "id long", *catalog, *MEMORY_KMS)[0] == 0
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64())}), source)
+    assert run(capfd, "table", "append", "db.t", source, "-q", *catalog, *MEMORY_KMS)[0] == 0
+    status, out, err = run(capfd, "table", "scan", "db.t", *catalog, *MEMORY_KMS)
+    assert status == 0 and out.split() == ['"id"', "1", "2"], err
+
+
 # --- item 18: terminal injection ---------------------------------------------------------------------
 
 
