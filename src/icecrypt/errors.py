@@ -255,3 +255,22 @@ class InsecureTransportWarning(UserWarning):
 
 
 __all__ += ["ReplayedKeyError", "InsecureTransportWarning"]
+
+
+# --- snapshot metadata that its manifests or its history contradict (issue 30) --------------
+
+
+class SnapshotIntegrityError(IcecryptError, ValueError):
+    """What ``metadata.json`` says of a snapshot (its ``operation``, the streaming epoch
+    in its summary) disagrees with what its manifests show (authenticated in an encrypted
+    table) or with the rest of its history: a forged or damaged table version, refused
+    instead of acted on (rows skipped, an epoch dropped).  ``table``: the table's
+    location; ``snapshot_id``: the snapshot."""
+
+    def __init__(self, message: str, *, table: str, snapshot_id: int | None):
+        super().__init__(message)
+        self.table = table
+        self.snapshot_id = snapshot_id
+
+
+__all__ += ["SnapshotIntegrityError"]

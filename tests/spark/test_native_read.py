@@ -439,7 +439,7 @@ def test_the_deletes_format_gives_live_rows_and_fails_closed(nspark, tmp_path):
 
 
 def test_listed_files_is_what_spark_reads(nspark, tmp_path):
-    """The planned-files check counts the files Spark's file index keeps (as inputFiles()
+    """The planned-files check takes the files Spark's file index keeps (as inputFiles()
     does, without optimizing the plan): a data file with a hidden name (``_x``, ``.x``),
     which Spark skips even when named, is not counted, so such a read takes the Python
     path instead of losing that file's rows."""
@@ -451,9 +451,9 @@ def test_listed_files_is_what_spark_reads(nspark, tmp_path):
     paths = [f"file://{tmp_path / name}" for name in names]
     listed = nspark.sparkContext._jvm.org.icecrypt.spark.NativeRouting.listedFiles
     frame = nspark.read.parquet(*paths)
-    assert listed(frame._jdf) == len(frame.inputFiles()) == 1 and frame.count() == 2
+    assert listed(frame._jdf).size() == len(frame.inputFiles()) == 1 and frame.count() == 2
     both = frame.unionAll(nspark.read.parquet(paths[0], paths[0]))
-    assert listed(both._jdf) == len(both.inputFiles()) == 1
+    assert listed(both._jdf).size() == len(both.inputFiles()) == 1
 
 
 def test_partition_directories_with_escaped_separators(nspark, tmp_path):

@@ -139,6 +139,106 @@ def test_scan_output_subprocess_symlink(tmp_path, capfd, table):
     assert stat.S_IMODE(out.stat().st_mode) == 0o600 and pq.read_table(out).num_rows == 600
 
 
+@pytest.mark.parametrize("limit", ["-1", "-5", "x", "1.5", str(2**63)])
+def test_scan_limit_must_be_a_number_of_rows(tmp_path, table, limit):
+    """``--limit -1`` reached pyarrow's slice: a C++ length_error aborted the interpreter
+    (exit 134) and left the hidden temporary file of decrypted rows beside the output.
+    Now argparse refuses it, before anything is read or written."""
+    out = tmp_path / "rows.csv"
+    done = run_process("table", "scan", table, "--limit", limit, "-o", out, *MEMORY_KMS)
+    assert done.returncode not in (0, 134) and -done.returncode not in (6, 11), done.returncode
+    assert b"argument --limit" in done.stderr and b"is not a number of rows" in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "t"]  # no output, no temporary file
+    done = run_process("table", "scan", table, "--limit", "0", "-o", out, *MEMORY_KMS)
+    assert done.returncode == 0, done.stderr
+    assert pacsv.read_csv(out).num_rows == 0 and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+_KILLED_MID_SCAN = """
+import os, signal, sys
+import icecrypt.table
+from icecrypt.cli import main
+
+real = icecrypt.table.read_task
+
+def read_task(*args, **kwargs):
+    for n, batch in enumerate(real(*args, **kwargs)):
+        yield batch
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # after the first batch is written
+
+icecrypt.table.read_task = read_task
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_scan_output_ended_by_a_signal_leaves_no_temporary_file(tmp_path, table, signame):
+    """A scan to a file ended by SIGTERM (or SIGHUP) while it writes: the temporary file of
+    decrypted rows is removed, the old output stays, the exit status says the signal."""
+    import signal
+
+    out = tmp_path / "rows.csv"
+    out.write_text("old\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    argv = ["table", "scan", str(table), "-o", str(out), *MEMORY_KMS]
+    done = subprocess.run([sys.executable, "-c", _KILLED_MID_SCAN, signame, *argv], capture_output=True,
+                          timeout=120, env=env, check=False)  # fmt: skip
+    assert done.returncode == 128 + getattr(signal, signame), done.stderr
+    assert out.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# --- issue 30: commands on an existing table never create a catalog ---------------------------------
+
+
+READ_ONLY = (["scan"], ["snapshots"], ["inspect", "_", "snapshots"], ["verify"], ["refs"], ["properties"],
+             ["schema"], ["spec"])
+
+
+def _command(words: list[str], identifier: str) -> list[str]:
+    return [words[0], identifier, *words[2:]] if len(words) > 1 else [words[0], identifier]
+
+
+@pytest.mark.parametrize("words", READ_ONLY, ids=[w[0] for w in READ_ONLY])
+def test_a_read_only_command_never_creates_a_catalog_database(tmp_path, capfd, words):
+    """``table scan db.t --catalog uri=sqlite:///missing.db`` created an SQLite database
+    with the catalog's tables at the mistyped path (and a warehouse directory and
+    database when only warehouse= was given).  Now it says the database does not exist
+    and creates nothing."""
+    missing = tmp_path / "cat" / "missing.db"
+    missing.parent.mkdir()
+    status, out, err = run(capfd, "table", *_command(words, "db.t"), "--catalog", f"uri=sqlite:///{missing}",
+                           *MEMORY_KMS)
+    assert status != 0 and f"the SQLite database {missing} does not exist" in err, err
+    assert list(missing.parent.iterdir()) == []
+    warehouse = tmp_path / "wh"
+    status, out, err = run(capfd, "table", *_command(words, "db.t"), "--catalog", f"warehouse={warehouse}",
+                           *MEMORY_KMS)
+    assert status != 0 and "does not exist" in err, err
+    assert not warehouse.exists()
+
+
+def test_commands_on_an_existing_catalog_create_no_tables_in_it(tmp_path, capfd):
+    """A database that exists but holds no catalog (another application's): a command on
+    a table reports that it has no catalog tables and adds none; a real catalog works."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (x TEXT)")
+    status, out, err = run(capfd, "table", "scan", "db.t", "--catalog", f"uri=sqlite:///{other}", *MEMORY_KMS)
+    assert status != 0 and "iceberg_tables" in err, err
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["notes"]
+    catalog = ["--catalog", f"uri=sqlite:///{tmp_path / 'cat.db'}", "--catalog", f"warehouse={tmp_path / 'wh'}"]
+    assert run(capfd, "table", "create", "db.t", "--schema", "id long", *catalog, *MEMORY_KMS)[0] == 0
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64())}), source)
+    assert run(capfd, "table", "append", "db.t", source, "-q", *catalog, *MEMORY_KMS)[0] == 0
+    status, out, err = run(capfd, "table", "scan", "db.t", *catalog, *MEMORY_KMS)
+    assert status == 0 and out.split() == ['"id"', "1", "2"], err
+
+
 # --- item 18: terminal injection ---------------------------------------------------------------------
 
 

@@ -310,6 +310,64 @@ def test_plaintext_avro_data_file_recursive(tmp_path):
     assert_refused(outcome, path.name, "recursive Avro type 'R'")
 
 
+#: the plaintext table's schema as a data file's writer schema (field ids as Iceberg's)
+TABLE_AVRO_SCHEMA = {"type": "record", "name": "r", "fields": [
+    {"name": "id", "type": ["null", "long"], "field-id": 1},
+    {"name": "s", "type": ["null", "string"], "field-id": 2},
+]}
+
+
+def zero_string_blocks(blocks: int, records: int = 4, length: int = 256 << 10) -> bytes:
+    """A data file of ``blocks`` deflate blocks of ``records`` rows, each a string of
+    ``length`` zero bytes: every block passes the per-block checks (it inflates to about
+    1 MiB, well under 64 MiB, and holds few values) and is stored in about 1 kB."""
+    row = b"\x02\x00" + b"\x02" + _bytes(bytes(length))  # id 0, s = "\0" * length
+    block = zlib.compressobj(9, zlib.DEFLATED, -15)
+    data = block.compress(row * records) + block.flush()
+    return container(TABLE_AVRO_SCHEMA, [(records, data)] * blocks, codec="deflate")
+
+
+def test_avro_data_file_inflating_past_the_file_cap(tmp_path, monkeypatch):
+    """Each block is capped, the file was not: a data file of many blocks of deflated
+    zeros that each pass inflated without end (about a thousandfold its stored size).
+    Its blocks now inflate to at most ICECRYPT_MAX_AVRO_FILE_BYTES in all (set to 8 MiB
+    here; 24 blocks of just over 1 MiB): a FormatError naming the file at the block that passes
+    the cap, in a child whose memory stays bounded; under the default cap it reads."""
+    table = plaintext_table(tmp_path)
+    path = with_avro_data_file(table, zero_string_blocks(24))
+    assert path.stat().st_size < 64 << 10
+    monkeypatch.setenv("ICECRYPT_MAX_AVRO_FILE_BYTES", str(8 << 20))
+    outcome = run_child("icecrypt.table.EncryptedTable.load(sys.argv[1]).scan().to_arrow()", table.location)
+    assert_refused(outcome, path.name, "Avro block 8 refused: the data file inflates to more than 8388608 bytes",
+                   "ICECRYPT_MAX_AVRO_FILE_BYTES")
+    monkeypatch.delenv("ICECRYPT_MAX_AVRO_FILE_BYTES")
+    assert EncryptedTable.load(table.location).scan().count() == 24 * 4
+
+
+def test_encrypted_avro_data_file_inflating_past_the_file_cap(tmp_path, monkeypatch):
+    """The same cap on an encrypted table's Avro data file, written by icecrypt itself
+    (highly compressible values): with the cap below what the file inflates to, the scan
+    fails naming the data file; the manifests (metadata, capped otherwise) still read."""
+    from icecrypt.kms.memory import MemoryKms
+
+    kms = MemoryKms.with_iceberg_test_keys()
+    table = EncryptedTable.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("s", pa.string())]), kms=kms,
+                                  table_key_id="keyA", properties={"write.format.default": "avro"})
+    table.append(pa.table({"id": pa.array(range(40), pa.int64()), "s": ["\0" * (256 << 10)] * 40}))
+    data_file = next(iter(table.scan().plan_files())).file
+    assert data_file.file_format == "AVRO"
+    monkeypatch.setenv("ICECRYPT_MAX_AVRO_FILE_BYTES", str(4 << 20))
+    with pytest.raises(FormatError, match=r"the data file inflates to more than 4194304 bytes") as caught:
+        table.scan().to_arrow()
+    assert Path(data_file.path).name in str(caught.value)
+    assert table.scan(columns=["id"]).plan_files()  # planning (manifests) is not what is capped
+    monkeypatch.setenv("ICECRYPT_MAX_AVRO_FILE_BYTES", "-1")
+    with pytest.raises(ValueError, match="ICECRYPT_MAX_AVRO_FILE_BYTES must be a positive number of bytes"):
+        table.scan().to_arrow()
+    monkeypatch.delenv("ICECRYPT_MAX_AVRO_FILE_BYTES")
+    assert table.scan().count() == 40
+
+
 def test_legitimate_large_blocks_still_read(tmp_path):
     """A block of large values (what a data file with big strings holds) is far above
     the schema bound and is walked, not refused."""

@@ -256,6 +256,35 @@ def test_rekey_expire_skips_metadata_log_entries_outside_the_table(tmp_path, kms
     assert victim.verify().ok and sorted(victim.scan().to_arrow()["id"].to_pylist()) == list(range(10))
 
 
+def test_encrypt_table_expiry_deletes_only_metadata_files_the_log_names(tmp_path, kms, outside):
+    """encrypt_table(expire_plaintext=True) deleted every metadata-log entry inside the
+    table, whatever its name: a forged entry naming a data file the table keeps (here
+    another live table's file stored under this table's root, and a stray data file) was
+    deleted.  Now it deletes there only what drop_table(purge=True) deletes: entries named
+    ``*.metadata.json`` / ``*.metadata.json.gz``; the others are skipped and reported."""
+    from icecrypt.table.maintenance.encrypt import encrypt_table
+
+    plain = EncryptedTable.create(str(tmp_path / "t"), SCHEMA, kms=None, table_key_id=None)
+    plain.append(rows(0, 10))
+    keep = tmp_path / "t" / "data" / "keep" / "precious.parquet"
+    keep.parent.mkdir(parents=True)
+    keep.write_bytes(b"precious rows")
+    manifest = tmp_path / "t" / "metadata" / "kept-manifest.avro"
+    manifest.write_bytes(b"kept")
+    old_metadata = newest_metadata(plain)
+    log = [str(keep), f"file://{manifest}", str(outside.add("payroll.parquet"))]
+    forge_version(plain, lambda m: m["metadata-log"].extend({"timestamp-ms": 1, "metadata-file": f} for f in log))
+    victim = EncryptedTable.load(str(tmp_path / "t"))
+    with pytest.warns(PathOutsideTableWarning):
+        result = encrypt_table(victim, kms=kms, table_key_id="keyA", expire_plaintext=True)
+    assert keep.read_bytes() == b"precious rows" and manifest.read_bytes() == b"kept"
+    assert set(log) <= set(result.skipped_files)
+    assert not old_metadata.exists()  # the log's real metadata files went, as before
+    outside.check()
+    table = EncryptedTable.load(str(tmp_path / "t"), kms=kms)
+    assert table.encrypted and sorted(table.scan().to_arrow()["id"].to_pylist()) == list(range(10))
+
+
 # --- item 3: remove_orphan_files --------------------------------------------------------------------------
 
 

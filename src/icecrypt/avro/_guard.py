@@ -23,6 +23,9 @@ fastavro sees a file:
 * a metadata file inflates to at most :data:`METADATA_INFLATION` times its stored size
   (plus :data:`METADATA_INFLATION_FLOOR`): the table code keeps all its records in
   memory, so a file of many small blocks that each stay under the caps is refused too.
+* a data file's blocks inflate to at most :func:`icecrypt._limits.max_avro_file_bytes`
+  in all (16 GiB unless ``$ICECRYPT_MAX_AVRO_FILE_BYTES`` says otherwise): blocks of
+  deflated zeros that each pass would otherwise inflate a file about a thousandfold.
 
 Failures are :class:`~icecrypt.FormatError` naming the file.
 """
@@ -37,6 +40,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from icecrypt._limits import MAX_AVRO_FILE_BYTES_ENV, max_avro_file_bytes
 from icecrypt.avro._arrow import _fullname, resolve
 from icecrypt.avro._container import SYNC_SIZE, _zigzag
 from icecrypt.errors import FormatError
@@ -348,6 +352,9 @@ class BlockGuard:
         #: the most bytes a block may be stored in (compression can add a little)
         self.max_stored = self.block_bytes + (self.block_bytes >> 6) + 4096
         self.inflation_left = METADATA_INFLATION_FLOOR + METADATA_INFLATION * stored_size if plan.metadata else None
+        #: what the data file's blocks may still inflate to (None for metadata files)
+        self.file_bytes = None if plan.metadata else max_avro_file_bytes()
+        self.file_bytes_left = self.file_bytes
         self.blocks = 0
 
     @property
@@ -387,6 +394,11 @@ class BlockGuard:
             self.inflation_left -= length
             if self.inflation_left < 0:
                 raise _Refused(f"the file inflates to more than {METADATA_INFLATION} times its size (and {METADATA_INFLATION_FLOOR} bytes)")
+        if self.file_bytes_left is not None:
+            self.file_bytes_left -= length
+            if self.file_bytes_left < 0:
+                raise _Refused(f"the data file inflates to more than {self.file_bytes} bytes "
+                               f"(${MAX_AVRO_FILE_BYTES_ENV} raises the cap)")
         plan = self.plan
         if plan.width:
             if count > length // plan.width:

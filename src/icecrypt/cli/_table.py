@@ -60,7 +60,7 @@ def register(subparsers: Any) -> Any:
                    help="the snapshot current at TIME: ISO date/time (UTC unless it says) or ms since the epoch")
     p.add_argument("--branch", help="read the head of this branch")
     p.add_argument("--tag", help="read the snapshot of this tag")
-    p.add_argument("--limit", type=int, help="stop after this many rows")
+    p.add_argument("--limit", type=_row_count, metavar="N", help="stop after this many rows (0 or more)")
     p.add_argument("--output", "-o", help="write to a file instead: .parquet, .csv, .jsonl, .arrow (plaintext!)")
     p.add_argument("--count", action="store_true", help="print only the number of rows")
     _add_common(p)
@@ -165,6 +165,18 @@ def _add_common(p: argparse.ArgumentParser, *, table_arg: bool = True) -> None:
 # --- helpers -----------------------------------------------------------------------------------
 
 
+def _row_count(text: str) -> int:
+    """argparse type of ``--limit``: a number of rows, 0 to 2**63 - 1 (a negative one
+    reached pyarrow's slice, which aborted the interpreter with a C++ length_error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of rows") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is not a number of rows (0 or more)")
+    return value
+
+
 def _pairs(items: list[str], option: str) -> dict[str, str]:
     result = {}
     for item in items:
@@ -200,7 +212,7 @@ def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any
 
     # --- a table by catalog identifier (catalog-core) ---
     if args.catalog:
-        return _catalog(args, kms).load_table(
+        return _catalog(args, kms, existing=True).load_table(
             args.table, check_keys=check_keys, require_encryption=args.require_encryption,
             table_key_id=args.expect_key_id, require_authenticated_metadata=args.require_authenticated_metadata or None,
         )  # fmt: skip
@@ -214,11 +226,60 @@ def _load(args: argparse.Namespace, kms: Any, *, check_keys: bool = True) -> Any
 
 
 # --- catalog helper (catalog-core) ---
-def _catalog(args: argparse.Namespace, kms: Any) -> Any:
-    """The catalog the --catalog options describe (KMS from the --kms-* options)."""
+def _catalog(args: argparse.Namespace, kms: Any, *, existing: bool = False) -> Any:
+    """The catalog the --catalog options describe (KMS from the --kms-* options).
+    ``existing``: the command works on a table that must exist already (every command
+    but ``table create``), so the catalog must exist too: it never creates a catalog
+    database or its tables (scan, inspect, verify... of a mistyped SQLite path made one)."""
     from icecrypt.catalog import load_catalog
 
-    return load_catalog(args.catalog_name, kms=kms, **_pairs(args.catalog, "--catalog"))
+    properties = _pairs(args.catalog, "--catalog")
+    if existing:
+        properties = _existing_catalog(args.catalog_name, properties)
+    return load_catalog(args.catalog_name, kms=kms, **properties)
+
+
+def _existing_catalog(name: str, properties: dict[str, str]) -> dict[str, str]:
+    """``properties`` of an SQL catalog opened without creating anything: its tables not
+    created (``init_catalog_tables=false``), and its SQLite database file, named by the
+    uri or the default under a local warehouse, required to exist (CatalogError
+    otherwise; SQLite would create an empty one when connecting)."""
+    import os
+
+    from icecrypt.errors import CatalogError
+
+    if str(properties.get("type") or "sql").strip().lower() != "sql":
+        return properties
+    properties = {**properties, "init_catalog_tables": "false"}
+    if not properties.get("uri"):
+        if not properties.get("warehouse"):
+            return properties  # the catalog says what it needs
+        from icecrypt.catalog._sql import DEFAULT_SQLITE_NAME, _local_warehouse_path
+
+        # the catalog's default database, named here so that opening it creates no directory
+        path = os.path.join(_local_warehouse_path(properties["warehouse"]), DEFAULT_SQLITE_NAME)
+        properties["uri"] = f"sqlite:///{path}"
+    path = _sqlite_file(properties["uri"])
+    if path is not None and not os.path.isfile(path):
+        raise CatalogError(f"catalog {name!r}: the SQLite database {path} does not exist (a command on an existing "
+                           "table never creates a catalog; check --catalog uri=... or warehouse=...)")
+    return properties
+
+
+def _sqlite_file(uri: str) -> str | None:
+    """The database file an SQLite URL names; None for another database, an in-memory
+    one, or an SQLite URI filename (``sqlite:///file:...``)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(uri)
+    except Exception:  # noqa: BLE001 - no SQLAlchemy, or no URL: the catalog reports it
+        return None
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    if url.database.startswith("file:"):
+        return None
+    return url.database
 # --- end catalog helper ---
 
 
@@ -418,14 +479,20 @@ class _sink:
     The file is written as ``icecrypt decrypt`` writes: decrypted rows go to a temporary
     file of mode 0600 beside the target that takes the target's name only when the scan
     completed (a symlink there is replaced, its target untouched); a failed scan leaves
-    the target as it was.
+    the target as it was, and no temporary file.  While the file is written, SIGTERM and
+    SIGHUP end the command through the same cleanup (exit status 128 + the signal)
+    instead of leaving the temporary file of decrypted rows behind.
     """
+
+    #: signals whose default action would end the process without the cleanup
+    SIGNALS = ("SIGTERM", "SIGHUP")
 
     def __init__(self, output: str | None, schema: Any):
         self.output, self.schema = output, schema
         self.writer: Any = None
         self.atomic: Any = None
         self.header = True
+        self.handlers: dict[int, Any] = {}
 
     def __enter__(self) -> Any:
         import pyarrow as pa
@@ -440,7 +507,12 @@ class _sink:
         suffix = out.lower().rsplit(".", 1)[-1]
         if suffix not in ("parquet", "csv", "arrow", "feather", "ipc", "jsonl", "json", "ndjson"):
             raise ValueError(f"{out}: unknown output format (use .parquet, .csv, .jsonl or .arrow)")
-        self.atomic = AtomicFile(out)
+        self._catch_signals()
+        try:
+            self.atomic = AtomicFile(out)
+        except BaseException:
+            self._restore_signals()
+            raise
         self.sink = io.BufferedWriter(self.atomic.file, 1 << 20)
         try:
             if suffix == "parquet":
@@ -452,7 +524,10 @@ class _sink:
             else:
                 self.writer = _JsonLines(self.sink)
         except BaseException:
-            self._close(failed=True)
+            try:
+                self._close(failed=True)
+            finally:
+                self._restore_signals()
             raise
         return self.writer.write_table
 
@@ -470,8 +545,35 @@ class _sink:
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         if self.atomic is None:
             sys.stdout.flush()
-        else:
+            return
+        try:
             self._close(failed=exc_type is not None)
+        finally:
+            self._restore_signals()
+
+    def _catch_signals(self) -> None:
+        """Make SIGTERM and SIGHUP raise SystemExit here (main thread only: elsewhere the
+        process's handlers cannot be changed)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def terminated(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
+
+        for name in self.SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) == signal.SIG_DFL:
+                self.handlers[number] = signal.signal(number, terminated)
+
+    def _restore_signals(self) -> None:
+        import signal
+
+        for number, handler in self.handlers.items():
+            signal.signal(number, handler)
+        self.handlers = {}
 
     def _close(self, *, failed: bool) -> None:
         """Finish the file and give it the target's name, or (``failed``) remove it."""

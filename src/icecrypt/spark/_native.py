@@ -52,6 +52,9 @@ DataFrameReader options into the scan's Hadoop configuration, broadcast to the e
 it shows them in no query plan (``explain``, every mode), no UI page or REST answer and
 no event log (measured with Spark 4.x; tests/test_secrets_hygiene.py checks it), and the
 name matches Spark's default ``spark.redaction.regex`` in case a Spark version ever does.
+Executors parse it once per read (``org.icecrypt.spark.FileKeys``: cached under the read
+id and the SHA-256 digest of the whole text, dropped and zeroed when the last task of the
+JVM that used it ends).
 The Python tasks carry their files' key metadata as ``icecrypt.iceberg``'s do.
 """
 
@@ -520,10 +523,17 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
         else:
             source, read_options = "parquet", settings
         # one call: Spark's file source over the paths, cast to the Python path's types; None
-        # when Spark's file index does not hold exactly the planned files (one it skips, a
-        # hidden name, would lose rows silently), and such a read takes the Python path
-        jdf = routing.plannedRead(jsession, session_settings, source, schema.json(), output.json(),
-                                  _encode(read_options), "\0".join(paths))
+        # when Spark's file index lists only planned files but not all (one it skips, a
+        # hidden name, would lose rows silently), and such a read takes the Python path; a
+        # listed file that was not planned is refused (_unplanned)
+        try:
+            jdf = routing.plannedRead(jsession, session_settings, source, schema.json(), output.json(),
+                                      _encode(read_options), "\0".join(paths))
+        except Exception as exc:
+            unplanned = _unplanned(exc, location)
+            if unplanned is None:
+                raise
+            raise unplanned from None
         if jdf is None:
             return None, f"Spark's Parquet source does not list all {len(paths)} planned data files"
         parts.append(DataFrame(jdf, spark))
@@ -533,6 +543,23 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
     for part in parts[1:]:
         frame = frame.unionAll(part)
     return frame, ""
+
+
+#: what NativeRouting.plannedRead throws for a listed file the read did not plan
+_UNPLANNED_CLASS = ROUTING_CLASS + "$UnplannedFile"
+
+
+def _unplanned(exc: Exception, location: str) -> Exception | None:
+    """A FormatError naming the table and the file when ``exc`` is plannedRead refusing a
+    file Spark's file source lists but the read did not plan (a planned data file replaced
+    by a directory, e.g. one holding a link to another table's file): never read."""
+    from icecrypt.errors import FormatError
+    from icecrypt.spark._iceberg import NAME
+
+    java = getattr(exc, "java_exception", None)
+    if java is None or java.getClass().getName() != _UNPLANNED_CLASS:
+        return None
+    return FormatError(f"{NAME}: table {location}: {java.getMessage()}")
 
 
 def _python_part(spark: Any, tasks: list[Any], scan: Any, output: Any, table: Any, location: str) -> Any:

@@ -29,7 +29,9 @@ Rate limits (Iceberg's names): ``streaming-max-files-per-micro-batch`` and
 ``streaming-max-rows-per-micro-batch`` (a batch takes whole files while both hold, and
 always at least one file).  ``trigger(availableNow=True)`` honours them and stops at the
 head the query saw when it started.  Snapshots whose operation is ``replace``
-(compaction) add no rows and are passed over; ``overwrite`` and ``delete`` snapshots fail
+(compaction) add no rows and are passed over (each snapshot's ``operation`` is first
+checked against its manifests: a label forged in ``metadata.json`` fails the query with
+``SnapshotIntegrityError``); ``overwrite`` and ``delete`` snapshots fail
 the query with a clear error unless ``streaming-skip-overwrite-snapshots`` /
 ``streaming-skip-delete-snapshots`` is ``true`` (their files are then not read), as in
 Iceberg's Spark source.  Options ``columns`` and ``filter`` apply as to batch reads.
@@ -44,14 +46,20 @@ files as the batch writer does; the driver's ``commit(messages, batch_id)`` appe
 in one snapshot whose summary records the query (``spark.sql.streaming.queryId``) and the
 epoch (``spark.sql.streaming.epochId``), Iceberg Java's keys.  Before it commits -- on
 every attempt of the commit, against the version it is about to build on -- it looks
-through the branch's ancestry for a snapshot of the same query with an epoch at least
-this one: if there is one, the epoch was committed before (a query restarted after its
-driver died between the table commit and the checkpoint's commit log) and the replay's
-files are deleted instead, so each epoch lands exactly once.  Output mode ``complete``
-replaces the table's rows in every epoch (an overwrite snapshot with the same summary),
-as Iceberg Java does.  The query id is the one Spark keeps in the checkpoint: it comes
-from the tasks (Spark's task-local property), so a restarted query recognises its own
-epochs.
+through the branch's ancestry for a snapshot of the same query and exactly this epoch:
+Spark replays only the epoch whose commit its checkpoint did not record (a query
+restarted after its driver died between the table commit and the checkpoint's commit
+log), so if there is one the epoch was committed before and the replay's files are
+deleted instead, so each epoch lands exactly once.  Summaries are storage, not
+authority (:func:`committed_epoch`): such a snapshot must show, in its manifests
+(authenticated in an encrypted table), data files it added; and an epoch summary that is
+not an epoch id, epochs of the query going backwards along the ancestry, or a later
+epoch of the query without this one (Java's sink would skip every epoch up to it) fail
+the commit with ``SnapshotIntegrityError`` instead of dropping the epoch.  Output mode
+``complete`` replaces the table's rows in every epoch (an overwrite snapshot with the
+same summary), as Iceberg Java does.  The query id is the one Spark keeps in the
+checkpoint: it comes from the tasks (Spark's task-local property), so a restarted query
+recognises its own epochs.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ import contextlib
 import copy
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -68,6 +76,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStream
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from icecrypt.errors import SnapshotIntegrityError
 from icecrypt.spark._common import OPT_BATCH_SIZE, file_error, positive_int, split_size
 from icecrypt.spark._iceberg import (
     NAME,
@@ -97,11 +106,12 @@ from icecrypt.spark._iceberg import (
 from icecrypt.spark._schema import Projection
 from icecrypt.table import EncryptedTable, FileScanTask, TableScan, read_task
 from icecrypt.table.files.metadata import Snapshot
-from icecrypt.table.read.incremental import _ancestry, snapshot_range
+from icecrypt.table.model.operations import SnapshotChanges, check_operation
+from icecrypt.table.read.incremental import _ancestry, check_snapshot_operation, snapshot_range
 from icecrypt.table.read.scan import parse_row_filter
 
 __all__ = ["EPOCH_ID_PROPERTY", "QUERY_ID_PROPERTY", "IcebergStreamReader", "IcebergStreamWriter",
-           "StreamTaskDataFiles", "last_committed_epoch"]
+           "StreamTaskDataFiles", "committed_epoch"]
 
 #: the snapshot summary properties of a streaming write (Iceberg Java's Spark sink's names)
 QUERY_ID_PROPERTY = "spark.sql.streaming.queryId"
@@ -222,7 +232,7 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_table", "_files", "_target"):
+        for name in ("_table", "_files", "_target", "_checked"):
             state.pop(name, None)
         return state
 
@@ -312,7 +322,17 @@ class IcebergStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _admitted(self, table: EncryptedTable, snapshot: Snapshot) -> list[_File]:
         """The files a snapshot the stream reaches contributes (its appended ones), or []
-        for one it passes over; an overwrite or delete not to be skipped stops the stream."""
+        for one it passes over; an overwrite or delete not to be skipped stops the stream.
+        The label decides, so it is checked against the snapshot's manifests first (once
+        per snapshot): a forged one is a SnapshotIntegrityError, never rows passed over."""
+        checked = self.__dict__.setdefault("_checked", set())
+        if snapshot.snapshot_id not in checked:
+            try:
+                check_snapshot_operation(table, snapshot)
+            except SnapshotIntegrityError as exc:
+                raise SnapshotIntegrityError(f"{NAME}: stream of {exc}", table=exc.table,
+                                             snapshot_id=exc.snapshot_id) from None
+            checked.add(snapshot.snapshot_id)
         operation = snapshot.operation
         if operation == "append" or operation == "replace":
             return self._snapshot_files(table, snapshot, False)
@@ -457,25 +477,93 @@ class StreamTaskDataFiles(TaskDataFiles):
         self.query_id, self.epoch, self.operation_id = query_id, epoch, operation_id
 
 
-def last_committed_epoch(metadata: Mapping[str, Any], query_id: str, branch: str = _MAIN) -> int | None:
-    """The newest epoch of streaming query ``query_id`` among the ancestors of ``branch``'s
-    head in a table version (its metadata document), by the snapshot summaries; None if
-    the query committed none there."""
-    snapshots = {s["snapshot-id"]: s for s in metadata.get("snapshots") or ()}
+#: the largest epoch id (Spark's batch ids are Java longs)
+_MAX_EPOCH = 2**63 - 1
+
+
+def _summary_epoch(snapshot: Mapping[str, Any], table: str) -> int:
+    """The epoch a snapshot of the query records: a non-negative integer in canonical
+    decimal, as Spark and Java write it; anything else is SnapshotIntegrityError."""
+    raw = (snapshot.get("summary") or {}).get(EPOCH_ID_PROPERTY)
+    if (isinstance(raw, str) and raw.isascii() and raw.isdigit() and (raw == "0" or raw[0] != "0")
+            and int(raw) <= _MAX_EPOCH):
+        return int(raw)
+    raise SnapshotIntegrityError(
+        f"{NAME}: table {table}: snapshot {snapshot.get('snapshot-id')} records streaming epoch {raw!r} "
+        f"({EPOCH_ID_PROPERTY}), which is not an epoch id (a non-negative integer): refused rather than acted on",
+        table=table, snapshot_id=snapshot.get("snapshot-id"),
+    )
+
+
+def _query_epochs(metadata: Mapping[str, Any], query_id: str, branch: str, table: str) -> list[tuple[dict, int]]:
+    """(snapshot, epoch) of each snapshot of streaming query ``query_id`` among the
+    ancestors of ``branch``'s head, newest first; the epochs must not go backwards along
+    the ancestry (an older snapshot of the query with a later epoch than a newer one:
+    SnapshotIntegrityError)."""
+    snapshots = {s.get("snapshot-id"): s for s in metadata.get("snapshots") or ()}
     ref = (metadata.get("refs") or {}).get(branch)
     current = ref.get("snapshot-id") if ref else (metadata.get("current-snapshot-id") if branch == _MAIN else None)
+    found: list[tuple[dict, int]] = []
     seen: set[int] = set()
-    while current is not None and current in snapshots and current not in seen:
+    while current is not None and current in snapshots:
+        if current in seen:
+            raise SnapshotIntegrityError(f"{NAME}: table {table}: the parent chain of branch {branch!r} loops at "
+                                         f"snapshot {current}", table=table, snapshot_id=current)
         seen.add(current)
         snapshot = snapshots[current]
-        summary = snapshot.get("summary") or {}
-        if summary.get(QUERY_ID_PROPERTY) == query_id:
-            try:
-                return int(summary.get(EPOCH_ID_PROPERTY))
-            except (TypeError, ValueError):
-                pass  # not one of ours: keep looking
+        if (snapshot.get("summary") or {}).get(QUERY_ID_PROPERTY) == query_id:
+            epoch = _summary_epoch(snapshot, table)
+            if found and epoch > found[-1][1]:
+                newer, newer_epoch = found[-1]
+                raise SnapshotIntegrityError(
+                    f"{NAME}: table {table}: streaming query {query_id}'s epochs go backwards along branch "
+                    f"{branch!r}: snapshot {current} records epoch {epoch}, its descendant {newer['snapshot-id']} "
+                    f"epoch {newer_epoch} (a forged or damaged history): refused", table=table, snapshot_id=current,
+                )
+            found.append((snapshot, epoch))
         current = snapshot.get("parent-snapshot-id")
-    return None
+    return found
+
+
+def committed_epoch(
+    metadata: Mapping[str, Any], query_id: str, epoch: int, changes: Callable[[Mapping[str, Any]], SnapshotChanges],
+    *, branch: str = _MAIN, table: str, files: bool,
+) -> int | None:
+    """The snapshot among the ancestors of ``branch``'s head in a table version (its
+    metadata document) that committed epoch ``epoch`` of streaming query ``query_id``, or
+    None when the epoch is not in the table.  Spark replays only the epoch whose commit it
+    did not record, so only a snapshot of exactly this query and epoch counts, and it is
+    checked against what can be authenticated: its manifests (``changes(snapshot)``) must
+    show data files it added when the replay has data files (``files``), and its
+    operation must fit them.  A snapshot of the query with a later epoch and none with
+    this one (the table ahead of the query's checkpoint), an epoch that is not an epoch id
+    and epochs that go backwards are SnapshotIntegrityError naming the table, the
+    snapshot and the epochs: never a reason to drop an epoch."""
+    epochs = _query_epochs(metadata, query_id, branch, table)
+    exact = next((snapshot for snapshot, e in epochs if e == epoch), None)
+    if exact is None:
+        if epochs and epochs[0][1] > epoch:
+            newest, newest_epoch = epochs[0]
+            raise SnapshotIntegrityError(
+                f"{NAME}: table {table}: snapshot {newest['snapshot-id']} records epoch {newest_epoch} of streaming "
+                f"query {query_id}, later than epoch {epoch} that Spark commits now, and no snapshot records epoch "
+                f"{epoch}: the table's history is ahead of the query's checkpoint (a forged summary, or a checkpoint "
+                "restored from an older copy); nothing was committed", table=table, snapshot_id=newest["snapshot-id"],
+            )
+        return None
+    snapshot_id = exact["snapshot-id"]
+    found = changes(exact)
+    if files and not found.added_data_files:
+        raise SnapshotIntegrityError(
+            f"{NAME}: table {table}: snapshot {snapshot_id} records epoch {epoch} of streaming query {query_id}, but "
+            f"its manifests show no data file added by it ({found}): it did not commit this epoch's rows (a forged "
+            "summary); nothing was committed", table=table, snapshot_id=snapshot_id,
+        )
+    parent = exact.get("parent-snapshot-id")
+    root = parent is None or all(s.get("snapshot-id") != parent for s in metadata.get("snapshots") or ())
+    check_operation(table, snapshot_id, (exact.get("summary") or {}).get("operation"), found, root=root,
+                    format_version=int(metadata.get("format-version") or 1))
+    return snapshot_id
 
 
 class EpochAlreadyCommitted(Exception):
@@ -528,10 +616,11 @@ class IcebergStreamWriter(IcebergWriter, DataSourceStreamArrowWriter):
         query_id = query_ids.pop()
         branch = self.branch or _MAIN
 
-        def check(version: Mapping[str, Any]) -> None:
-            last = last_committed_epoch(version, query_id, branch)
-            if last is not None and last >= epoch:
-                raise EpochAlreadyCommitted(f"epoch {epoch} of query {query_id} (committed up to epoch {last})")
+        def check(version: Mapping[str, Any], changes: Callable[[Mapping[str, Any]], SnapshotChanges]) -> None:
+            committed = committed_epoch(version, query_id, epoch, changes, branch=branch, table=self.location,
+                                        files=bool(data_files))
+            if committed is not None:
+                raise EpochAlreadyCommitted(f"epoch {epoch} of query {query_id} (snapshot {committed})")
 
         summary = {QUERY_ID_PROPERTY: query_id, EPOCH_ID_PROPERTY: str(epoch)}
         table = None
@@ -543,6 +632,8 @@ class IcebergStreamWriter(IcebergWriter, DataSourceStreamArrowWriter):
                 append_files(table, data_files, branch=self.branch, summary=summary, check=check)
         except EpochAlreadyCommitted:
             pass  # the replay's data files are deleted by the failed commit
+        except SnapshotIntegrityError:
+            raise  # names the table, the snapshot and the epochs already
         except Exception as exc:
             raise file_error(exc, f"{NAME}: committing epoch {epoch} to table {self.location}") from exc
         keep = [f["file_path"] for f in data_files]

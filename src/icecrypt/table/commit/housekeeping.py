@@ -11,6 +11,11 @@ After the commit, with deletion enabled, the files the commit dropped from the l
 (Java's ``deleteRemovedMetadataFiles``: the base version's log minus the new one's) are
 deleted; failures to delete are warnings, never a failed commit.
 
+Deleting what a metadata log names elsewhere (``rekey(expire=True)``, ``encrypt_table``'s
+expiry, ``drop_table(purge=True)``) follows one rule, :func:`delete_logged_metadata_files`:
+the log is storage's word, so only entries named as Iceberg names metadata files are
+deleted, and only inside the table.
+
 One check more than Java: in an encrypted table the keys of every snapshot live in the
 metadata's ``encryption-keys``.  An old metadata file is deleted only when the new
 metadata carries the whole key chain (manifest-list key entry and the KEK that wraps it)
@@ -20,22 +25,53 @@ missing, since an old version may then be the only place that key is left.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import warnings
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
+if TYPE_CHECKING:
+    from icecrypt.table.files.io import Deletions
+
 __all__ = [
     "DELETE_AFTER_COMMIT",
+    "METADATA_FILE_SUFFIXES",
     "PREVIOUS_VERSIONS_MAX",
+    "delete_logged_metadata_files",
     "delete_removed_metadata_files",
+    "is_metadata_file_name",
     "missing_snapshot_keys",
 ]
 
 DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
 PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
+
+
+#: how Iceberg names metadata files: what a metadata-log entry must be called to be deleted
+METADATA_FILE_SUFFIXES = (".metadata.json", ".metadata.json.gz")
+
+
+def is_metadata_file_name(location: str) -> bool:
+    """Whether a recorded location names a file as Iceberg names metadata files."""
+    name = posixpath.basename(location)
+    return name not in ("", ".", "..") and name.endswith(METADATA_FILE_SUFFIXES)
+
+
+def delete_logged_metadata_files(deletions: Deletions, logged: Iterable[str]) -> None:
+    """Delete the metadata files that metadata-log entries (``logged``: the locations
+    as recorded) name, through ``deletions`` (under the table's pinned roots, never
+    through a symbolic link; missing files ignored).  The log is storage's word: an entry
+    not named ``*.metadata.json`` / ``*.metadata.json.gz`` (a data file, a manifest, a
+    key store) is never deleted, only reported as skipped."""
+    for recorded in logged:
+        if not is_metadata_file_name(recorded):
+            deletions.skipped.append((recorded, f"metadata-log entry {recorded} is not a metadata file"))
+            continue
+        with contextlib.suppress(OSError):
+            deletions.location(recorded, what="metadata-log entry")
 
 
 def _enabled(metadata: Mapping[str, Any]) -> bool:
@@ -97,10 +133,9 @@ def delete_removed_metadata_files(
     for recorded in removed:
         # the table's metadata files live beside its versions (Hadoop layout); a
         # recorded location is matched there by name, whatever prefix it was written with
-        name = posixpath.basename(recorded)
-        if name in ("", ".", "..") or not name.endswith((".metadata.json", ".metadata.json.gz")):
+        if not is_metadata_file_name(recorded):
             continue  # not a metadata file's name: the log is storage's word, nothing to delete
-        path = posixpath.join(metadata_dir, name)
+        path = posixpath.join(metadata_dir, posixpath.basename(recorded))
         try:
             filesystem.delete_file(path)
         except FileNotFoundError:

@@ -55,6 +55,7 @@ from icecrypt.table.files.manifest_write import (
     write_manifest,
 )
 from icecrypt.table.model.metadata_columns import lineage_columns
+from icecrypt.table.commit.housekeeping import delete_logged_metadata_files
 from icecrypt.table.commit.pin import check_unambiguous
 from icecrypt.table.files.read import FileScanTask, read_task
 from icecrypt.table.files.write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, table_sort_order, write_data_files
@@ -896,21 +897,11 @@ def _drop_old_keys_and_metadata(table: Any, retired_keks: set[str]) -> Deletions
     # the metadata log is storage's word: only metadata files under the table's
     # pinned roots are deleted (never through a link); anything else is reported
     deletions = Deletions(table.locations, f"rekey of {table.pin.location}")
-    for recorded in old_log:
-        if not _is_metadata_name(recorded):
-            deletions.skipped.append((recorded, f"metadata-log entry {recorded} is not a metadata file"))
-            continue
-        with contextlib.suppress(OSError):
-            deletions.location(recorded, what="metadata-log entry")
+    delete_logged_metadata_files(deletions, old_log)
     with contextlib.suppress(OSError):
         deletions.path(landed_base[0])
     deletions.warn()
     return deletions
-
-
-def _is_metadata_name(location: str) -> bool:
-    """Whether a metadata-log entry is named as Iceberg names metadata files."""
-    return posixpath.basename(location).endswith((".metadata.json", ".metadata.json.gz"))
 
 
 # --- orphan files --------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from icecrypt.keys import EncryptionManager
 from icecrypt.keys.manager import ENCRYPTION_DEK_LENGTH, ENCRYPTION_TABLE_KEY, validate_table_properties
 from icecrypt.table.commit import authenticity as _authenticity
 from icecrypt.table.commit import store as _commit
+from icecrypt.table.commit.housekeeping import METADATA_FILE_SUFFIXES, delete_logged_metadata_files
 from icecrypt.table.model import changes as _model
 from icecrypt.table.ops import write as w
 from icecrypt.table.files.io import Deletions, Locations
@@ -570,11 +571,14 @@ def _expire_old(table: Any, base_location: str, old_files: tuple[list[str], list
                       "again to delete them", RuntimeWarning, stacklevel=3)  # fmt: skip
         return
     deletions = Deletions(table.locations, f"conversion of {table.pin.location}")
-    for location in files + logged:
+    for location in files:
         if location in live:
             continue
         with contextlib.suppress(OSError, ValueError):
             deletions.location(location)
+    # the older metadata files: only what drop_table(purge=True) deletes there (entries
+    # named *.metadata.json[.gz]; the log is storage's word, a data file it names stays)
+    delete_logged_metadata_files(deletions, logged)
     with contextlib.suppress(OSError):
         deletions.path(base_location)
     deletions.warn()
@@ -623,7 +627,7 @@ def _remove_unreferenced_old_kind(table: Any, result: ConvertTableResult, *, enc
 def _newer_metadata(path: str, current: str) -> bool:
     """Whether ``path`` is a metadata file not older than the ``current`` one (or of a
     name whose version is unknown: kept)."""
-    if not path.endswith((".metadata.json", ".metadata.json.gz")):
+    if not path.endswith(METADATA_FILE_SUFFIXES):
         return False
     try:
         return _commit.version_of(path) >= _commit.version_of(current)

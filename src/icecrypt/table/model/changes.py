@@ -50,7 +50,9 @@ __all__ = [
     "SetSnapshotRef",
     "UpgradeFormatVersion",
     "apply",
+    "check_ref_name",
     "check_refs",
+    "ref_name_problem",
     "requirements_for",
 ]
 
@@ -59,8 +61,59 @@ MAX_PREVIOUS_VERSIONS = 100  # write.metadata.previous-versions-max, as in Java
 REF_TYPES = ("branch", "tag")
 
 
+#: the longest ref name, in UTF-8 bytes: a file name component's limit (NAME_MAX), so a
+#: name fits wherever a ref name may end up (a path segment, a catalog column, a log line)
+MAX_REF_NAME_BYTES = 255
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _shown(name: str) -> str:
+    """A ref name for a message: escaped (repr), a long one cut."""
+    return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
+
+
+def ref_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be a branch or tag name (None: it can).  Iceberg Java takes any
+    non-null string; icecrypt also refuses what is dangerous to show, store or, should a
+    ref name ever reach one, put in a path: an empty name, more than MAX_REF_NAME_BYTES
+    bytes, control or format characters (escapes, bidirectional overrides, zero-width
+    marks) and line separators, leading or trailing whitespace (``"main "``), what
+    :func:`icecrypt._paths.check_location_text` refuses in a location (a backslash,
+    percent-encoded dot segments, separators or NUL), and ``.``, ``..`` or empty ``/``
+    segments.  ``/`` between other segments is allowed (``feature/x``)."""
+    import unicodedata
+
+    from icecrypt._paths import check_location_text
+
+    if not isinstance(name, str) or not name:
+        return "not a non-empty string"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_REF_NAME_BYTES:
+        return f"longer than {MAX_REF_NAME_BYTES} bytes"
+    for char in name:
+        if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            return f"it holds the character U+{ord(char):04X} ({unicodedata.category(char)})"
+    if name != name.strip():
+        return "it starts or ends with whitespace"
+    try:
+        check_location_text(name)
+    except ValueError as exc:
+        return str(exc)
+    if any(segment in ("", ".", "..") for segment in name.split("/")):
+        return "it has an empty, '.' or '..' segment between '/'"
+    return None
+
+
+def check_ref_name(name: Any) -> str:
+    """``name`` when it can be a branch or tag name (:func:`ref_name_problem`), else
+    ValueError saying why."""
+    problem = ref_name_problem(name)
+    if problem is not None:
+        shown = _shown(name) if isinstance(name, str) else repr(name)
+        raise ValueError(f"ref name {shown} is refused: {problem}")
+    return name
 
 
 # --- updates -----------------------------------------------------------------------------------
@@ -393,6 +446,7 @@ class _Builder:
 
 
 def _set_ref(b: _Builder, update: SetSnapshotRef) -> None:
+    check_ref_name(update.ref_name)
     if update.type not in REF_TYPES:
         raise ValueError(f"ref {update.ref_name!r}: type must be 'branch' or 'tag', not {update.type!r}")
     if update.snapshot_id not in b.snapshot_ids():
@@ -652,7 +706,7 @@ _RETENTION = ("min-snapshots-to-keep", "max-snapshot-age-ms", "max-ref-age-ms")
 
 def check_refs(metadata: Mapping[str, Any], location: str) -> None:
     """FormatError (naming ``location``) unless ``refs`` is an object of well-formed
-    refs: an integer ``snapshot-id`` of one of the table's snapshots, type ``branch`` or
+    refs: a valid name (:func:`ref_name_problem`), an integer ``snapshot-id`` of one of the table's snapshots, type ``branch`` or
     ``tag``, positive integer retention (branch-only fields absent on tags), and
     ``main`` a branch at ``current-snapshot-id``."""
     refs = metadata.get("refs")
@@ -663,6 +717,10 @@ def check_refs(metadata: Mapping[str, Any], location: str) -> None:
     listed = metadata.get("snapshots")
     snapshots = {s.get("snapshot-id") for s in listed if isinstance(s, Mapping)} if isinstance(listed, list) else set()
     for name, ref in refs.items():
+        problem = ref_name_problem(name)
+        if problem is not None:
+            shown = _shown(name) if isinstance(name, str) else repr(name)
+            raise FormatError(f"{location}: ref name {shown} is not a valid branch or tag name ({problem})")
         if not isinstance(ref, Mapping):
             raise FormatError(f"{location}: ref {name!r} is not a JSON object")
         sid = ref.get("snapshot-id")

@@ -98,8 +98,7 @@ class ManageSnapshots(_Operation):
         return ref
 
     def _new_name(self, name: Any) -> str:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a ref name must be a non-empty string, not {name!r}")
+        name = _model.check_ref_name(name)
         if name in self._refs():
             raise ValueError(f"{self._base_location}: ref {name!r} exists ({self._refs()[name].get('type')})")
         return name

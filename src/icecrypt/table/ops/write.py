@@ -29,7 +29,7 @@ import secrets
 import time
 import types
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ from icecrypt.table.files.manifest_write import (
     write_manifest_list,
 )
 from icecrypt.table.commit.pin import TablePin, check_unambiguous
+from icecrypt.table.model.operations import SnapshotChanges, snapshot_changes
 from icecrypt.table.model.retention import plan_expiry
 from icecrypt.table.files.layout import WriteLayout
 from icecrypt.table.files.write_data import DataWriteOptions, table_sort_order, write_data_files
@@ -157,6 +158,21 @@ def _read_entries(io: TableIO, manifest: dict[str, Any]) -> list[dict[str, Any]]
         _file_key(io, df.get("key_metadata"), "data file" if (df.get("content") or DATA) == DATA else "delete file",
                   df["file_path"], needs_length=str(df.get("file_format")).upper() != "PARQUET")
     return entries
+
+
+def _changes_of(io: TableIO, manager: EncryptionManager | None) -> Callable[[Mapping[str, Any]], SnapshotChanges]:
+    """What a snapshot of a version changed (``snapshot_changes``), by its manifest list
+    and, where counts are missing, its manifests, read and authenticated with ``io`` and
+    ``manager`` (that version's keys)."""
+
+    def changes(snapshot: Mapping[str, Any]) -> SnapshotChanges:
+        def entries(manifest: Mapping[str, Any]) -> Iterator[tuple[int, int | None, int]]:
+            for entry in _read_entries(io, dict(manifest)):
+                yield entry["status"], entry["snapshot_id"], entry["data_file"]["record_count"]
+
+        return snapshot_changes(snapshot["snapshot-id"], _read_manifest_list(io, manager, dict(snapshot)), entries)
+
+    return changes
 
 
 def _has_live_files(manifest: dict[str, Any]) -> bool:
@@ -364,6 +380,8 @@ def _write_ref(base: dict[str, Any], branch: str | None, wap_id: str | None) -> 
     if branch is not None and (not isinstance(branch, str) or not branch):
         raise ValueError(f"branch must be a non-empty string, not {branch!r}")
     name = branch or _model.MAIN_BRANCH
+    if name not in (base.get("refs") or {}):
+        _model.check_ref_name(name)  # a write to a new branch creates it: refused before any file is written
     ref = (base.get("refs") or {}).get(name)
     if ref is not None and ref.get("type") != "branch":
         raise ValueError(f"{name!r} is a tag, not a branch: a write cannot commit to it")
@@ -696,7 +714,7 @@ def remove_job_leftovers(
 def append_files(
     table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None, wap_id: str | None = None,
     on_retry: Callable[[int], None] | None = None, summary: Mapping[str, str] | None = None,
-    check: Callable[[dict[str, Any]], None] | None = None,
+    check: Callable[[dict[str, Any], Callable[[Mapping[str, Any]], SnapshotChanges]], None] | None = None,
 ) -> int | None:
     """Commit data files written by :func:`write_files` as one append snapshot; returns
     its id (the current one if there are none).  A concurrent commit is not lost: the
@@ -710,9 +728,11 @@ def append_files(
     write-audit-publish (summary ``wap.id``; no branch moves; publish it with
     ``manage_snapshots().cherry_pick(id)``).  ``summary``: further snapshot summary
     properties (names Iceberg's own summary uses are refused).  ``check``: called with
-    each version the commit is about to build on (every attempt); whatever it raises
-    stops the commit, and the data files are deleted as for any failure (a streaming
-    sink's test that its epoch is not already committed)."""
+    each version the commit is about to build on (every attempt) and a function giving
+    what a snapshot of that version changed by its manifests (``SnapshotChanges``, read
+    with that version's keys); whatever it raises stops the commit, and the data files
+    are deleted as for any failure (a streaming sink's test that its epoch is not
+    already committed)."""
     target = _Target.of(table)
     io: TableIO | None = None
     written = [f["file_path"] for f in data_files]
@@ -720,11 +740,12 @@ def append_files(
     try:
         extra_summary = _summary_properties(summary)
         base_location, base = target.latest()
-        io = target.io(target.manager(base))
+        base_manager = target.manager(base)
+        io = target.io(base_manager)
         branch, stage_only, extra = _write_ref(base, branch, wap_id)
         if not data_files:
             if check is not None:
-                check(base)
+                check(base, _changes_of(io, base_manager))
             return _model.ref_snapshot(base, branch)
         _check_data_files(io, data_files)
         snapshot_id = _new_snapshot_id(base)
@@ -740,7 +761,7 @@ def append_files(
 
         def build(version: dict[str, Any], manager: EncryptionManager | None) -> _Change:
             if check is not None:
-                check(version)
+                check(version, _changes_of(target.io(manager), manager))
             parent = _head(version, branch)
             kept = []
             if parent is not None:
@@ -855,7 +876,8 @@ def overwrite(
 
 def overwrite_files(
     table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None,
-    summary: Mapping[str, str] | None = None, check: Callable[[dict[str, Any]], None] | None = None,
+    summary: Mapping[str, str] | None = None,
+    check: Callable[[dict[str, Any], Callable[[Mapping[str, Any]], SnapshotChanges]], None] | None = None,
 ) -> int | None:
     """Commit data files written by :func:`write_files` as one overwrite snapshot that
     replaces every row of the table (of ``branch``): the distributed form of
@@ -870,10 +892,11 @@ def overwrite_files(
         extra_summary = _summary_properties(summary)
         base_location, base = target.latest()
         name, _, _ = _write_ref(base, branch, None)
-        io = target.io(target.manager(base))
+        manager = target.manager(base)
+        io = target.io(manager)
         _check_data_files(io, data_files)
         if check is not None:
-            check(base)
+            check(base, _changes_of(io, manager))
     except BaseException:
         _cleanup(io or target.io(None), written)
         raise

@@ -6,6 +6,12 @@ inclusive (default: the current snapshot), both on one line of descent -- ``from
 ancestor's parent, which may itself have been expired, as Java allows).  No ``from``: from
 the oldest ancestor of ``to``, inclusive.
 
+Every snapshot of the range must carry the ``operation`` its manifests show
+(:func:`check_snapshot_operation`, rules in :mod:`icecrypt.table.model.operations`): the
+scans act on the label, so one forged in ``metadata.json`` (an append relabelled
+``replace``, whose rows would be skipped) is a :class:`~icecrypt.SnapshotIntegrityError`
+naming the snapshot, never a silent skip.
+
 * :class:`IncrementalAppendScan` (Java's ``IncrementalAppendScan``): only snapshots whose
   operation is ``append`` contribute, and of them only the data files they ADDED (manifest
   entries with status ADDED and the snapshot's id).  Other operations in the range
@@ -36,9 +42,10 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 
 from icecrypt.errors import FormatError
-from icecrypt.table.files.manifest import ADDED, DELETED, ManifestFile
+from icecrypt.table.files.manifest import ADDED, DELETED, ManifestFile, read_manifest
 from icecrypt.table.files.metadata import Snapshot
 from icecrypt.table.files.read import FileScanTask, read_task
+from icecrypt.table.model.operations import check_operation, snapshot_changes
 from icecrypt.table.read.scan import TableScan, _Evaluators
 from icecrypt.table.read.travel import timestamp_ms
 
@@ -53,6 +60,7 @@ __all__ = [
     "ChangelogScan",
     "ChangelogTask",
     "IncrementalAppendScan",
+    "check_snapshot_operation",
     "read_changelog_task",
     "snapshot_range",
 ]
@@ -85,6 +93,31 @@ def _ancestry(table: TableView, snapshot: Snapshot) -> Iterator[Snapshot]:
             current = table.snapshot(parent)
         except KeyError:  # expired: the history known ends here
             return
+
+
+def check_snapshot_operation(table: TableView, snapshot: Snapshot, manifests: list[ManifestFile] | None = None) -> None:
+    """Refuse (:class:`~icecrypt.SnapshotIntegrityError`) a snapshot whose ``operation``
+    its own manifests contradict (an append relabelled ``replace``, a ``delete`` that adds
+    data files, ...: :mod:`icecrypt.table.model.operations`).  ``manifests``: the
+    snapshot's manifest list when the caller has read it already."""
+    if manifests is None:
+        manifests = table.manifests(snapshot)
+    by_path = {m.path: m for m in manifests}
+
+    def entries(record: Any) -> Iterator[tuple[int, int | None, int]]:
+        for entry in read_manifest(by_path[record["manifest_path"]], table.locations, table.specs,
+                                   table.schema_for(snapshot), encrypted=table.encrypted, include_deleted=True):
+            yield entry.status, entry.snapshot_id, entry.file.record_count
+
+    changes = snapshot_changes(snapshot.snapshot_id, [m.record for m in manifests], entries)
+    root = snapshot.parent_snapshot_id is None
+    if not root:
+        try:
+            table.snapshot(snapshot.parent_snapshot_id)
+        except KeyError:
+            root = True  # its parent expired: the known history starts here
+    check_operation(table.location, snapshot.snapshot_id, snapshot.operation, changes, root=root,
+                    format_version=table.format_version)
 
 
 def snapshot_range(
@@ -155,9 +188,21 @@ class _IncrementalBase(TableScan):
         to, self.range = snapshot_range(table, from_snapshot_id, to_snapshot_id, from_inclusive=from_inclusive)
         self.to_snapshot = to
         super().__init__(table, columns, row_filter, _at=(to, table.schema), **options)
+        self._manifest_lists: dict[int, list[ManifestFile]] = {}
 
-    def _selected(self) -> list[Snapshot]:
-        raise NotImplementedError
+    def _manifests(self, snapshot: Snapshot) -> list[ManifestFile]:
+        """The snapshot's manifests (its manifest list read once per scan)."""
+        found = self._manifest_lists.get(snapshot.snapshot_id)
+        if found is None:
+            found = self._manifest_lists[snapshot.snapshot_id] = self.table.manifests(snapshot)
+        return found
+
+    def _checked_range(self) -> list[Snapshot]:
+        """The range, each snapshot's ``operation`` checked against its manifests first:
+        the scans act on the labels."""
+        for snapshot in self.range:
+            check_snapshot_operation(self.table, snapshot, self._manifests(snapshot))
+        return self.range
 
     def _entries(self, snapshots: list[Snapshot], statuses: tuple[int, ...]) -> Iterator[Any]:
         """The data manifest entries the snapshots wrote themselves with one of ``statuses``,
@@ -166,7 +211,7 @@ class _IncrementalBase(TableScan):
         evaluators = _Evaluators(self.table, self.schema, self._prune_filter, self.case_sensitive)
         manifests: dict[str, ManifestFile] = {}
         for snapshot in snapshots:
-            for manifest in self.table.manifests(snapshot):
+            for manifest in self._manifests(snapshot):
                 self.metrics.manifests += 1
                 if manifest.is_deletes or manifest.added_snapshot_id not in ids or manifest.path in manifests:
                     continue
@@ -201,7 +246,7 @@ class IncrementalAppendScan(_IncrementalBase):
             yield from self._tasks
             return
         self.metrics = type(self.metrics)()
-        appends = [s for s in self.range if s.operation == APPEND]
+        appends = [s for s in self._checked_range() if s.operation == APPEND]
         for entry in self._entries(appends, (ADDED,)):
             for task in self._tasks_for(entry, []):
                 self.metrics.tasks += 1
@@ -257,9 +302,9 @@ class ChangelogScan(_IncrementalBase):
     of the snapshots; ``plan_changes()`` the picklable :class:`ChangelogTask` s."""
 
     def _changelog_snapshots(self) -> list[Snapshot]:
-        snapshots = [s for s in self.range if s.operation != REPLACE]
+        snapshots = [s for s in self._checked_range() if s.operation != REPLACE]
         for snapshot in snapshots:
-            deletes = [m for m in self.table.manifests(snapshot) if m.is_deletes]
+            deletes = [m for m in self._manifests(snapshot) if m.is_deletes]
             if deletes:
                 raise NotImplementedError(
                     f"table {self.table.location}: snapshot {snapshot.snapshot_id} ({snapshot.operation}) has delete "

@@ -29,9 +29,9 @@ public final class FileDecryption implements DecryptionPropertiesFactory {
         if (key.length >= 0) {
             checkLength(conf, file, key.length);
         }
-        FileDecryptionProperties.Builder builder = FileDecryptionProperties.builder().withFooterKey(key.dek.clone());
+        FileDecryptionProperties.Builder builder = FileDecryptionProperties.builder().withFooterKey(key.dek);
         if (key.aadPrefix.length > 0) {
-            builder = builder.withAADPrefix(key.aadPrefix.clone());
+            builder = builder.withAADPrefix(key.aadPrefix);
         }
         // plaintext files are refused (parquet-java's default); the footer is encrypted
         return builder.build();

@@ -11,25 +11,42 @@
  *
  * (the AAD prefix may be empty, the file length is -1 when the key metadata has none).
  * The name matches Spark's default spark.redaction.regex ("secret"), so wherever Spark
- * shows configuration it shows the value redacted.  icecrypt.read-id names the read; the
- * parsed entries are kept per read id so that every file of a read does not parse them
- * again.  Nothing here logs or prints a key.
+ * shows configuration it shows the value redacted.  Nothing here logs or prints a key.
+ *
+ * The parsed entries are cached so that every file of a read does not parse them again,
+ * under the read id (icecrypt.read-id) and the SHA-256 digest of the whole entry text: an
+ * entry is found only by a caller that holds the same secret text (read ids appear in
+ * plans; another session of the JVM that knows one gets nothing).  An entry lives while
+ * tasks use it: each task that takes keys from it registers a completion listener, and
+ * when the last such task of the JVM ends (success or failure) the entry is dropped.  A
+ * read's tasks that come later (another action, a retried stage) parse the text again.
+ * Entries made outside a task, and any left behind, go when unused for IDLE_NANOS; at most
+ * CACHED_READS are kept.  A dropped entry's key bytes are overwritten with zeros; callers
+ * get copies of a file's key, never the cached arrays.
  */
 package org.icecrypt.spark;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.util.Arrays;
 import java.util.Base64;
 import java.util.HashMap;
+import java.util.HashSet;
+import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.Set;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.parquet.crypto.ParquetCryptoRuntimeException;
+import org.apache.spark.TaskContext;
+import org.apache.spark.util.TaskCompletionListener;
 
-final class FileKeys {
+public final class FileKeys {
     static final String KEYS = "icecrypt.secret.file-keys";
     static final String READ_ID = "icecrypt.read-id";
 
@@ -44,57 +61,178 @@ final class FileKeys {
             this.aadPrefix = aadPrefix;
             this.length = length;
         }
+
+        FileKey copy() {
+            return new FileKey(dek.clone(), aadPrefix.clone(), length);
+        }
+
+        void wipe() {
+            Arrays.fill(dek, (byte) 0);
+            Arrays.fill(aadPrefix, (byte) 0);
+        }
+    }
+
+    /** A read's parsed keys, the tasks of this JVM using them and when they were last used. */
+    private static final class Entry {
+        final String readId;
+        final Map<Path, FileKey> keys;
+        final Set<Long> tasks = new HashSet<>();
+        long used;
+
+        Entry(String readId, Map<Path, FileKey> keys, long used) {
+            this.readId = readId;
+            this.keys = keys;
+            this.used = used;
+        }
     }
 
     private static final int CACHED_READS = 16;
+    /** An entry no task uses is dropped after this long unused (one minute). */
+    private static final long IDLE_NANOS = 60_000_000_000L;
 
-    /** read id -> the read's keys by qualified path; the most recently used reads only. */
-    private static final Map<String, Map<Path, FileKey>> CACHE =
-        new LinkedHashMap<String, Map<Path, FileKey>>(CACHED_READS, 0.75f, true) {
+    /** read id and key-text digest -> the read's keys; the most recently used reads only. */
+    private static final LinkedHashMap<String, Entry> CACHE =
+        new LinkedHashMap<String, Entry>(CACHED_READS, 0.75f, true) {
             @Override
-            protected boolean removeEldestEntry(Map.Entry<String, Map<Path, FileKey>> eldest) {
-                return size() > CACHED_READS;
+            protected boolean removeEldestEntry(Map.Entry<String, Entry> eldest) {
+                if (size() <= CACHED_READS) {
+                    return false;
+                }
+                wipe(eldest.getValue().keys);
+                return true;
             }
         };
 
     private FileKeys() {
     }
 
-    /** The key of {@code file} in this read; fails (never returns null) when it has none. */
+    /**
+     * The key of {@code file} in this read (a copy: the caller may keep it); fails (never
+     * returns null) when it has none.
+     */
     static FileKey of(Configuration conf, Path file) {
-        Map<Path, FileKey> keys = forRead(conf);
-        Path qualified = qualify(conf, file);
-        FileKey key = keys.get(qualified);
-        if (key == null) {
-            throw new ParquetCryptoRuntimeException(
-                "icecrypt: " + file + " is not a data file of this read (no key planned for it): refused");
-        }
-        return key;
-    }
-
-    private static Map<Path, FileKey> forRead(Configuration conf) {
         String text = conf.get(KEYS);
         if (text == null || text.isEmpty()) {
             throw new ParquetCryptoRuntimeException(
                 "icecrypt: the read's configuration has no " + KEYS + " (not a read planned by icecrypt)");
         }
+        Path qualified = qualify(conf, file);
         String readId = conf.get(READ_ID);
-        String cacheKey = readId == null ? null : readId + ":" + text.length();
-        if (cacheKey != null) {
-            synchronized (CACHE) {
-                Map<Path, FileKey> cached = CACHE.get(cacheKey);
-                if (cached != null) {
-                    return cached;
-                }
+        if (readId == null) {
+            Map<Path, FileKey> parsed = parse(conf, text);
+            try {
+                return found(parsed, qualified, file);
+            } finally {
+                wipe(parsed);
+            }
+        }
+        String cacheKey = readId + ":" + digest(text);
+        TaskContext task = TaskContext.get();
+        synchronized (CACHE) {
+            Entry entry = cached(cacheKey, task);
+            if (entry != null) {
+                return found(entry.keys, qualified, file);
             }
         }
         Map<Path, FileKey> parsed = parse(conf, text);
-        if (cacheKey != null) {
+        synchronized (CACHE) {
+            Entry entry = cached(cacheKey, task);  // another task may have parsed it meanwhile
+            if (entry != null) {
+                wipe(parsed);
+            } else {
+                entry = new Entry(readId, parsed, System.nanoTime());
+                CACHE.put(cacheKey, entry);
+                use(cacheKey, entry, task);
+            }
+            return found(entry.keys, qualified, file);
+        }
+    }
+
+    /** The number of reads with cached keys, all of them (null) or of one read id; no key. */
+    public static int cachedReads(String readId) {
+        synchronized (CACHE) {
+            expire(System.nanoTime());
+            int count = 0;
+            for (Entry entry : CACHE.values()) {
+                if (readId == null || readId.equals(entry.readId)) {
+                    count++;
+                }
+            }
+            return count;
+        }
+    }
+
+    /** The entry cached under {@code cacheKey}, marked used (by {@code task}); null if none. Holds CACHE. */
+    private static Entry cached(String cacheKey, TaskContext task) {
+        expire(System.nanoTime());
+        Entry entry = CACHE.get(cacheKey);
+        if (entry != null) {
+            use(cacheKey, entry, task);
+        }
+        return entry;
+    }
+
+    /** Marks {@code entry} used now, and by {@code task} until it completes. Holds CACHE. */
+    private static void use(String cacheKey, Entry entry, TaskContext task) {
+        entry.used = System.nanoTime();
+        if (task == null || !entry.tasks.add(task.taskAttemptId())) {
+            return;
+        }
+        long attempt = task.taskAttemptId();
+        task.addTaskCompletionListener((TaskCompletionListener) context -> {
             synchronized (CACHE) {
-                CACHE.put(cacheKey, parsed);
+                Entry current = CACHE.get(cacheKey);
+                if (current != entry) {
+                    return;  // dropped meanwhile
+                }
+                entry.tasks.remove(attempt);
+                if (entry.tasks.isEmpty()) {
+                    CACHE.remove(cacheKey);
+                    wipe(entry.keys);
+                }
+            }
+        });
+    }
+
+    /** Drops the entries no running task uses that were not used for IDLE_NANOS. Holds CACHE. */
+    private static void expire(long now) {
+        Iterator<Entry> entries = CACHE.values().iterator();
+        while (entries.hasNext()) {
+            Entry entry = entries.next();
+            if (entry.tasks.isEmpty() && now - entry.used > IDLE_NANOS) {
+                wipe(entry.keys);
+                entries.remove();
             }
         }
-        return parsed;
+    }
+
+    private static FileKey found(Map<Path, FileKey> keys, Path qualified, Path file) {
+        FileKey key = keys.get(qualified);
+        if (key == null) {
+            throw new ParquetCryptoRuntimeException(
+                "icecrypt: " + file + " is not a data file of this read (no key planned for it): refused");
+        }
+        return key.copy();
+    }
+
+    private static void wipe(Map<Path, FileKey> keys) {
+        for (FileKey key : keys.values()) {
+            key.wipe();
+        }
+    }
+
+    /** The SHA-256 digest of the entry text, in hex (what finds a cached entry, with the read id). */
+    private static String digest(String text) {
+        try {
+            byte[] hash = MessageDigest.getInstance("SHA-256").digest(text.getBytes(StandardCharsets.UTF_8));
+            StringBuilder hex = new StringBuilder(hash.length * 2);
+            for (byte b : hash) {
+                hex.append(Character.forDigit((b >> 4) & 0xf, 16)).append(Character.forDigit(b & 0xf, 16));
+            }
+            return hex.toString();
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("SHA-256 is not available", e);
+        }
     }
 
     private static Map<Path, FileKey> parse(Configuration conf, String text) {
@@ -117,6 +255,7 @@ final class FileKeys {
                 long length = Long.parseLong(parts[3]);
                 keys.put(qualify(conf, new Path(path)), new FileKey(dek, aad, length));
             } catch (IllegalArgumentException e) {
+                wipe(keys);
                 // the message says what is wrong with the entry, never its content
                 throw new ParquetCryptoRuntimeException(
                     "icecrypt: entry " + index + " of " + KEYS + " is malformed (" + e.getMessage() + ")");

@@ -28,10 +28,16 @@ package org.icecrypt.spark;
 
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Set;
 import java.util.WeakHashMap;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.Path;
 
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
@@ -47,8 +53,10 @@ import org.apache.spark.sql.catalyst.plans.logical.OverwriteByExpression;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
 import org.apache.spark.sql.catalyst.plans.logical.V2WriteCommand;
 import org.apache.spark.sql.catalyst.rules.Rule;
+import org.apache.spark.sql.execution.datasources.FileIndex;
 import org.apache.spark.sql.execution.datasources.HadoopFsRelation;
 import org.apache.spark.sql.execution.datasources.LogicalRelation;
+import org.apache.spark.sql.execution.datasources.PartitioningAwareFileIndex;
 import org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonTable;
 import org.apache.spark.sql.functions;
@@ -258,13 +266,19 @@ public final class NativeRouting extends Rule<LogicalPlan> {
      *
      * Spark's file source {@code format} over {@code paths}, read with the schema
      * {@code schemaJson} and {@code options}, its columns cast to {@code outputJson}'s types
-     * where Spark's reader gives another type; null when Spark's file index does not list
-     * every path (a hidden file name: such a read takes the Python path). The strings are
-     * NUL-separated: options name, value, name, value, ...; paths one after the other.
-     * Sets the session's {@code settings} (same encoding) first.
+     * where Spark's reader gives another type. The strings are NUL-separated: options name,
+     * value, name, value, ...; paths one after the other. Sets the session's
+     * {@code settings} (same encoding) first.
+     *
+     * The files Spark's file index lists must be the planned files, compared as Spark
+     * qualifies paths: a listed file that was not planned (a planned data file replaced by
+     * a directory, whose entries, links to files elsewhere among them, Spark would read as
+     * data files) throws {@link UnplannedFile} naming it; null when the index lists only
+     * planned files but not all of them (a hidden file name, which Spark skips even when
+     * named: such a read takes the Python path) or is not one whose files can be listed.
      */
     public static Dataset<Row> plannedRead(SparkSession session, String settings, String format, String schemaJson,
-            String outputJson, String options, String paths) {
+            String outputJson, String options, String paths) throws java.io.IOException {
         String[] set = split(settings);
         for (int i = 0; i + 1 < set.length; i += 2) {
             session.conf().set(set[i], set[i + 1]);
@@ -277,7 +291,8 @@ public final class NativeRouting extends Rule<LogicalPlan> {
         String[] files = split(paths);
         Dataset<Row> loaded = session.read().format(format).schema((StructType) DataType.fromJson(schemaJson))
             .options(read).load(files);
-        if (listedFiles(loaded) != files.length) {
+        Set<Path> listed = listedFiles(loaded);
+        if (listed == null || !listed.equals(planned(session, files, listed))) {
             return null;
         }
         StructField[] given = loaded.schema().fields();
@@ -298,26 +313,71 @@ public final class NativeRouting extends Rule<LogicalPlan> {
         return loaded.select(columns);
     }
 
+    /** A file Spark's file index lists for a native read that the read did not plan. */
+    public static final class UnplannedFile extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+
+        UnplannedFile(String message) {
+            super(message);
+        }
+    }
+
+    /**
+     * The planned {@code files} qualified as Spark's file index qualifies its paths (the
+     * file system's scheme and authority); throws {@link UnplannedFile} naming the first
+     * file of {@code listed} that is not among them.
+     */
+    private static Set<Path> planned(SparkSession session, String[] files, Set<Path> listed) throws java.io.IOException {
+        Configuration conf = session.sessionState().newHadoopConf();
+        Set<Path> planned = new HashSet<>();
+        for (String file : files) {
+            Path path = new Path(file);
+            planned.add(path.getFileSystem(conf).makeQualified(path));
+        }
+        for (Path path : listed) {
+            if (planned.contains(path)) {
+                continue;
+            }
+            Path parent = path.getParent();
+            while (parent != null && !planned.contains(parent)) {
+                parent = parent.getParent();
+            }
+            throw new UnplannedFile(parent != null
+                ? "planned data file " + parent + " is not a file: it is a directory, in which Spark's file source"
+                    + " lists " + path + " (refused: only the planned data files are read)"
+                : "Spark's file source lists " + path + ", which is not a planned data file (refused: only the"
+                    + " planned data files are read)");
+        }
+        return planned;
+    }
+
     private static String[] split(String encoded) {
         return encoded.isEmpty() ? new String[0] : encoded.split("\0", -1);
     }
 
     /**
-     * The distinct files Spark's file sources list in {@code data}'s analyzed plan (what
-     * Dataset.inputFiles answers, without optimizing the plan first).
+     * The distinct files Spark's file sources list in {@code data}'s analyzed plan (the
+     * files Dataset.inputFiles names, without optimizing the plan first, as Hadoop paths);
+     * null when a file source's index is not one whose files can be listed.
      */
-    public static int listedFiles(Dataset<?> data) {
-        java.util.Set<String> files = new java.util.HashSet<>();
+    public static Set<Path> listedFiles(Dataset<?> data) {
+        Set<Path> files = new HashSet<>();
         List<LogicalPlan> nodes = new ArrayList<>();
         nodes.add(data.queryExecution().analyzed());
         while (!nodes.isEmpty()) {
             LogicalPlan node = nodes.remove(nodes.size() - 1);
             if (node instanceof LogicalRelation && ((LogicalRelation) node).relation() instanceof HadoopFsRelation) {
-                files.addAll(java.util.Arrays.asList(((HadoopFsRelation) ((LogicalRelation) node).relation()).inputFiles()));
+                FileIndex index = ((HadoopFsRelation) ((LogicalRelation) node).relation()).location();
+                if (!(index instanceof PartitioningAwareFileIndex)) {
+                    return null;
+                }
+                for (FileStatus status : CollectionConverters.asJava(((PartitioningAwareFileIndex) index).allFiles())) {
+                    files.add(status.getPath());
+                }
             }
             nodes.addAll(CollectionConverters.asJava(node.children()));
         }
-        return files.size();
+        return files;
     }
 
     /** Why the native plan cannot stand for the relation, or null when it can. */
