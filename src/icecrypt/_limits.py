@@ -24,7 +24,7 @@ MAX_METADATA_BYTES_ENV = "ICECRYPT_MAX_METADATA_BYTES"
 
 
 #: default cap on the bytes the blocks of one Avro data file (or the part of it one
-#: reader reads) inflate to: each block is capped already (``_avro_guard``), but a file of
+#: reader reads) inflate to: each block is capped already (``icecrypt.avro._guard``), but a file of
 #: many blocks of deflated zeros inflates about a thousandfold.  Iceberg's writers close a
 #: data file at ``write.target-file-size-bytes`` (512 MiB by default): this is 32 times that
 DEFAULT_MAX_AVRO_FILE_BYTES = 16 << 30

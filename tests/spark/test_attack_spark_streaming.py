@@ -186,7 +186,7 @@ def test_a_running_query_fails_loudly_and_loses_no_row(spark, tmp_path):
     sink; the sink's head summary is forged to epoch 10**15; the query restarted from its
     checkpoint with rows 4..7 waiting fails naming the forged snapshot, committing
     nothing; restarted after the repair, it commits rows 4..7, each once."""
-    from icecrypt.spark._iceberg import IcebergDataSource
+    from icecrypt.spark._iceberg_source import IcebergDataSource
 
     spark.dataSource.register(IcebergDataSource)
     source, sink_path, checkpoint = new_table(tmp_path / "src"), tmp_path / "sink", tmp_path / "cp"
@@ -262,7 +262,7 @@ def test_the_source_never_passes_over_a_relabelled_append(tmp_path, encrypted, l
 
 @pytest.mark.spark
 def test_a_running_source_fails_on_a_relabelled_append(spark, tmp_path):
-    from icecrypt.spark._iceberg import IcebergDataSource
+    from icecrypt.spark._iceberg_source import IcebergDataSource
 
     spark.dataSource.register(IcebergDataSource)
     table = new_table(tmp_path / "src")
