@@ -670,8 +670,9 @@ def _purge(table: Any) -> None:
     The metadata is storage's word: only files under the table's pinned roots are
     deleted, never through a symbolic link, and only metadata files where the metadata
     log names one; anything else is skipped with a PathOutsideTableWarning."""
-    from icecrypt.table.ops import write as w
+    from icecrypt.table.commit.housekeeping import delete_logged_metadata_files
     from icecrypt.table.files.io import Deletions
+    from icecrypt.table.ops import write as w
 
     target = w._Target.of(table)
     base = table.metadata
@@ -685,12 +686,8 @@ def _purge(table: Any) -> None:
         except (OSError, ValueError):
             continue
     deletions = Deletions(table.locations, f"drop_table(purge=True) of {table.pin.location}")
-    for entry in base.get("metadata-log") or ():
-        recorded = entry["metadata-file"]
-        if posixpath.basename(recorded).endswith((".metadata.json", ".metadata.json.gz")):
-            files.add(recorded)
-        else:
-            deletions.skipped.append((recorded, f"metadata-log entry {recorded} is not a metadata file"))
+    # the metadata log's files, by the rule rekey and encrypt_table's expiry follow too
+    delete_logged_metadata_files(deletions, [e["metadata-file"] for e in base.get("metadata-log") or ()])
     for location in sorted(files):
         try:
             deletions.location(location)

@@ -175,10 +175,11 @@ class SqlCatalog(Catalog):
             os.makedirs(directory, exist_ok=True)
             uri = f"sqlite:///{os.path.join(directory, DEFAULT_SQLITE_NAME)}"
         self.uri = uri
+        self._may_alter = self.properties.get("init_catalog_tables", "true").strip().lower() in ("true", "1", "yes")
         self._engine = _engine(uri)
         _, self._tables, self._namespaces, self._pins = _schema_with_pins()
         self._typed = True
-        if self.properties.get("init_catalog_tables", "true").strip().lower() in ("true", "1", "yes"):
+        if self._may_alter:
             self._create_tables()
         self._typed = self._has_type_column()
 
@@ -395,7 +396,9 @@ class SqlCatalog(Catalog):
         except Exception as exc:
             raise CatalogError(f"catalog {self.name!r} at {self._safe_uri()}: table pins not readable ({exc})") from exc
         if known:
-            self._pin_columns = self._migrate_pins()
+            # a catalog opened to change nothing (init_catalog_tables=false: the CLI's commands
+            # on existing tables) reads the columns there are and alters no schema
+            self._pin_columns = self._migrate_pins() if self._may_alter else self._existing_pin_columns()
         self._pins_known = known
         return known
 
@@ -506,6 +509,10 @@ class SqlCatalog(Catalog):
     def _record_digest(self, namespace: tuple[str, ...], name: str, recorded_location: str, digest: str) -> None:
         from sqlalchemy import select
 
+        if not self._may_alter and not {"metadata_sha256", "metadata_sha256_of"} <= (
+            self._pin_columns if self._pins_exist() else set()
+        ):  # fmt: skip
+            return  # a catalog opened to change nothing: the next commit records it
         self._ensure_pins()
         with self._db("recording a metadata digest", write=True) as conn:
             stmt = self._where_table(select(self._tables.c.metadata_location), namespace, name).with_for_update()
