@@ -164,6 +164,9 @@ def register(spark: Any) -> None:
         iceberg = iceberg or name == "IcebergDataSource"
     if iceberg:
         route(spark)
+        from icecrypt.spark._sql import register as register_catalog
+
+        register_catalog(spark)
 
 
 def wrap_keys(
