@@ -173,6 +173,8 @@ class PathCatalog:
         if location is not None and os.path.abspath(location.removeprefix("file:").removeprefix("//")) != path:
             raise CatalogError(f"{self._describe(identifier, 'table')}: a hadoop catalog's table lives at {path}; "
                                "another location cannot be given")
+        if not self.namespace_exists(identifier[:-1]):
+            raise NoSuchNamespaceError(f"{self._describe(identifier[:-1], 'namespace')} does not exist")
         if os.path.exists(path):
             raise TableAlreadyExistsError(f"{self._describe(identifier, 'table')} already exists"
                                           + ("" if self._is_table(path) else f" (a namespace or directory is at {path})"))

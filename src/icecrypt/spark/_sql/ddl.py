@@ -293,6 +293,10 @@ def create_properties(given: Mapping[str, str], what: str) -> tuple[dict[str, st
     location = properties.pop("location", None)
     for key in ("external", "is_managed_location"):
         properties.pop(key, None)
+    # what SHOW CREATE TABLE shows beside the table's own properties
+    if properties.get("format", "iceberg/parquet").lower() == "iceberg/parquet":
+        properties.pop("format", None)
+    properties.pop("current-snapshot-id", None)
     version = properties.pop("format-version", None)
     if version is not None and version.strip() != "3":
         raise ValueError(f"{what}: format-version {version}: icecrypt creates format-version 3 tables")

@@ -410,7 +410,8 @@ def _replace(table: Any, schema: Any, spec: Any, properties: dict[str, str], key
     old = {f.name: f for f in table.schema.fields}
     new = {f.name: f for f in schema.fields}
     try:
-        # the spec first: it may drop partition fields whose sources go
+        # columns first (the current spec's sources stay until the spec has changed), then
+        # the order, the spec, the columns only the old spec needed, the properties
         same_spec = [(f.name, str(f.transform), schema.find_column_name(f.source_id)) for f in spec.fields] == [
             (f.name, str(f.transform), table.schema.find_column_name(f.source_id)) for f in table.spec.fields]
         with table.update_schema(allow_incompatible_changes=True) as update:
@@ -423,10 +424,12 @@ def _replace(table: Any, schema: Any, spec: Any, properties: dict[str, str], key
                     update.add_column((name,), f.field_type, doc=f.doc, required=f.required)
                 elif old[name].required != f.required or (f.doc or None) != (old[name].doc or None):
                     update.update_column((name,), required=f.required, doc=f.doc or "")
-            names = [f.name for f in schema.fields]
-            update.move_first((names[0],))
-            for before, name in zip(names, names[1:]):
-                update.move_after((name,), (before,))
+        names = [f.name for f in schema.fields]
+        if [f.name for f in table.schema.fields if f.name in new] != names:
+            with table.update_schema() as update:  # names are unique again: the new order
+                update.move_first((names[0],))
+                for before, name in zip(names, names[1:]):
+                    update.move_after((name,), (before,))
         if not same_spec:
             with table.update_spec() as update_spec:
                 for f in table.spec.fields:
@@ -488,7 +491,7 @@ def _stage(bridge: Any, request: dict[str, Any]) -> Any:
             transaction.discard()
             raise
     else:
-        if not isinstance(catalog, _catalogs.PathCatalog) and not catalog.namespace_exists(ident[:-1]):
+        if not catalog.namespace_exists(ident[:-1]):
             raise NoSuchNamespaceError(f"catalog {catalog.name!r}: namespace {'.'.join(ident[:-1])} does not exist")
         if key_id is not None and catalog.kms is None:
             raise ValueError(f"{what}: encryption.key-id={key_id}: the catalog has no KMS (its encryption.kms-type "
