@@ -10,6 +10,9 @@ Iceberg's Spark catalog resolves them.
 * ``hadoop`` (or ``path``): :class:`PathCatalog`, tables as directories under the
   warehouse, ``<warehouse>/<namespace levels>/<table>``, as Iceberg's Hadoop catalog
   lays them out: a namespace is a directory, a table one with a ``metadata`` directory.
+  Option ``location-map`` (JSON, recorded location prefix -> local directory, as
+  ``icecrypt.iceberg``'s option) reads tables whose metadata records another location
+  (a copy, a table moved from object storage).
 
 The other options are the catalog's properties (``warehouse``, ``uri``, ``s3.*``,
 ``glue.*``) and the KMS properties (``encryption.kms-type``, ``encryption.kms.*``).
@@ -22,6 +25,7 @@ a branch (``db.t.branch_<name>``), a tag (``db.t.tag_<name>``), a snapshot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -74,6 +78,7 @@ class PathCatalog:
                                "directory")
         self.warehouse = os.path.abspath(warehouse)
         self.filesystem = pafs.LocalFileSystem()
+        self.location_map = _location_map(name, properties.get("location-map"))
         self._kms: Any = None
 
     @property
@@ -92,12 +97,43 @@ class PathCatalog:
                 raise InvalidIdentifierError(f"{what} {'.'.join(levels)!r}: level {level!r} names no directory")
         return os.path.join(self.warehouse, *levels)
 
-    @staticmethod
-    def _is_table(path: str) -> bool:
+    #: in the metadata directory of a table being created by CREATE TABLE ... AS SELECT:
+    #: until it goes, the directory is no table (its staged metadata is nobody's yet)
+    STAGING = ".icecrypt-staging"
+
+    @classmethod
+    def _is_table(cls, path: str) -> bool:
         metadata = os.path.join(path, "metadata")
         if not os.path.isdir(metadata) or os.path.islink(path):
             return False
-        return any(re.fullmatch(r"v[0-9]+\.metadata\.json|version-hint\.text", n) for n in os.listdir(metadata))
+        names = os.listdir(metadata)
+        if any(_HADOOP.fullmatch(n) for n in names):
+            return True
+        return cls.STAGING not in names and any(_METASTORE.fullmatch(n) for n in names)
+
+    def begin_staging(self, location: str) -> None:
+        """Mark ``location`` (a new table's) as staged: no table until end_staging."""
+        metadata = os.path.join(location, "metadata")
+        os.makedirs(metadata, exist_ok=True)
+        with open(os.path.join(metadata, self.STAGING), "w", encoding="ascii"):
+            pass
+
+    def end_staging(self, location: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(location, "metadata", self.STAGING))
+
+    def _metadata_file(self, path: str) -> str:
+        """The table's current metadata file: by the version hint and ``v<N>`` files, or,
+        in a directory another engine's catalog wrote (``<NNNNN>-<uuid>.metadata.json``
+        only), the newest version in the lineage of its first one."""
+        from icecrypt.table.commit.store import latest_metadata_location
+
+        metadata = os.path.join(path, "metadata")
+        names = os.listdir(metadata)
+        if any(_HADOOP.fullmatch(n) for n in names):
+            return path
+        first = min((n for n in names if _METASTORE.fullmatch(n)), key=lambda n: int(n.split("-", 1)[0]))
+        return latest_metadata_location(self.filesystem, os.path.join(metadata, first))
 
     def _describe(self, levels: tuple[str, ...], kind: str) -> str:
         return f"catalog {self.name!r}: {kind} {'.'.join(levels)}"
@@ -106,7 +142,7 @@ class PathCatalog:
 
     def namespace_exists(self, namespace: tuple[str, ...]) -> bool:
         path = self._path(namespace, "namespace")
-        return os.path.isdir(path) and not os.path.islink(path) and not self._is_table(path)
+        return os.path.isdir(path) and not os.path.islink(path) and not os.path.isdir(os.path.join(path, "metadata"))
 
     def create_namespace(self, namespace: tuple[str, ...], properties: Mapping[str, str] | None = None) -> None:
         path = self._path(namespace, "namespace")
@@ -125,7 +161,7 @@ class PathCatalog:
             keep = []
             for name in sorted(names):
                 path = os.path.join(directory, name)
-                if os.path.islink(path) or name.startswith((".", "_")) or self._is_table(path):
+                if os.path.islink(path) or name.startswith((".", "_")) or os.path.isdir(os.path.join(path, "metadata")):
                     continue
                 found.append((*levels, name))
                 keep.append(name)
@@ -162,7 +198,8 @@ class PathCatalog:
         path = self.table_location(identifier)
         if not self._is_table(path):
             raise NoSuchTableError(f"{self._describe(identifier, 'table')} does not exist")
-        return EncryptedTable.load(path, kms=self.kms, filesystem=self.filesystem)
+        return EncryptedTable.load(self._metadata_file(path), kms=self.kms, filesystem=self.filesystem,
+                                   location_map=self.location_map)
 
     def create_table(self, identifier: tuple[str, ...], schema: Any, *, table_key_id: str | None,
                      partition_spec: Any = None, properties: Mapping[str, str] | None = None,
@@ -200,6 +237,23 @@ class PathCatalog:
         return f"<PathCatalog {self.name!r} {self.warehouse}>"
 
 
+_HADOOP = re.compile(r"v[0-9]+\.metadata\.json|version-hint\.text")
+_METASTORE = re.compile(r"[0-9]+-[0-9a-fA-F-]+\.metadata\.json")
+
+
+def _location_map(name: str, raw: str | None) -> dict[str, str] | None:
+    if raw is None or not raw.strip():
+        return None
+    try:
+        mapping = json.loads(raw)
+    except ValueError as exc:
+        raise CatalogError(f"catalog {name!r}: option location-map is not JSON ({exc})") from None
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and k and isinstance(v, str)
+                                                for k, v in mapping.items()):
+        raise CatalogError(f"catalog {name!r}: option location-map must map location prefixes to directories")
+    return mapping
+
+
 _CATALOGS: dict[tuple[str, str], Any] = {}
 _LOCK = threading.Lock()
 
@@ -214,6 +268,9 @@ def open_catalog(name: str, options: Mapping[str, str]) -> Any:
         return catalog
     properties = {str(k): str(v) for k, v in options.items() if str(k).lower() not in _SPARK_OPTIONS}
     kind = str(options.get("type") or "sql").strip().lower()
+    if kind not in _PATH_TYPES and "location-map" in properties:
+        raise CatalogError(f"catalog {name!r}: option location-map is for hadoop catalogs (type {kind} records "
+                           "every table's location in the catalog)")
     if kind in _PATH_TYPES:
         catalog = PathCatalog(name, **properties)
     else:

@@ -104,6 +104,8 @@ class Transaction:
         from icecrypt.table.ops.write import create_metadata
 
         store = StagedStore(None, None)
+        if _is_path_catalog(catalog):
+            catalog.begin_staging(location)
         filesystem, path, location_map = create_metadata(
             location, schema, kms=kms, table_key_id=table_key_id, partition_spec=partition_spec,
             sort_order=sort_order, properties=dict(properties), filesystem=filesystem, store=store,
@@ -148,6 +150,7 @@ class Transaction:
             except FileExistsError:
                 raise TableAlreadyExistsError(f"table {'.'.join(self.identifier)} was created by another writer "
                                               "meanwhile") from None
+            self.catalog.end_staging(posixpath.dirname(metadata_dir))
         else:
             try:
                 commits.commit_metadata(filesystem, self.store.base_location, metadata)
@@ -180,6 +183,8 @@ class Transaction:
                 self.table.filesystem.delete_file(path)
         if self.new:  # the directories a new table's staging made, when nothing else is in them
             location = self.table.fs_path(self.table.location, what="table location")
+            if _is_path_catalog(self.catalog):
+                self.catalog.end_staging(location)
             for directory in (f"{location}/metadata", f"{location}/data", location):
                 with contextlib.suppress(Exception):
                     if not self.table.filesystem.get_file_info(_selector(directory)):

@@ -493,10 +493,18 @@ public final class Transforms {
             return value.toString();
         }
 
-        /** {@code name=value}, URL-encoded as Iceberg Java names partition directories. */
+        /**
+         * {@code name=value}, URL-encoded as Iceberg Java names partition directories, except
+         * that a separator or NUL in the name or value becomes '_' (icecrypt refuses locations with an
+         * encoded separator; the directory's name is only a name: the manifest holds the value).
+         */
         String directory(Object value) {
-            return URLEncoder.encode(name, StandardCharsets.UTF_8) + "=" + URLEncoder.encode(human(value),
-                StandardCharsets.UTF_8);
+            return URLEncoder.encode(safe(name), StandardCharsets.UTF_8) + "="
+                + URLEncoder.encode(safe(human(value)), StandardCharsets.UTF_8);
+        }
+
+        private static String safe(String text) {
+            return text.replace('/', '_').replace('\\', '_').replace('\0', '_');
         }
     }
 }
