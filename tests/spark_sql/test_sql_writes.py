@@ -153,7 +153,7 @@ def test_partition_values_are_icebergs(cat):
     binaries whose base64 holds '/'."""
     rng = random.Random(5)
     rows = []
-    for i in range(300):
+    for i in range(100):
         rows.append({
             "i": rng.randint(-2**31, 2**31 - 1) if i % 3 else rng.randint(-50, 50),
             "l": rng.randint(-2**63, 2**63 - 1) if i % 4 else rng.randint(-1000, 1000),

@@ -52,10 +52,10 @@ _COMPARISONS = {"=": EqualTo, "<>": NotEqualTo, "<": LessThan, "<=": LessThanOrE
 _FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "=", "<>": "<>"}
 
 
-def _column(node: Mapping[str, Any]) -> str:
+def _column(node: Mapping[str, Any], rename: Any) -> str:
     if "ref" not in node:
         raise _NoForm
-    return ".".join(node["ref"])
+    return rename(".".join(node["ref"]))
 
 
 def _value(node: Mapping[str, Any]) -> Any:
@@ -79,29 +79,29 @@ def _nan(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
-def _convert(node: Mapping[str, Any]) -> BooleanExpression:
+def _convert(node: Mapping[str, Any], rename: Any) -> BooleanExpression:
     op = node.get("op")
     args = node.get("args") or []
     if op == "AND":
-        return And(_convert(args[0]), _convert(args[1]))
+        return And(_convert(args[0], rename), _convert(args[1], rename))
     if op == "OR":
-        return Or(_convert(args[0]), _convert(args[1]))
+        return Or(_convert(args[0], rename), _convert(args[1], rename))
     if op == "NOT":
-        return Not(_convert(args[0]))
+        return Not(_convert(args[0], rename))
     if op == "ALWAYS_TRUE":
         return AlwaysTrue()
     if op == "ALWAYS_FALSE":
         return AlwaysFalse()
     if op == "IS_NULL":
-        return IsNull(_column(args[0]))
+        return IsNull(_column(args[0], rename))
     if op == "IS_NOT_NULL":
-        return NotNull(_column(args[0]))
+        return NotNull(_column(args[0], rename))
     if op in _COMPARISONS or op == "<=>":
         left, right = args
         if "ref" not in left:
             left, right = right, left
             op = _FLIPPED.get(op, op)
-        column, value = _column(left), _value(right)
+        column, value = _column(left, rename), _value(right)
         if value is None:
             if op == "<=>":
                 return IsNull(column)
@@ -114,7 +114,7 @@ def _convert(node: Mapping[str, Any]) -> BooleanExpression:
             raise _NoForm
         return _COMPARISONS["=" if op == "<=>" else op](column, value)
     if op == "IN":
-        column = _column(args[0])
+        column = _column(args[0], rename)
         values = [_value(a) for a in args[1:]]
         values = [v for v in values if v is not None]
         if any(_nan(v) for v in values):
@@ -124,19 +124,44 @@ def _convert(node: Mapping[str, Any]) -> BooleanExpression:
         value = _value(args[1])
         if not isinstance(value, str):
             raise _NoForm
-        return StartsWith(_column(args[0]), value)
+        return StartsWith(_column(args[0], rename), value)
     raise _NoForm
 
 
-def to_filter(predicates: list[Mapping[str, Any]], schema: Any, *, strict: bool = False) -> BooleanExpression:
+def _renamer(schema: Any, read_schema: Any) -> Any:
+    """Column name in ``read_schema`` -> the name of the same field (by id) in ``schema``."""
+    if read_schema is None or read_schema is schema:
+        return lambda name: name
+
+    def rename(name: str) -> str:
+        try:
+            field_id = read_schema.find_field(name).field_id
+            return schema.find_column_name(field_id) or _missing(name)
+        except ValueError:
+            raise _NoForm from None
+
+    return rename
+
+
+def _missing(name: str) -> str:
+    raise _NoForm
+
+
+def to_filter(predicates: list[Mapping[str, Any]], schema: Any, *, strict: bool = False,
+              read_schema: Any = None) -> BooleanExpression:
     """The conjunction of ``predicates`` that bind to ``schema`` (the rest left out), or
-    with ``strict`` all of them (ValueError naming one that has no Iceberg form)."""
+    with ``strict`` all of them (ValueError naming one that has no Iceberg form).
+    ``read_schema``: the schema the predicates' column names are of, when it is not
+    ``schema`` (a scan of a snapshot written before columns were renamed: names are
+    translated by field id; a predicate on a column the snapshot's schema lacks is left
+    out)."""
     from icecrypt.table.ops.write import _bind_filter
 
+    rename = _renamer(schema, read_schema)
     result: BooleanExpression = AlwaysTrue()
     for predicate in predicates:
         try:
-            expression = _convert(predicate)
+            expression = _convert(predicate, rename)
             _bind_filter(expression, schema)
         except (_NoForm, ValueError, TypeError, KeyError, IndexError):
             if strict:

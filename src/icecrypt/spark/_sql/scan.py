@@ -79,9 +79,10 @@ def _live_positions(table: Any, snapshot_id: int, paths: set[str], what: str) ->
 
 
 def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]], what: str,
-               push_keys: Any) -> dict[str, Any]:
+               push_keys: Any, schema_id: int | None = None) -> dict[str, Any]:
     """The scan's plan (see the module); ``push_keys(read_id, value)`` hands the JVM the
-    planned files' keys."""
+    planned files' keys.  ``schema_id``: the schema the statement reads with (the filters'
+    column names are its), when it is not the snapshot's."""
     from icecrypt.spark._common import file_error
     from icecrypt.spark._native import (
         _MAX_FILTERED_POSITION,
@@ -96,7 +97,8 @@ def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]
     if snapshot_id is None:
         return _empty(table)
     schema = table.schema_for(table.snapshot(snapshot_id))
-    row_filter = to_filter(filters, schema)
+    read_schema = next((s for s in table.model.schemas if s.schema_id == schema_id), schema)
+    row_filter = to_filter(filters, schema, read_schema=read_schema)
     try:
         tasks = table.scan(snapshot_id=snapshot_id, row_filter=row_filter).plan_files()
     except Exception as exc:
@@ -173,4 +175,5 @@ def _plan_scan(bridge: Any, request: dict[str, Any]) -> Any:
     ident = identifier(ref["identifier"])
     table = catalog.load_table(ident)
     what = _catalogs.describe_identifier(catalog, ident)
-    return plan_files(table, ref.get("snapshot_id"), request.get("filters") or [], what, push_keys(bridge))
+    return plan_files(table, ref.get("snapshot_id"), request.get("filters") or [], what, push_keys(bridge),
+                      ref.get("schema_id"))
