@@ -356,6 +356,11 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
 
     @Override
     public void renameTable(Identifier from, Identifier to) throws NoSuchTableException, TableAlreadyExistsException {
+        // RENAME TO cat.db.t names the catalog too (as Iceberg's catalog, take it off)
+        String[] namespace = to.namespace();
+        if (namespace.length > 1 && namespace[0].equalsIgnoreCase(context.name)) {
+            to = Identifier.of(java.util.Arrays.copyOfRange(namespace, 1, namespace.length), to.name());
+        }
         ObjectNode request = context.request();
         CatalogContext.identifier(request, "from", from);
         CatalogContext.identifier(request, "to", to);
