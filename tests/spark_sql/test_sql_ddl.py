@@ -216,3 +216,27 @@ def test_functions(cat):
 
     # the spec's hashes: 34 -> 2017239379, "iceberg" -> 1210000089
     assert rows == [(2017239379 % 16, 1210000089 % 16, -10, 47, 574, datetime.date(2017, 11, 16), 419686)]
+
+
+@pytest.mark.servers
+def test_glue_catalog(new_catalog, moto_server, tmp_path, aws_key_ids):
+    """type glue: moto's Glue holds the tables, AWS KMS (moto's) the master key; the
+    warehouse is local (the SQL catalog reads and writes local tables)."""
+    catalog = new_catalog("glue", warehouse=tmp_path, **{
+        "glue.endpoint": moto_server.endpoint, "glue.region": moto_server.region,
+        "glue.access-key-id": moto_server.access_key_id, "glue.secret-access-key": moto_server.secret_access_key,
+        **moto_server.kms_properties()})
+    database = f"db{tmp_path.name[-6:].replace('-', '')}".lower()
+    catalog.sql(f"CREATE NAMESPACE {{c}}.{database}")
+    catalog.sql(f"CREATE TABLE {{c}}.{database}.t (id bigint, cat string) USING iceberg PARTITIONED BY (cat) "
+                f"TBLPROPERTIES ('encryption.key-id'='{aws_key_ids['a']}')")
+    catalog.sql(f"INSERT INTO {{c}}.{database}.t VALUES (1, 'a'), (2, 'b')")
+    catalog.sql(f"INSERT OVERWRITE {{c}}.{database}.t PARTITION (cat = 'a') SELECT 3")
+    assert catalog.rows(f"SELECT * FROM {{c}}.{database}.t") == [(2, "b"), (3, "a")]
+    assert catalog.rows(f"SHOW TABLES IN {{c}}.{database}") == [(database, "t", False)]
+    table = catalog.table(f"{database}.t")
+    assert table.encrypted and table.scan().to_arrow().num_rows == 2
+    glue = moto_server.boto3_client("glue").get_table(DatabaseName=database, Name="t")["Table"]
+    assert glue["Parameters"]["table_type"].upper() == "ICEBERG"
+    catalog.sql(f"DROP TABLE {{c}}.{database}.t")
+    assert catalog.rows(f"SHOW TABLES IN {{c}}.{database}") == []
