@@ -18,6 +18,7 @@ answer holds paths, sizes, counts and positions only.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -34,19 +35,17 @@ def _empty(table: Any) -> dict[str, Any]:
 
 
 def pushable_columns(table: Any) -> list[str]:
-    """Top-level columns whose name, field id and type no schema of the table ever paired
-    differently: Parquet's row-group filters (which match file columns by name) are safe
-    on those."""
-    names: dict[str, set[tuple[Any, str]]] = {}
+    """Top-level columns Parquet's row-group filters (which match a file's columns by name)
+    may test: no schema of the table gave the name to another field id, nor the column
+    another type."""
+    from icecrypt.spark._native import reused_names
+
+    reused = reused_names(table.metadata)
+    types: dict[str, set[str]] = {}
     for schema in table.metadata.get("schemas") or ():
         for field in schema.get("fields") or ():
-            names.setdefault(str(field.get("name")), set()).add((field.get("id"), str(field.get("type"))))
-    by_id: dict[Any, set[str]] = {}
-    for name, entries in names.items():
-        for field_id, _ in entries:
-            by_id.setdefault(field_id, set()).add(name)
-    return sorted(name for name, entries in names.items()
-                  if len(entries) == 1 and len(by_id[next(iter(entries))[0]]) == 1)
+            types.setdefault(str(field.get("name")), set()).add(json.dumps(field.get("type"), sort_keys=True))
+    return sorted(name for name, kinds in types.items() if name not in reused and len(kinds) == 1)
 
 
 def _live_positions(table: Any, snapshot_id: int, paths: set[str], what: str) -> dict[str, Any]:
