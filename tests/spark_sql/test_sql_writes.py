@@ -311,3 +311,42 @@ def test_sorted_table(cat):
 
         ks = [k for b in read_task(task, table.filesystem) for k in b.column("k").to_pylist()]
         assert ks == sorted(ks, reverse=True)
+
+
+def test_concurrent_commit_is_a_conflict(cat):
+    """A dynamic overwrite validates from the snapshot the statement read (Java's
+    serializable isolation): another writer's append into a partition it replaces, made
+    while the statement runs (by a Python UDF in the job, through icecrypt's API), fails
+    the statement and leaves only that append."""
+    from pyspark.sql.functions import udf
+
+    cat.sql("CREATE TABLE {c}.db.raced (id bigint, cat string) USING iceberg PARTITIONED BY (cat) "
+            "TBLPROPERTIES ('encryption.key-id'='master')")
+    cat.sql("INSERT INTO {c}.db.raced VALUES (1, 'a'), (2, 'b')")
+    options = dict(cat.options)
+    name = cat.name
+
+    @udf("bigint")
+    def meanwhile(i):
+        import pyarrow as pa
+
+        from icecrypt.spark._sql.catalogs import open_catalog
+
+        table = open_catalog(name, options).load_table(("db", "raced"))
+        table.append(pa.table({"id": pa.array([99], pa.int64()), "cat": ["a"]}))
+        return i
+
+    cat.spark.udf.register("meanwhile", meanwhile)
+    before = {f["file_path"] for f in cat.table("db.raced").inspect.files().to_pylist()}
+    cat.spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    try:
+        with pytest.raises(Exception, match="(?i)conflict|concurrent|since"):
+            cat.sql("INSERT OVERWRITE {c}.db.raced SELECT meanwhile(id) + 10, 'a' FROM range(1)")
+    finally:
+        cat.spark.conf.unset("spark.sql.sources.partitionOverwriteMode")
+    assert cat.rows("SELECT * FROM {c}.db.raced") == [(1, "a"), (2, "b"), (99, "a")]
+    after = {f["file_path"] for f in cat.table("db.raced").inspect.files().to_pylist()}
+    assert len(after - before) == 1  # the other writer's file; none of the failed statement's
+    location = cat.table("db.raced").fs_path(cat.table("db.raced").location)
+    on_disk = {str(p) for p in data_files(cat.warehouse) if str(p).startswith(location) and p.suffix == ".parquet"}
+    assert on_disk == {cat.table("db.raced").fs_path(p) for p in after}
