@@ -350,3 +350,16 @@ def test_concurrent_commit_is_a_conflict(cat):
     location = cat.table("db.raced").fs_path(cat.table("db.raced").location)
     on_disk = {str(p) for p in data_files(cat.warehouse) if str(p).startswith(location) and p.suffix == ".parquet"}
     assert on_disk == {cat.table("db.raced").fs_path(p) for p in after}
+
+
+def test_max_records_per_file(cat):
+    """spark.sql.files.maxRecordsPerFile rolls files as for Spark's own file writers."""
+    cat.sql("CREATE TABLE {c}.db.rolled (id bigint) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
+    cat.spark.conf.set("spark.sql.files.maxRecordsPerFile", "30")
+    try:
+        cat.sql("INSERT INTO {c}.db.rolled SELECT id FROM range(0, 100, 1, 1)")
+    finally:
+        cat.spark.conf.unset("spark.sql.files.maxRecordsPerFile")
+    counts = sorted(cat.table("db.rolled").inspect.files().column("record_count").to_pylist())
+    assert counts == [10, 30, 30, 30]
+    assert cat.rows("SELECT count(*), sum(id) FROM {c}.db.rolled") == [(100, sum(range(100)))]

@@ -299,7 +299,8 @@ final class Writes {
                     field.path("param").asInt(0), path, widths,
                     DataType.fromJson(field.get("source").toString())));
             }
-            long maxRecords = plan.path("max_records").asLong(0);
+            // as Spark's file writers: a new file after spark.sql.files.maxRecordsPerFile rows (0: no limit)
+            long maxRecords = org.apache.spark.sql.internal.SQLConf.get().maxRecordsPerFile();
             return new WriterFactory(broadcast, outputs, schema, plan.path("root").asText(), writeId,
                 spec.toArray(new Transforms.Field[0]), maxRecords);
         }
