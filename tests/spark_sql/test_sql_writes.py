@@ -213,6 +213,44 @@ def test_types_and_field_ids(cat):
     assert all(v is None for k, v in got[1].items() if k != "id")
     assert cat.rows("SELECT id, tags[0], m['k'].y[1], st.inner.b FROM {c}.db.nested") == [
         (1, "a", 2, "q"), (2, None, None, None)]
+    # every Parquet field of the files carries its Iceberg field id, list elements and map
+    # keys and values included
+    from icecrypt.parquet import open_file
+
+    table = cat.table("db.nested")
+    expected_ids = {f.field_id for f in _all_fields(table.schema)}
+    for task in table.scan().plan_files():
+        with open_file(task.file.fs_path, task.file.key(), filesystem=table.filesystem) as opened:
+            found = set(_parquet_ids(opened.metadata.schema.to_arrow_schema()))
+        assert found == expected_ids
+
+
+def _all_fields(schema) -> list:
+    from icecrypt.spark._native import _fields
+
+    return list(_fields(schema))
+
+
+def _parquet_ids(schema: pa.Schema) -> list[int]:
+    """Every field id of an Arrow schema read from a Parquet file, nested fields included."""
+    out = []
+
+    def walk(field: pa.Field) -> None:
+        if field.metadata and b"PARQUET:field_id" in field.metadata:
+            out.append(int(field.metadata[b"PARQUET:field_id"]))
+        t = field.type
+        if pa.types.is_struct(t):
+            for child in t:
+                walk(child)
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            walk(t.value_field)
+        elif pa.types.is_map(t):
+            walk(t.key_field)
+            walk(t.item_field)
+
+    for f in schema:
+        walk(f)
+    return out
 
 
 def test_ctas_and_rtas(cat):
