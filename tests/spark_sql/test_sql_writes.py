@@ -282,6 +282,27 @@ def test_ctas_and_rtas(cat):
     assert cat.table("db.v2").encrypted
 
 
+def test_ctas_and_rtas_on_path_tables(new_catalog):
+    """A hadoop catalog's CTAS publishes v1.metadata.json with the rows, an RTAS the next
+    version; the staged files become the new version's ancestors, and maintenance that
+    checks the version lineage finds one."""
+    from icecrypt.table.commit.store import check_unambiguous
+
+    catalog = new_catalog("hadoop")
+    catalog.sql("CREATE NAMESPACE {c}.db")
+    catalog.sql("CREATE TABLE {c}.db.p USING iceberg TBLPROPERTIES ('encryption.key-id'='master') "
+                "AS SELECT id, CAST(id AS STRING) AS s FROM range(5)")
+    table = catalog.table("db.p")
+    assert table.metadata_location.endswith("/v1.metadata.json") and len(table.snapshots()) == 1
+    catalog.sql("CREATE OR REPLACE TABLE {c}.db.p USING iceberg TBLPROPERTIES ('encryption.key-id'='master') "
+                "AS SELECT id * 2 AS id, 'x' AS tag FROM range(3)")
+    table = catalog.table("db.p")
+    assert table.metadata_location.endswith("/v2.metadata.json")
+    assert catalog.rows("SELECT * FROM {c}.db.p") == [(0, "x"), (2, "x"), (4, "x")]
+    check_unambiguous(table.filesystem, table.metadata_location, table.metadata)
+    assert table.scan().to_arrow().num_rows == 3 and len(table.snapshots()) == 2
+
+
 @pytest.mark.parametrize("kind", ["sql", "hadoop"])
 def test_failed_ctas_creates_nothing(new_catalog, kind):
     catalog = new_catalog(kind)
