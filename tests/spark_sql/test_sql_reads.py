@@ -205,6 +205,30 @@ def test_unreadable_column_says_so(cat):
         cat.sql("INSERT INTO {c}.db.uuids VALUES (2, 'x')")
 
 
+def test_initial_default_column_says_so(cat):
+    """A column added with a default for the rows written before (format v3): Spark's
+    Parquet reader would give those rows nulls, so reading the column is refused."""
+    from pyiceberg.types import LongType
+
+    cat.sql("CREATE TABLE {c}.db.defaults (id bigint) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
+    cat.sql("INSERT INTO {c}.db.defaults VALUES (1)")
+    with cat.table("db.defaults").update_schema() as update:
+        update.add_column("d", LongType(), default_value=7)
+    assert cat.table("db.defaults").scan().to_arrow().to_pylist() == [{"id": 1, "d": 7}]
+    assert cat.rows("SELECT id FROM {c}.db.defaults") == [(1,)]
+    with pytest.raises(Exception, match="column d is a column with an initial-default value"):
+        cat.sql("SELECT d FROM {c}.db.defaults")
+
+
+def test_name_mapped_table_says_so(cat):
+    cat.sql("CREATE TABLE {c}.db.mapped (id bigint) USING iceberg")
+    cat.sql("INSERT INTO {c}.db.mapped VALUES (1)")
+    cat.sql("""ALTER TABLE {c}.db.mapped SET TBLPROPERTIES (
+               'schema.name-mapping.default'='[{"field-id": 1, "names": ["id"]}]')""")
+    with pytest.raises(Exception, match="name mapping"):
+        cat.sql("SELECT * FROM {c}.db.mapped")
+
+
 def test_empty_table(cat):
     cat.sql("CREATE TABLE {c}.db.empty (id int) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
     assert cat.rows("SELECT * FROM {c}.db.empty") == []

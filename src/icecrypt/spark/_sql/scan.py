@@ -95,6 +95,9 @@ def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]
 
     if snapshot_id is None:
         return _empty(table)
+    if table.properties.get("schema.name-mapping.default"):
+        raise NotImplementedError(f"{what}: the table has a name mapping (data files without field ids): the SQL "
+                                  "catalog reads data files by field id (read it with icecrypt.iceberg)")
     schema = table.schema_for(table.snapshot(snapshot_id))
     read_schema = next((s for s in table.model.schemas if s.schema_id == schema_id), schema)
     row_filter = to_filter(filters, schema, read_schema=read_schema)

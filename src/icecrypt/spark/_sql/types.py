@@ -109,6 +109,9 @@ def _spark_field(field: NestedField, *, ids: bool) -> tuple[dict[str, Any], str 
         own = _unreadable(field.field_type)
         if own is not None:
             metadata[UNREADABLE] = own[1]
+        elif field.initial_default is not None:
+            metadata[UNREADABLE] = ("a column with an initial-default value (Spark's Parquet reader would read the "
+                                    "rows written before it was added as nulls)")
     elif field.doc:
         metadata["comment"] = field.doc
     return {"name": field.name, "type": data_type, "nullable": not field.required, "metadata": metadata}, why
