@@ -91,6 +91,9 @@ class Transaction:
 
         staged = EncryptedTable(table.metadata, table.metadata_location, table.locations, table.kms, pin=table.pin,
                                 allowed_locations=table.allowed_locations)
+        if staged.encryption_manager is not None:
+            # the KEKs the catalog recorded as retired (and the unwrapped ones) are the table's
+            staged.encryption_manager.share_kek_cache(table.encryption_manager)
         staged.metadata_store = StagedStore(table.metadata_location, table.metadata)
         return cls(catalog, identifier, staged, real_store=table.metadata_store, new=False)
 
