@@ -219,6 +219,7 @@ def test_functions(cat):
 
 
 @pytest.mark.servers
+@pytest.mark.filterwarnings("ignore::icecrypt.errors.InsecureTransportWarning")  # moto speaks plain HTTP
 def test_glue_catalog(new_catalog, moto_server, tmp_path, aws_key_ids):
     """type glue: moto's Glue holds the tables, AWS KMS (moto's) the master key; the
     warehouse is local (the SQL catalog reads and writes local tables)."""
