@@ -229,6 +229,16 @@ def test_name_mapped_table_says_so(cat):
         cat.sql("SELECT * FROM {c}.db.mapped")
 
 
+def test_options_are_refused_clearly(cat):
+    cat.sql("CREATE TABLE {c}.db.opts (id bigint) USING iceberg")
+    with pytest.raises(Exception, match="read option split-size is not supported"):
+        cat.spark.read.option("split-size", "1").table(f"{cat.name}.db.opts").collect()
+    frame = cat.spark.createDataFrame([(1,)], "id bigint")
+    with pytest.raises(Exception, match="write option fanout-enabled is not supported"):
+        frame.writeTo(f"{cat.name}.db.opts").option("fanout-enabled", "true").append()
+    assert cat.rows("SELECT * FROM {c}.db.opts") == []
+
+
 def test_empty_table(cat):
     cat.sql("CREATE TABLE {c}.db.empty (id int) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
     assert cat.rows("SELECT * FROM {c}.db.empty") == []

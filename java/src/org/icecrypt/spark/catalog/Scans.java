@@ -124,11 +124,9 @@ final class Scans {
         @Override
         public Scan build() {
             if (!options.isEmpty()) {
-                for (String key : options.keySet()) {
-                    throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": read option "
-                        + key + " is not supported (select branches, tags and snapshots with the table identifier or "
-                        + "VERSION/TIMESTAMP AS OF)");
-                }
+                throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": read option "
+                    + options.keySet().iterator().next() + " is not supported (select branches, tags and snapshots "
+                    + "with the table identifier or VERSION/TIMESTAMP AS OF)");
             }
             StructType annotated = annotate(required, table.readSchema, "");
             return IcebergScan.plan(table, pushed.toArray(new Predicate[0]), required, annotated);

@@ -141,10 +141,9 @@ final class Writes {
         @Override
         public Write build() {
             if (!info.options().isEmpty()) {
-                for (String key : info.options().keySet()) {
-                    throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": write option "
-                        + key + " is not supported (write to a branch through its identifier, t.branch_<name>)");
-                }
+                throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": write option "
+                    + info.options().keySet().iterator().next() + " is not supported (write to a branch through "
+                    + "its identifier, t.branch_<name>)");
             }
             return new IcebergWrite(table, info, mode, filters);
         }
