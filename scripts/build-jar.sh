@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build src/icecrypt/spark/icecrypt-spark.jar, icecrypt's own JVM code for Spark's Parquet
 # reader and writer (java/src: parquet-java's crypto factories, a Parquet format that applies
-# deletes and the analyzer rule that routes icecrypt.iceberg to the native path), with
+# deletes, the analyzer rule that routes icecrypt.iceberg to the native path and the Spark SQL
+# catalog), with
 # javac against the jars that ship with pyspark.  Nothing is downloaded.
 #
 #   scripts/build-jar.sh [PYTHON]     PYTHON: an interpreter with pyspark (default python3);
