@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build src/icecrypt/spark/icecrypt-spark.jar, icecrypt's own JVM code for Spark's Parquet
 # reader and writer (java/src: parquet-java's crypto factories, a Parquet format that applies
-# deletes and the analyzer rule that routes icecrypt.iceberg to the native path), with
+# deletes, the analyzer rule that routes icecrypt.iceberg to the native path and the Spark SQL
+# catalog), with
 # javac against the jars that ship with pyspark.  Nothing is downloaded.
 #
 #   scripts/build-jar.sh [PYTHON]     PYTHON: an interpreter with pyspark (default python3);
@@ -24,8 +25,9 @@ classpath=("$jars"/parquet-hadoop-*.jar "$jars"/parquet-column-*.jar "$jars"/par
            "$jars"/hadoop-client-api-*.jar "$jars"/slf4j-api-*.jar "$jars"/spark-core_*.jar \
            "$jars"/spark-sql-api_*.jar "$jars"/spark-unsafe_*.jar "$jars"/spark-common-utils_*.jar "$jars"/scala-library-*.jar \
            "$jars"/scala-reflect-*.jar "$jars"/kryo-shaded-*.jar "$jars"/RoaringBitmap-*.jar \
-           "$jars"/spark-sql_*.jar "$jars"/spark-catalyst_*.jar)
-((${#classpath[@]} >= 14)) || { echo "build-jar: Parquet, Hadoop and Spark jars not found in $jars" >&2; exit 1; }
+           "$jars"/spark-sql_*.jar "$jars"/spark-catalyst_*.jar \
+           "$jars"/jackson-databind-*.jar "$jars"/jackson-core-*.jar "$jars"/jackson-annotations-*.jar)
+((${#classpath[@]} >= 17)) || { echo "build-jar: Parquet, Hadoop and Spark jars not found in $jars" >&2; exit 1; }
 command -v javac >/dev/null || { echo "build-jar: javac not found (a JDK 17 or later is needed)" >&2; exit 1; }
 
 work=$(mktemp -d)

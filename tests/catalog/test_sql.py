@@ -280,3 +280,26 @@ def test_maintenance_commits_through_the_catalog(catalog):
     assert not [p for p in result.orphan_files if p.endswith(".metadata.json")], result.orphan_files
     loaded.rekey(everything=True, expire=True)
     assert catalog.load_table("db.t").scan().to_arrow().num_rows == 6
+
+
+def test_rename_keeps_the_table_and_its_pin(catalog):
+    catalog.create_namespace("db")
+    catalog.create_namespace("other")
+    table = catalog.create_table("db.before", SCHEMA, table_key_id="keyA")
+    table.append(rows(0, 3))
+    pin = catalog._pin_get(("db",), "before")
+    catalog.rename_table("db.before", "other.after")
+    assert catalog.list_tables("db") == [] and catalog.list_tables("other") == [("other", "after")]
+    assert catalog._pin_get(("other",), "after") == pin and catalog._pin_get(("db",), "before") is None
+    renamed = catalog.load_table("other.after")
+    assert renamed.metadata_location == table.metadata_location and renamed.scan().to_arrow().num_rows == 3
+    renamed.append(rows(3, 1))  # commits go to the new name
+    assert catalog.load_table("other.after").scan().to_arrow().num_rows == 4
+    catalog.create_table("db.taken", SCHEMA, table_key_id=None)
+    with pytest.raises(TableAlreadyExistsError, match="taken"):
+        catalog.rename_table("other.after", "db.taken")
+    with pytest.raises(NoSuchTableError, match="before"):
+        catalog.rename_table("db.before", "db.x")
+    with pytest.raises(NoSuchNamespaceError, match="nowhere"):
+        catalog.rename_table("other.after", "nowhere.t")
+    assert catalog.load_table("other.after").scan().to_arrow().num_rows == 4

@@ -19,6 +19,7 @@ Steps:
 * ``delete`` / ``tamper`` — on the driver, with the table API and the keystore the
   driver's ``ICECRYPT_KEYSTORE`` names: rows matching ``where`` deleted from the table at
   ``path``, or one byte flipped in a data file of it that has no deletes (``victim``).
+* ``sql`` — ``spark.sql(statement)`` collected: its rows (as lists).
 * ``read`` — the rows at ``path`` read with ``format``/``options`` (with ``native``:
   ``icecrypt.spark.read_table`` with that option): count, id sum, a digest of the sorted
   rows and whether the plan scans with Spark's Parquet reader, applies deletes there
@@ -86,6 +87,8 @@ def run_step(spark, step: dict) -> dict:
     if op == "probe":
         rdd = spark.sparkContext.parallelize(range(step.get("partitions", 2)), step.get("partitions", 2))
         return {"executors": rdd.mapPartitionsWithIndex(_probe).collect()}
+    if op == "sql":
+        return {"rows": [list(r) for r in spark.sql(step["statement"]).collect()]}
     if op == "write":
         before = _spark_written(step["path"])
         writer = _frame(spark, step).write.format(step["format"]).options(**step.get("options", {}))

@@ -9,11 +9,13 @@ and ``icecrypt.spark.read_table`` (the Python path there).
 
 from __future__ import annotations
 
+import sys
+
 import pyarrow as pa
 import pytest
 
 from cluster_job import expected_rows, rows_digest
-from clusterlib import MASTER_KEY, run_driver
+from clusterlib import HOST, MASTER_KEY, START_TIMEOUT, log_tail, run_driver, server_env, spark_home
 from icecrypt.keys.manifest import read_key_manifest
 from icecrypt.kms.local import LocalKms
 from icecrypt.table import EncryptedTable
@@ -83,3 +85,44 @@ def test_read_table_through_connect_takes_the_python_path(connect_run):
     assert _ok(steps, "read_table_auto")["digest"] == rows_digest(expected_rows(0, 1500))
     refused = steps["read_table_native"]
     assert not refused["ok"] and "Spark Connect" in refused["error"], refused
+
+
+@pytest.fixture(scope="module")
+def connect_with_catalog(tmp_path_factory):
+    """A Connect server whose session names icecrypt's SQL catalog (the jar on its classpath)."""
+    import icecrypt.spark
+    from servers import ServerStartError, free_port, start_process, stop_process, unavailable, wait_for_port
+
+    root = tmp_path_factory.mktemp("connect-catalog")
+    port = free_port()
+    log = root / "connect.log"
+    args = [spark_home() / "bin" / "spark-submit", "--master", "local[1]", "--driver-memory", "1g",
+            "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--jars", icecrypt.spark.jar_path(),
+            "--conf", f"spark.connect.grpc.binding.address={HOST}", "--conf", f"spark.connect.grpc.binding.port={port}",
+            "--conf", f"spark.driver.host={HOST}", "--conf", f"spark.driver.bindAddress={HOST}",
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.catalog.enc=org.icecrypt.spark.SparkCatalog",
+            "--conf", f"spark.sql.catalog.enc.warehouse={root / 'warehouse'}", "spark-internal"]
+    proc = start_process(args, env=server_env({"PYSPARK_PYTHON": sys.executable}), cwd=root, log_path=log)
+    try:
+        try:
+            wait_for_port(HOST, port, timeout=START_TIMEOUT, proc=proc)
+        except ServerStartError as exc:
+            unavailable(f"Spark Connect server did not start: {exc}\n{log_tail(log)}")
+        yield f"sc://{HOST}:{port}", root
+    finally:
+        stop_process(proc, timeout=15)
+
+
+def test_sql_catalog_refuses_spark_connect(connect_with_catalog):
+    """The catalog needs icecrypt's Python driver in the server's JVM: through Connect it
+    refuses every statement, saying why, and touches nothing."""
+    url, root = connect_with_catalog
+    steps = [{"name": "show", "op": "sql", "statement": "SHOW NAMESPACES IN enc"},
+             {"name": "create", "op": "sql", "statement": "CREATE NAMESPACE enc.db"},
+             {"name": "select", "op": "sql", "statement": "SELECT * FROM enc.db.t"}]
+    result = run_driver("cluster_job.py", {"master": url, "steps": steps}, cwd=root)["steps"]
+    for name in ("show", "create", "select"):
+        assert not result[name]["ok"], name
+        error = result[name]["error"]
+        assert "no icecrypt driver is registered" in error and "Spark Connect cannot use this catalog" in error, error
+    assert not (root / "warehouse").exists()

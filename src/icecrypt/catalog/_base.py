@@ -586,6 +586,22 @@ class Catalog:
         if table is not None:
             _purge(table)
 
+    def rename_table(self, identifier: Identifier, new_identifier: Identifier) -> None:
+        """Give table ``identifier`` the name ``new_identifier`` (its location, files and
+        the catalog's record of its key id, UUID and roots stay as they are), in one
+        update of the catalog (NoSuchTableError, NoSuchNamespaceError for the new name's
+        namespace, TableAlreadyExistsError).  A backend without renames raises
+        CatalogError."""
+        namespace, name = self._identifier(identifier)
+        new_namespace, new_name = self._identifier(new_identifier)
+        if self._table_location(namespace, name) is None:
+            raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
+        if not self._ns_exists(new_namespace):
+            raise NoSuchNamespaceError(f"{self._describe(new_namespace)} does not exist")
+        if self._table_location(new_namespace, new_name) is not None:
+            raise TableAlreadyExistsError(f"{self._describe(new_namespace, new_name)} already exists")
+        self._table_rename(namespace, name, new_namespace, new_name)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -641,6 +657,10 @@ class Catalog:
 
     def _table_drop(self, namespace: tuple[str, ...], name: str) -> None:
         raise NotImplementedError
+
+    def _table_rename(self, namespace: tuple[str, ...], name: str, new_namespace: tuple[str, ...], new_name: str) -> None:
+        """Rename the table (its row and its pin together)."""
+        raise CatalogError(f"{self._describe(namespace, name)}: this catalog cannot rename tables")
 
     def _table_list(self, namespace: tuple[str, ...]) -> list[str]:
         raise NotImplementedError

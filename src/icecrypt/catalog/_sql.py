@@ -383,6 +383,21 @@ class SqlCatalog(Catalog):
         if result.rowcount < 1:
             raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
 
+    def _table_rename(self, namespace: tuple[str, ...], name: str, new_namespace: tuple[str, ...], new_name: str) -> None:
+        from sqlalchemy import update
+        from sqlalchemy.exc import IntegrityError
+
+        moved = {"table_namespace": _show(new_namespace), "table_name": new_name}
+        try:
+            with self._db("table rename", write=True) as conn:
+                result = conn.execute(self._where_table(update(self._tables), namespace, name).values(**moved))
+                if result.rowcount == 1 and self._pins_exist():
+                    conn.execute(self._pin_where(update(self._pins), namespace, name).values(**moved))
+        except IntegrityError:
+            raise TableAlreadyExistsError(f"{self._describe(new_namespace, new_name)} already exists") from None
+        if result.rowcount != 1:
+            raise NoSuchTableError(f"{self._describe(namespace, name)} does not exist")
+
     # --- pins (icecrypt.table.commit.pin) ------------------------------------------------------------
 
     def _pins_exist(self) -> bool:

@@ -165,8 +165,12 @@ def register(spark: Any) -> None:
             continue
         spark.dataSource.register(source)
         iceberg = iceberg or name == "IcebergDataSource"
-    if iceberg and not route(spark):
-        warn_unrouted(spark)
+    if iceberg:
+        if not route(spark):
+            warn_unrouted(spark)
+        from icecrypt.spark._sql import register as register_catalog
+
+        register_catalog(spark)
 
 
 def wrap_keys(

@@ -31,7 +31,8 @@ The native path is taken when it applies: a classic (not Connect) session with t
 loadable, and none of what only the Python path does (options ``filter``,
 ``metadata-table``, the incremental and changelog options, metadata columns, a name
 mapping, ``initial-default`` values, a type promoted by schema evolution, column names
-that differ only by case, types Spark's Parquet reader does not map — time, uuid, fixed,
+that differ only by case, a column name an earlier schema gave another column (Spark's
+Parquet filters match names, not ids), types Spark's Parquet reader does not map — time, uuid, fixed,
 nanosecond timestamps, geo, variant, unknown).  Otherwise, or with option
 ``native=false``, :func:`read_table` returns ``spark.read.format("icecrypt.iceberg")``.
 
@@ -260,6 +261,10 @@ def _why_not(table: Any, scan: Any, options: Mapping[str, str]) -> str | None:
         return f"option {ib.OPT_CHANGELOG}"
     if table.properties.get("schema.name-mapping.default"):
         return "the table has a name mapping (files without field ids)"
+    reused = reused_names(table.metadata)
+    if reused:
+        return (f"column name {sorted(reused)[0]!r} named another column in an earlier schema (Spark's Parquet "
+                "filters match names)")
     projected = scan.projected
     if any(is_metadata(f) for f in projected.fields):
         return "metadata columns are projected"
@@ -278,6 +283,25 @@ def _why_not(table: Any, scan: Any, options: Mapping[str, str]) -> str | None:
         if _spark_type(field.field_type) is None:
             return f"column {field.name!r} is {field.field_type}"
     return None
+
+
+def reused_names(metadata: Mapping[str, Any]) -> set[str]:
+    """Column paths (``a``, ``s.x``) that some schema of the table gave to another field id
+    than another schema did (a column dropped and another added under its name, two
+    columns that swapped names).  Spark's Parquet row-group filters match a file's columns
+    by name: on such a column they would test another column's statistics and skip row
+    groups that hold matching rows."""
+    ids: dict[str, set[Any]] = {}
+    for schema in metadata.get("schemas") or ():
+        stack = [("", f) for f in schema.get("fields") or ()]
+        while stack:
+            prefix, field = stack.pop()
+            path = f"{prefix}{field.get('name')}"
+            ids.setdefault(path, set()).add(field.get("id"))
+            t = field.get("type")
+            if isinstance(t, dict) and t.get("type") == "struct":
+                stack.extend((f"{path}.", f) for f in t.get("fields") or ())
+    return {path for path, found in ids.items() if len(found) > 1}
 
 
 def _schema_fields(schema: Mapping[str, Any]) -> Iterator[tuple[Any, str]]:

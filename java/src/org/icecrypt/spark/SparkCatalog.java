@@ -1,0 +1,499 @@
+/*
+ * icecrypt's Spark SQL catalog: Iceberg tables of icecrypt's catalogs -- encrypted or
+ * not -- by name, with Iceberg's Spark SQL.
+ *
+ *   spark.sql.catalog.enc                          org.icecrypt.spark.SparkCatalog
+ *   spark.sql.catalog.enc.type                     sql | glue | hadoop
+ *   spark.sql.catalog.enc.warehouse                <dir or URI>
+ *   spark.sql.catalog.enc.uri                      <SQLAlchemy URL> (sql; default SQLite in the warehouse)
+ *   spark.sql.catalog.enc.encryption.kms-type      local | aws | gcp | azure | vault | kmip | pkcs11
+ *   spark.sql.catalog.enc.encryption.kms.*         the KMS client's properties
+ *
+ * Every decision is icecrypt's Python driver's (org.icecrypt.spark.catalog.Bridge): this
+ * class turns Spark's catalog calls into bridge calls and their answers into Spark's
+ * tables (IcebergTable, MetadataTable, StagedIcebergTable) and exceptions.  Scans read
+ * with Spark's own Parquet reader, writes write with Spark's own Parquet writer (see
+ * catalog/Scans and catalog/Writes); Iceberg's partition transforms are the catalog's
+ * functions (catalog/Transforms: years, months, days, hours, bucket, truncate), which
+ * also lets Spark cluster a write by them.
+ *
+ * The catalog is built by Spark when a statement first names it; initialize() only keeps
+ * its name and options.  It keeps no table cache: every statement loads what it names.
+ */
+package org.icecrypt.spark;
+
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import org.apache.spark.sql.catalyst.analysis.NamespaceAlreadyExistsException;
+import org.apache.spark.sql.catalyst.analysis.NoSuchFunctionException;
+import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
+import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
+import org.apache.spark.sql.catalyst.analysis.NonEmptyNamespaceException;
+import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
+import org.apache.spark.sql.connector.catalog.Column;
+import org.apache.spark.sql.connector.catalog.FunctionCatalog;
+import org.apache.spark.sql.connector.catalog.Identifier;
+import org.apache.spark.sql.connector.catalog.NamespaceChange;
+import org.apache.spark.sql.connector.catalog.StagedTable;
+import org.apache.spark.sql.connector.catalog.StagingTableCatalog;
+import org.apache.spark.sql.connector.catalog.SupportsNamespaces;
+import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.connector.catalog.TableChange;
+import org.apache.spark.sql.connector.catalog.TableInfo;
+import org.apache.spark.sql.connector.catalog.functions.UnboundFunction;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.types.Metadata;
+import org.apache.spark.sql.types.MetadataBuilder;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+import org.icecrypt.spark.catalog.CatalogContext;
+import org.icecrypt.spark.catalog.Changes;
+import org.icecrypt.spark.catalog.Transforms;
+
+public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, FunctionCatalog {
+    private CatalogContext context;
+
+    public SparkCatalog() {
+    }
+
+    @Override
+    public void initialize(String name, CaseInsensitiveStringMap options) {
+        this.context = new CatalogContext(name, new LinkedHashMap<>(options.asCaseSensitiveMap()));
+    }
+
+    @Override
+    public String name() {
+        return context.name;
+    }
+
+    // --- namespaces -------------------------------------------------------------------------
+
+    @Override
+    public String[][] listNamespaces() throws NoSuchNamespaceException {
+        return listNamespaces(new String[0]);
+    }
+
+    @Override
+    public String[][] listNamespaces(String[] namespace) throws NoSuchNamespaceException {
+        ObjectNode request = context.request();
+        CatalogContext.namespace(request, "parent", namespace);
+        JsonNode answer;
+        try {
+            answer = context.call("list_namespaces", request);
+        } catch (CatalogContext.Failure e) {
+            NoSuchNamespaceException missing = e.noSuchNamespace(namespace);
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
+        String[][] out = new String[answer.size()][];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = CatalogContext.strings(answer.get(i));
+        }
+        return out;
+    }
+
+    @Override
+    public boolean namespaceExists(String[] namespace) {
+        ObjectNode request = context.request();
+        CatalogContext.namespace(request, "namespace", namespace);
+        return context.callUnchecked("namespace_exists", request).asBoolean();
+    }
+
+    @Override
+    public Map<String, String> loadNamespaceMetadata(String[] namespace) throws NoSuchNamespaceException {
+        ObjectNode request = context.request();
+        CatalogContext.namespace(request, "namespace", namespace);
+        try {
+            return CatalogContext.stringMap(context.call("namespace_metadata", request));
+        } catch (CatalogContext.Failure e) {
+            NoSuchNamespaceException missing = e.noSuchNamespace(namespace);
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
+    }
+
+    @Override
+    public void createNamespace(String[] namespace, Map<String, String> metadata)
+            throws NamespaceAlreadyExistsException {
+        ObjectNode request = context.request();
+        CatalogContext.namespace(request, "namespace", namespace);
+        ObjectNode properties = request.putObject("properties");
+        for (Map.Entry<String, String> e : metadata.entrySet()) {
+            properties.put(e.getKey(), e.getValue());
+        }
+        try {
+            context.call("create_namespace", request);
+        } catch (CatalogContext.Failure e) {
+            NamespaceAlreadyExistsException exists = e.namespaceExists(namespace);
+            if (exists != null) {
+                throw exists;
+            }
+            throw e.unchecked();
+        }
+    }
+
+    @Override
+    public void alterNamespace(String[] namespace, NamespaceChange... changes) {
+        throw new UnsupportedOperationException("icecrypt catalog '" + context.name + "': namespace "
+            + String.join(".", namespace) + ": altering a namespace's properties is not supported");
+    }
+
+    @Override
+    public boolean dropNamespace(String[] namespace, boolean cascade)
+            throws NoSuchNamespaceException, NonEmptyNamespaceException {
+        ObjectNode request = context.request();
+        CatalogContext.namespace(request, "namespace", namespace);
+        request.put("cascade", cascade);
+        try {
+            return context.call("drop_namespace", request).asBoolean();
+        } catch (CatalogContext.Failure e) {
+            NoSuchNamespaceException missing = e.noSuchNamespace(namespace);
+            if (missing != null) {
+                throw missing;
+            }
+            NonEmptyNamespaceException notEmpty = e.notEmpty(namespace);
+            if (notEmpty != null) {
+                throw notEmpty;
+            }
+            throw e.unchecked();
+        }
+    }
+
+    // --- tables ---------------------------------------------------------------------------------
+
+    @Override
+    public Identifier[] listTables(String[] namespace) throws NoSuchNamespaceException {
+        ObjectNode request = context.request();
+        CatalogContext.namespace(request, "namespace", namespace);
+        JsonNode answer;
+        try {
+            answer = context.call("list_tables", request);
+        } catch (CatalogContext.Failure e) {
+            NoSuchNamespaceException missing = e.noSuchNamespace(namespace);
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
+        Identifier[] out = new Identifier[answer.size()];
+        for (int i = 0; i < out.length; i++) {
+            String[] levels = CatalogContext.strings(answer.get(i));
+            out[i] = Identifier.of(java.util.Arrays.copyOf(levels, levels.length - 1), levels[levels.length - 1]);
+        }
+        return out;
+    }
+
+    @Override
+    public Table loadTable(Identifier ident) throws NoSuchTableException {
+        return load(ident, null, null);
+    }
+
+    @Override
+    public Table loadTable(Identifier ident, String version) throws NoSuchTableException {
+        return load(ident, version, null);
+    }
+
+    @Override
+    public Table loadTable(Identifier ident, long timestampMicros) throws NoSuchTableException {
+        return load(ident, null, timestampMicros);
+    }
+
+    private Table load(Identifier ident, String version, Long timestampMicros) throws NoSuchTableException {
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "identifier", ident);
+        if (version != null) {
+            request.put("version", version);
+        }
+        if (timestampMicros != null) {
+            request.put("timestamp", timestampMicros.longValue());
+        }
+        JsonNode description;
+        try {
+            description = context.call("load_table", request);
+        } catch (CatalogContext.Failure e) {
+            NoSuchTableException missing = e.noSuchTable(ident);
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
+        return context.table(description, version, timestampMicros);
+    }
+
+    @Override
+    public void invalidateTable(Identifier ident) {
+        // nothing cached
+    }
+
+    @Override
+    public Table createTable(Identifier ident, Column[] columns, Transform[] partitions, Map<String, String> properties)
+            throws TableAlreadyExistsException, NoSuchNamespaceException {
+        ObjectNode request = createRequest(ident, columns, partitions, properties);
+        try {
+            return context.table(context.call("create_table", request), null, null);
+        } catch (CatalogContext.Failure e) {
+            throw createFailure(e, ident);
+        }
+    }
+
+    @Override
+    public Table createTable(Identifier ident, TableInfo info) throws TableAlreadyExistsException,
+            NoSuchNamespaceException {
+        return createTable(ident, info.columns(), info.partitions(), info.properties());
+    }
+
+    @Override
+    @SuppressWarnings("deprecation")
+    public Table createTable(Identifier ident, StructType schema, Transform[] partitions,
+            Map<String, String> properties) throws TableAlreadyExistsException, NoSuchNamespaceException {
+        return createTable(ident, columns(schema), partitions, properties);
+    }
+
+    private static Column[] columns(StructType schema) {
+        Column[] out = new Column[schema.fields().length];
+        for (int i = 0; i < out.length; i++) {
+            StructField f = schema.fields()[i];
+            out[i] = Column.create(f.name(), f.dataType(), f.nullable(), f.getComment().isDefined()
+                ? f.getComment().get() : null, null);
+        }
+        return out;
+    }
+
+    private <E extends Exception> RuntimeException createFailure(CatalogContext.Failure e, Identifier ident)
+            throws TableAlreadyExistsException, NoSuchNamespaceException {
+        TableAlreadyExistsException exists = e.tableExists(ident);
+        if (exists != null) {
+            throw exists;
+        }
+        NoSuchNamespaceException missing = e.noSuchNamespace(ident.namespace());
+        if (missing != null) {
+            throw missing;
+        }
+        return e.unchecked();
+    }
+
+    private ObjectNode createRequest(Identifier ident, Column[] columns, Transform[] partitions,
+            Map<String, String> properties) {
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "identifier", ident);
+        List<StructField> fields = new ArrayList<>();
+        for (Column column : columns) {
+            if (column.defaultValue() != null || column.generationExpression() != null
+                    || column.identityColumnSpec() != null) {
+                throw new UnsupportedOperationException("icecrypt catalog '" + context.name + "': table " + ident
+                    + ": column " + column.name() + ": default values, generated and identity columns are not "
+                    + "supported");
+            }
+            Metadata metadata = column.comment() == null ? Metadata.empty()
+                : new MetadataBuilder().putString("comment", column.comment()).build();
+            fields.add(new StructField(column.name(), column.dataType(), column.nullable(), metadata));
+        }
+        StructType schema = new StructType(fields.toArray(new StructField[0]));
+        try {
+            request.set("schema", CatalogContext.JSON.readTree(schema.json()));
+        } catch (java.io.IOException e) {
+            throw new IllegalStateException("icecrypt catalog: a schema that is not JSON", e);
+        }
+        ArrayNode transforms = request.putArray("transforms");
+        for (Transform transform : partitions) {
+            transforms.add(Changes.transform(transform));
+        }
+        ObjectNode props = request.putObject("properties");
+        for (Map.Entry<String, String> e : properties.entrySet()) {
+            props.put(e.getKey(), e.getValue());
+        }
+        return request;
+    }
+
+    @Override
+    public Table alterTable(Identifier ident, TableChange... changes) throws NoSuchTableException {
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "identifier", ident);
+        ArrayNode list = request.putArray("changes");
+        for (TableChange change : changes) {
+            list.add(Changes.change(change));
+        }
+        try {
+            return context.table(context.call("alter_table", request), null, null);
+        } catch (CatalogContext.Failure e) {
+            NoSuchTableException missing = e.noSuchTable(ident);
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
+    }
+
+    @Override
+    public boolean dropTable(Identifier ident) {
+        return drop(ident, false);
+    }
+
+    @Override
+    public boolean purgeTable(Identifier ident) {
+        return drop(ident, true);
+    }
+
+    private boolean drop(Identifier ident, boolean purge) {
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "identifier", ident);
+        request.put("purge", purge);
+        return context.callUnchecked("drop_table", request).asBoolean();
+    }
+
+    @Override
+    public void renameTable(Identifier from, Identifier to) throws NoSuchTableException, TableAlreadyExistsException {
+        // RENAME TO cat.db.t names the catalog too (as Iceberg's catalog, take it off)
+        String[] namespace = to.namespace();
+        if (namespace.length > 1 && namespace[0].equalsIgnoreCase(context.name)) {
+            to = Identifier.of(java.util.Arrays.copyOfRange(namespace, 1, namespace.length), to.name());
+        }
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "from", from);
+        CatalogContext.identifier(request, "to", to);
+        try {
+            context.call("rename_table", request);
+        } catch (CatalogContext.Failure e) {
+            NoSuchTableException missing = e.noSuchTable(from);
+            if (missing != null) {
+                throw missing;
+            }
+            TableAlreadyExistsException exists = e.tableExists(to);
+            if (exists != null) {
+                throw exists;
+            }
+            throw e.unchecked();
+        }
+    }
+
+    // --- staged creates and replaces (CTAS, RTAS) ------------------------------------------------
+
+    @Override
+    public StagedTable stageCreate(Identifier ident, Column[] columns, Transform[] partitions,
+            Map<String, String> properties) throws TableAlreadyExistsException, NoSuchNamespaceException {
+        try {
+            return stage(ident, columns, partitions, properties, "create");
+        } catch (NoSuchTableException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    @Override
+    public StagedTable stageCreate(Identifier ident, TableInfo info) throws TableAlreadyExistsException,
+            NoSuchNamespaceException {
+        return stageCreate(ident, info.columns(), info.partitions(), info.properties());
+    }
+
+    @Override
+    @SuppressWarnings("deprecation")
+    public StagedTable stageCreate(Identifier ident, StructType schema, Transform[] partitions,
+            Map<String, String> properties) throws TableAlreadyExistsException, NoSuchNamespaceException {
+        return stageCreate(ident, columns(schema), partitions, properties);
+    }
+
+    @Override
+    public StagedTable stageReplace(Identifier ident, Column[] columns, Transform[] partitions,
+            Map<String, String> properties) throws NoSuchNamespaceException, NoSuchTableException {
+        try {
+            return stage(ident, columns, partitions, properties, "replace");
+        } catch (TableAlreadyExistsException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    @Override
+    public StagedTable stageReplace(Identifier ident, TableInfo info) throws NoSuchNamespaceException,
+            NoSuchTableException {
+        return stageReplace(ident, info.columns(), info.partitions(), info.properties());
+    }
+
+    @Override
+    @SuppressWarnings("deprecation")
+    public StagedTable stageReplace(Identifier ident, StructType schema, Transform[] partitions,
+            Map<String, String> properties) throws NoSuchNamespaceException, NoSuchTableException {
+        return stageReplace(ident, columns(schema), partitions, properties);
+    }
+
+    @Override
+    public StagedTable stageCreateOrReplace(Identifier ident, Column[] columns, Transform[] partitions,
+            Map<String, String> properties) throws NoSuchNamespaceException {
+        try {
+            return stage(ident, columns, partitions, properties, "create_or_replace");
+        } catch (TableAlreadyExistsException | NoSuchTableException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    @Override
+    public StagedTable stageCreateOrReplace(Identifier ident, TableInfo info) throws NoSuchNamespaceException {
+        return stageCreateOrReplace(ident, info.columns(), info.partitions(), info.properties());
+    }
+
+    @Override
+    @SuppressWarnings("deprecation")
+    public StagedTable stageCreateOrReplace(Identifier ident, StructType schema, Transform[] partitions,
+            Map<String, String> properties) throws NoSuchNamespaceException {
+        return stageCreateOrReplace(ident, columns(schema), partitions, properties);
+    }
+
+    private StagedTable stage(Identifier ident, Column[] columns, Transform[] partitions, Map<String, String> properties,
+            String mode) throws TableAlreadyExistsException, NoSuchNamespaceException, NoSuchTableException {
+        ObjectNode request = createRequest(ident, columns, partitions, properties);
+        request.put("mode", mode);
+        JsonNode description;
+        try {
+            description = context.call("stage", request);
+        } catch (CatalogContext.Failure e) {
+            NoSuchTableException missing = e.noSuchTable(ident);
+            if (missing != null) {
+                throw missing;
+            }
+            throw createFailure(e, ident);
+        }
+        return context.staged(description);
+    }
+
+    // --- functions: Iceberg's partition transforms -------------------------------------------------
+
+    @Override
+    public Identifier[] listFunctions(String[] namespace) throws NoSuchNamespaceException {
+        if (namespace.length > 1 || (namespace.length == 1 && !"system".equalsIgnoreCase(namespace[0]))) {
+            throw new NoSuchNamespaceException(namespace);
+        }
+        List<Identifier> out = new ArrayList<>();
+        for (String name : Transforms.FUNCTIONS) {
+            out.add(Identifier.of(namespace, name));
+        }
+        return out.toArray(new Identifier[0]);
+    }
+
+    @Override
+    public UnboundFunction loadFunction(Identifier ident) throws NoSuchFunctionException {
+        String[] namespace = ident.namespace();
+        if (namespace.length == 0 || (namespace.length == 1 && "system".equalsIgnoreCase(namespace[0]))) {
+            UnboundFunction function = Transforms.function(ident.name());
+            if (function != null) {
+                return function;
+            }
+        }
+        throw new NoSuchFunctionException(ident);
+    }
+
+    @Override
+    public String toString() {
+        return "icecrypt catalog " + (context == null ? "(not initialized)" : context.name);
+    }
+}

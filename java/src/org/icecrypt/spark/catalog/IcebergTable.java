@@ -1,0 +1,192 @@
+/*
+ * icecrypt: an Iceberg table of the SQL catalog as Spark sees it -- what the Python
+ * driver described when the statement loaded it (schema, partitioning, properties, the
+ * snapshot and branch selected), fixed for the statement.
+ *
+ * Reads: a scan of that snapshot (Scans).  Writes: appends, overwrites (whole table,
+ * by filter, dynamic by partition) of the branch (Writes); a table loaded with time
+ * travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
+ * description never holds a key: properties are the table's own and Iceberg's shown
+ * ones (format, provider, location, current-snapshot-id, format-version, ...).
+ */
+package org.icecrypt.spark.catalog;
+
+import java.util.ArrayList;
+import java.util.EnumSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+import com.fasterxml.jackson.databind.JsonNode;
+
+import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsWrite;
+import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.expressions.Expression;
+import org.apache.spark.sql.connector.expressions.Expressions;
+import org.apache.spark.sql.connector.expressions.NullOrdering;
+import org.apache.spark.sql.connector.expressions.SortDirection;
+import org.apache.spark.sql.connector.expressions.SortOrder;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.WriteBuilder;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+public class IcebergTable implements SupportsRead, SupportsWrite {
+    final CatalogContext catalog;
+    final JsonNode description;
+    final StructType schema;
+    final StructType readSchema;  // with field ids (parquet.field.id)
+    private final Map<String, String> properties;
+
+    IcebergTable(CatalogContext catalog, JsonNode description) {
+        this.catalog = catalog;
+        this.description = description;
+        this.schema = (StructType) DataType.fromJson(description.get("schema").toString());
+        this.readSchema = (StructType) DataType.fromJson(description.get("read_schema").toString());
+        this.properties = CatalogContext.stringMap(description.get("properties"));
+    }
+
+    @Override
+    public String name() {
+        return description.path("name").asText();
+    }
+
+    @Override
+    @SuppressWarnings("deprecation")
+    public StructType schema() {
+        return schema;
+    }
+
+    @Override
+    public Map<String, String> properties() {
+        return properties;
+    }
+
+    boolean timeTravel() {
+        return description.path("time_travel").asBoolean(false);
+    }
+
+    @Override
+    public Set<TableCapability> capabilities() {
+        if (timeTravel()) {
+            return EnumSet.of(TableCapability.BATCH_READ);
+        }
+        return EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE, TableCapability.TRUNCATE,
+                          TableCapability.OVERWRITE_BY_FILTER, TableCapability.OVERWRITE_DYNAMIC);
+    }
+
+    @Override
+    public Transform[] partitioning() {
+        List<Transform> out = new ArrayList<>();
+        for (JsonNode field : description.path("partitioning")) {
+            Transform transform = transform(field);
+            if (transform != null) {
+                out.add(transform);
+            }
+        }
+        return out.toArray(new Transform[0]);
+    }
+
+    /** A column name as Spark's expression parser reads it (every part quoted). */
+    static String quoted(JsonNode column) {
+        StringBuilder out = new StringBuilder();
+        for (JsonNode part : column) {
+            if (out.length() > 0) {
+                out.append('.');
+            }
+            out.append('`').append(part.asText().replace("`", "``")).append('`');
+        }
+        return out.toString();
+    }
+
+    /** A partition or sort field as a Spark transform (null: none for it). */
+    static Transform transform(JsonNode field) {
+        JsonNode column = field.get("column");
+        if (column == null || column.isNull()) {
+            return null;
+        }
+        String name = quoted(column);
+        int parameter = field.path("param").asInt(0);
+        switch (field.path("transform").asText()) {
+            case "identity":
+                return Expressions.identity(name);
+            case "bucket":
+                return Expressions.bucket(parameter, name);
+            case "truncate":
+                return Expressions.apply("truncate", Expressions.literal(parameter), Expressions.column(name));
+            case "years":
+                return Expressions.years(name);
+            case "months":
+                return Expressions.months(name);
+            case "days":
+                return Expressions.days(name);
+            case "hours":
+                return Expressions.hours(name);
+            default:
+                return null;
+        }
+    }
+
+    /** The table's partition fields (in spec order) followed by its sort order, as Spark's sort order. */
+    SortOrder[] writeOrdering() {
+        List<SortOrder> out = new ArrayList<>();
+        for (JsonNode field : description.path("partitioning")) {
+            Transform transform = transform(field);
+            if (transform != null) {
+                out.add(Expressions.sort(expression(transform), SortDirection.ASCENDING, NullOrdering.NULLS_FIRST));
+            }
+        }
+        for (JsonNode field : description.path("sort_order")) {
+            Transform transform = transform(field);
+            if (transform == null) {
+                continue;
+            }
+            boolean ascending = "asc".equals(field.path("direction").asText());
+            boolean nullsFirst = "nulls-first".equals(field.path("null_order").asText());
+            out.add(Expressions.sort(expression(transform), ascending ? SortDirection.ASCENDING
+                : SortDirection.DESCENDING, nullsFirst ? NullOrdering.NULLS_FIRST : NullOrdering.NULLS_LAST));
+        }
+        return out.toArray(new SortOrder[0]);
+    }
+
+    /** An identity transform as its column (what Spark sorts and clusters by); others as they are. */
+    static Expression expression(Transform transform) {
+        if ("identity".equals(transform.name())) {
+            return transform.references()[0];
+        }
+        return transform;
+    }
+
+    @Override
+    public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
+        return new Scans.Builder(this, options);
+    }
+
+    @Override
+    public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
+        if (timeTravel()) {
+            throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
+                + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
+        }
+        return new Writes.Builder(this, info);
+    }
+
+    /** What the driver needs to find the table again (identifier, snapshot, branch, ids). */
+    JsonNode ref() {
+        return description.get("ref");
+    }
+
+    /** The JSON field the driver's write calls name the table by. */
+    String refField() {
+        return "ref";
+    }
+
+    @Override
+    public String toString() {
+        return "icecrypt table " + name();
+    }
+}

@@ -1,0 +1,498 @@
+/*
+ * icecrypt: the SQL catalog's scans, read by Spark's own Parquet reader.
+ *
+ * build() asks the Python driver to plan the scan once: the snapshot the table was
+ * loaded at, the pushed predicates as an Iceberg row filter (manifests and files pruned
+ * by partition values and column statistics), every data file with its size, record
+ * count and whether it has deletes.  The driver reads the deletes (deletion vectors,
+ * position deletes) as sorted row positions, and leaves the planned files' keys (DEK and
+ * AAD prefix) with Keys: they go into the scan's Hadoop configuration (FileKeys'
+ * icecrypt.secret.file-keys, a name Spark redacts), which Spark's Parquet reader
+ * function broadcasts to the executors as it does for every file scan.  No key is in
+ * the Scan's description, the table's properties or the options EXPLAIN shows.
+ *
+ * Each task reads its files with ParquetFileFormat's reader (vectorized, column pruning,
+ * the pushed filters on columns whose name no schema change reused) or, for files with
+ * deletes, LiveRows' (the same reader giving only the live rows); FileDecryption gives
+ * parquet-java each encrypted file's keys.  Columns are matched by Iceberg field id
+ * (parquet.field.id in the read schema; spark.sql.parquet.fieldId.read.enabled is
+ * turned on for the session, as the native read does).  Predicates are also evaluated by
+ * Spark after the scan: pruning only ever drops files and row groups that cannot match.
+ *
+ * The scan keeps what it planned (files, snapshot) for row-level operations to build on.
+ */
+package org.icecrypt.spark.catalog;
+
+import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.OptionalLong;
+import java.util.Set;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.paths.SparkPath;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.connector.expressions.NamedReference;
+import org.apache.spark.sql.connector.expressions.filter.Predicate;
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.connector.read.Statistics;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.connector.read.SupportsPushDownV2Filters;
+import org.apache.spark.sql.connector.read.SupportsReportStatistics;
+import org.apache.spark.sql.execution.datasources.FileFormat$;
+import org.apache.spark.sql.execution.datasources.PartitionedFile;
+import org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.internal.connector.PredicateUtils;
+import org.apache.spark.sql.sources.Filter;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.MapType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+
+import org.icecrypt.spark.LiveRows;
+
+import scala.Function1;
+import scala.collection.Iterator;
+import scala.jdk.javaapi.CollectionConverters;
+
+final class Scans {
+    static final String FIELD_ID = "parquet.field.id";
+    static final String UNREADABLE = "icecrypt.unreadable";
+    static final String FIELD_ID_READ = "spark.sql.parquet.fieldId.read.enabled";
+    static final String FIELD_ID_IGNORE_MISSING = "spark.sql.parquet.fieldId.read.ignoreMissing";
+    static final String FACTORY_PROPERTY = "parquet.crypto.factory.class";
+    static final String DECRYPTION_CLASS = "org.icecrypt.spark.FileDecryption";
+    static final String KEYS_PROPERTY = "icecrypt.secret.file-keys";
+    static final String READ_ID_PROPERTY = "icecrypt.read-id";
+
+    private Scans() {
+    }
+
+    /** Collects the pushed predicates and the columns read; build() plans. */
+    static final class Builder implements org.apache.spark.sql.connector.read.ScanBuilder, SupportsPushDownV2Filters,
+            SupportsPushDownRequiredColumns {
+        private final IcebergTable table;
+        private final CaseInsensitiveStringMap options;
+        private final List<Predicate> pushed = new ArrayList<>();
+        private StructType required;
+
+        Builder(IcebergTable table, CaseInsensitiveStringMap options) {
+            this.table = table;
+            this.options = options;
+            this.required = table.schema;
+        }
+
+        @Override
+        public Predicate[] pushPredicates(Predicate[] predicates) {
+            for (Predicate predicate : predicates) {
+                if (Changes.predicate(predicate) != null) {
+                    pushed.add(predicate);
+                }
+            }
+            return predicates;  // Spark evaluates every one after the scan too
+        }
+
+        @Override
+        public Predicate[] pushedPredicates() {
+            return pushed.toArray(new Predicate[0]);
+        }
+
+        @Override
+        public void pruneColumns(StructType requiredSchema) {
+            this.required = requiredSchema;
+        }
+
+        @Override
+        public Scan build() {
+            if (!options.isEmpty()) {
+                throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": read option "
+                    + options.keySet().iterator().next() + " is not supported (select branches, tags and snapshots "
+                    + "with the table identifier or VERSION/TIMESTAMP AS OF)");
+            }
+            StructType annotated = annotate(required, table.readSchema, "");
+            return IcebergScan.plan(table, pushed.toArray(new Predicate[0]), required, annotated);
+        }
+    }
+
+    /** {@code pruned} (a pruning of the table's schema) with the read schema's field metadata. */
+    static StructType annotate(StructType pruned, StructType full, String prefix) {
+        StructField[] fields = pruned.fields();
+        StructField[] out = new StructField[fields.length];
+        for (int i = 0; i < fields.length; i++) {
+            StructField field = fields[i];
+            StructField source = full.apply(field.name());
+            if (source.metadata().contains(UNREADABLE)) {
+                throw new UnsupportedOperationException("icecrypt catalog: column " + prefix + field.name() + " is "
+                    + source.metadata().getString(UNREADABLE) + ": Spark's Parquet reader cannot read it (select "
+                    + "the other columns)");
+            }
+            out[i] = new StructField(field.name(), annotate(field.dataType(), source.dataType(),
+                prefix + field.name() + "."), field.nullable(), source.metadata());
+        }
+        return new StructType(out);
+    }
+
+    private static DataType annotate(DataType pruned, DataType full, String prefix) {
+        if (pruned instanceof StructType && full instanceof StructType) {
+            return annotate((StructType) pruned, (StructType) full, prefix);
+        }
+        if (pruned instanceof ArrayType && full instanceof ArrayType) {
+            ArrayType array = (ArrayType) pruned;
+            return new ArrayType(annotate(array.elementType(), ((ArrayType) full).elementType(), prefix),
+                                 array.containsNull());
+        }
+        if (pruned instanceof MapType && full instanceof MapType) {
+            MapType map = (MapType) pruned;
+            return new MapType(annotate(map.keyType(), ((MapType) full).keyType(), prefix),
+                annotate(map.valueType(), ((MapType) full).valueType(), prefix), map.valueContainsNull());
+        }
+        return pruned;
+    }
+
+    /** A planned scan: the files, the snapshot, how to read them. */
+    static final class IcebergScan implements Scan, Batch, SupportsReportStatistics {
+        final IcebergTable table;
+        final Predicate[] predicates;
+        final StructType readSchema;  // what Spark gets
+        final StructType annotated;  // the same, with field ids
+        final JsonNode plan;  // the driver's answer (no key in it)
+        private final String keys;  // the file keys, null for a plaintext table
+        private InputPartition[] partitions;
+        private PartitionReaderFactory factory;
+
+        private IcebergScan(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
+                            JsonNode plan, String keys) {
+            this.table = table;
+            this.predicates = predicates;
+            this.readSchema = readSchema;
+            this.annotated = annotated;
+            this.plan = plan;
+            this.keys = keys;
+        }
+
+        static IcebergScan plan(IcebergTable table, Predicate[] predicates, StructType readSchema,
+                                StructType annotated) {
+            ObjectNode request = table.catalog.request();
+            request.set("ref", table.ref());
+            ArrayNode filters = request.putArray("filters");
+            for (Predicate predicate : predicates) {
+                ObjectNode json = Changes.predicate(predicate);
+                if (json != null) {
+                    filters.add(json);
+                }
+            }
+            ArrayNode columns = request.putArray("columns");
+            for (StructField field : readSchema.fields()) {
+                columns.add(field.name());
+            }
+            JsonNode plan = table.catalog.callUnchecked("plan_scan", request);
+            String keys = plan.path("encrypted").asBoolean() && plan.path("files").size() > 0
+                ? Keys.take(plan.path("read_id").asText()) : null;
+            return new IcebergScan(table, predicates, readSchema, annotated, plan, keys);
+        }
+
+        @Override
+        public StructType readSchema() {
+            return readSchema;
+        }
+
+        @Override
+        public String description() {
+            StringBuilder out = new StringBuilder("icecrypt ").append(table.name());
+            JsonNode snapshot = plan.get("snapshot_id");
+            out.append(" [snapshot=").append(snapshot == null || snapshot.isNull() ? "none" : snapshot.asText());
+            out.append(", files=").append(plan.path("files").size());
+            if (predicates.length > 0) {
+                out.append(", filters=").append(Arrays.toString(predicates));
+            }
+            return out.append(']').toString();
+        }
+
+        @Override
+        public String toString() {
+            return description();
+        }
+
+        @Override
+        public Batch toBatch() {
+            return this;
+        }
+
+        /** Spark's file sources' split size: files cut and packed into tasks as Spark packs them. */
+        @Override
+        public synchronized InputPartition[] planInputPartitions() {
+            if (partitions != null) {
+                return partitions;
+            }
+            SparkSession session = SparkSession.active();
+            SQLConf conf = SQLConf.get();
+            long maxBytes = conf.filesMaxPartitionBytes();
+            long openCost = conf.filesOpenCostInBytes();
+            long total = 0;
+            JsonNode files = plan.path("files");
+            for (JsonNode file : files) {
+                total += file.get(1).asLong() + openCost;
+            }
+            int parallelism = Math.max(1, session.sparkContext().defaultParallelism());
+            if (conf.filesMinPartitionNum().isDefined()) {
+                parallelism = Math.max(1, ((Number) conf.filesMinPartitionNum().get()).intValue());
+            }
+            long split = Math.min(maxBytes, Math.max(openCost, total / parallelism));
+            List<Object[]> pieces = new ArrayList<>();  // path, start, length, size, live
+            for (JsonNode file : files) {
+                String path = file.get(0).asText();
+                long size = file.get(1).asLong();
+                boolean live = file.get(3).asBoolean();
+                for (long start = 0; start < size || (start == 0 && size == 0); start += split) {
+                    pieces.add(new Object[] {path, start, Math.min(split, size - start), size, live});
+                    if (size == 0) {
+                        break;
+                    }
+                }
+            }
+            pieces.sort((a, b) -> Long.compare((Long) b[2], (Long) a[2]));
+            List<InputPartition> out = new ArrayList<>();
+            List<Object[]> current = new ArrayList<>();
+            long currentSize = 0;
+            for (Object[] piece : pieces) {
+                long length = (Long) piece[2];
+                if (!current.isEmpty() && currentSize + length > split) {
+                    out.add(FilesPartition.of(current));
+                    current = new ArrayList<>();
+                    currentSize = 0;
+                }
+                current.add(piece);
+                currentSize += length + openCost;
+            }
+            if (!current.isEmpty()) {
+                out.add(FilesPartition.of(current));
+            }
+            partitions = out.toArray(new InputPartition[0]);
+            return partitions;
+        }
+
+        @Override
+        public synchronized PartitionReaderFactory createReaderFactory() {
+            if (factory == null) {
+                factory = readers();
+            }
+            return factory;
+        }
+
+        private PartitionReaderFactory readers() {
+            SparkSession session = SparkSession.active();
+            // Spark's Parquet reader matches columns by field id only with this on; a file without
+            // ids then fails instead of reading as nulls (the native read sets the same)
+            if (!"true".equals(session.conf().get(FIELD_ID_READ, "false"))) {
+                session.conf().set(FIELD_ID_READ, "true");
+            }
+            if (!"false".equals(session.conf().get(FIELD_ID_IGNORE_MISSING, "false"))) {
+                session.conf().set(FIELD_ID_IGNORE_MISSING, "false");
+            }
+            ParquetFileFormat format = new ParquetFileFormat();
+            boolean columnar = format.supportBatch(session, annotated);
+            Map<String, String> options = new HashMap<>();
+            options.put(FileFormat$.MODULE$.OPTION_RETURNING_BATCH(), String.valueOf(columnar));
+            Configuration conf = format.getHadoopConf(session, scalaMap(options));
+            if (keys != null) {
+                conf.set(FACTORY_PROPERTY, DECRYPTION_CLASS);
+                conf.set(READ_ID_PROPERTY, plan.path("read_id").asText());
+                conf.set(KEYS_PROPERTY, keys);
+            }
+            scala.collection.immutable.Seq<Filter> filters = parquetFilters();
+            StructType full = table.readSchema;
+            StructType empty = new StructType();
+            Function1<PartitionedFile, Iterator<InternalRow>> plain = format.buildReaderWithPartitionValues(
+                session, full, empty, annotated, filters, scalaMap(options), new Configuration(conf));
+            Function1<PartitionedFile, Iterator<InternalRow>> live = null;
+            String deletes = plan.path("deletes").asText("");
+            if (!deletes.isEmpty()) {
+                Map<String, String> liveOptions = new HashMap<>(options);
+                liveOptions.put(LiveRows.DELETES, deletes);
+                live = new LiveRows().buildReaderWithPartitionValues(session, full, empty, annotated, filters,
+                    scalaMap(liveOptions), new Configuration(conf));
+            }
+            return new ReaderFactory(plain, live, columnar);
+        }
+
+        /** The pushed predicates Parquet can apply: on top-level columns no schema change renamed. */
+        private scala.collection.immutable.Seq<Filter> parquetFilters() {
+            Set<String> pushable = new HashSet<>();
+            for (JsonNode name : plan.path("pushable")) {
+                pushable.add(name.asText());
+            }
+            List<Filter> out = new ArrayList<>();
+            for (Predicate predicate : predicates) {
+                boolean ok = true;
+                for (NamedReference ref : predicate.references()) {
+                    ok &= ref.fieldNames().length == 1 && pushable.contains(ref.fieldNames()[0]);
+                }
+                if (ok) {
+                    scala.Option<Filter> filter = PredicateUtils.toV1(predicate);
+                    if (filter.isDefined()) {
+                        out.add(filter.get());
+                    }
+                }
+            }
+            return CollectionConverters.asScala(out).toList();
+        }
+
+        @Override
+        public Statistics estimateStatistics() {
+            long bytes = 0;
+            long rows = 0;
+            for (JsonNode file : plan.path("files")) {
+                bytes += file.get(1).asLong();
+                rows += file.get(2).asLong();
+            }
+            final long size = bytes;
+            final long count = rows;
+            return new Statistics() {
+                @Override
+                public OptionalLong sizeInBytes() {
+                    return OptionalLong.of(size);
+                }
+
+                @Override
+                public OptionalLong numRows() {
+                    return OptionalLong.of(count);
+                }
+            };
+        }
+
+        /** The data files the scan reads (Spark paths), for operations that rewrite them. */
+        List<String> files() {
+            List<String> out = new ArrayList<>();
+            for (JsonNode file : plan.path("files")) {
+                out.add(file.get(0).asText());
+            }
+            return Collections.unmodifiableList(out);
+        }
+    }
+
+    static scala.collection.immutable.Map<String, String> scalaMap(Map<String, String> map) {
+        return scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(map));
+    }
+
+    /** One task's file pieces. */
+    static final class FilesPartition implements InputPartition {
+        private static final long serialVersionUID = 1L;
+        final PartitionedFile[] files;
+        final boolean[] live;
+
+        private FilesPartition(PartitionedFile[] files, boolean[] live) {
+            this.files = files;
+            this.live = live;
+        }
+
+        static FilesPartition of(List<Object[]> pieces) {
+            PartitionedFile[] files = new PartitionedFile[pieces.size()];
+            boolean[] live = new boolean[pieces.size()];
+            scala.collection.immutable.Map<String, Object> none = scala.collection.immutable.Map$.MODULE$.empty();
+            for (int i = 0; i < files.length; i++) {
+                Object[] piece = pieces.get(i);
+                files[i] = new PartitionedFile(InternalRow.empty(), SparkPath.fromPath(new Path((String) piece[0])),
+                    (Long) piece[1], (Long) piece[2], new String[0], 0L, (Long) piece[3], none);
+                live[i] = (Boolean) piece[4];
+            }
+            return new FilesPartition(files, live);
+        }
+    }
+
+    /** Reads a task's pieces with the planned reader functions (built and broadcast on the driver). */
+    static final class ReaderFactory implements PartitionReaderFactory {
+        private static final long serialVersionUID = 1L;
+        private final Function1<PartitionedFile, Iterator<InternalRow>> plain;
+        private final Function1<PartitionedFile, Iterator<InternalRow>> live;
+        private final boolean columnar;
+
+        ReaderFactory(Function1<PartitionedFile, Iterator<InternalRow>> plain,
+                      Function1<PartitionedFile, Iterator<InternalRow>> live, boolean columnar) {
+            this.plain = plain;
+            this.live = live;
+            this.columnar = columnar;
+        }
+
+        @Override
+        public boolean supportColumnarReads(InputPartition partition) {
+            return columnar;
+        }
+
+        @Override
+        public PartitionReader<InternalRow> createReader(InputPartition partition) {
+            return new Reader<>((FilesPartition) partition, this);
+        }
+
+        @Override
+        public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
+            return new Reader<>((FilesPartition) partition, this);
+        }
+
+        Iterator<InternalRow> open(FilesPartition partition, int index) {
+            boolean deletes = partition.live[index];
+            if (deletes && live == null) {
+                throw new IllegalStateException("icecrypt: " + partition.files[index].urlEncodedPath()
+                    + " has deletes but the scan planned none: refused");
+            }
+            return (deletes ? live : plain).apply(partition.files[index]);
+        }
+    }
+
+    /** The rows (or batches) of a task's pieces, one after the other. */
+    static final class Reader<T> implements PartitionReader<T>, Serializable {
+        private static final long serialVersionUID = 1L;
+        private final FilesPartition partition;
+        private final ReaderFactory factory;
+        private int index = -1;
+        private Iterator<InternalRow> current;
+        private T item;
+
+        Reader(FilesPartition partition, ReaderFactory factory) {
+            this.partition = partition;
+            this.factory = factory;
+        }
+
+        @Override
+        @SuppressWarnings("unchecked")
+        public boolean next() {
+            while (current == null || !current.hasNext()) {
+                index++;
+                if (index >= partition.files.length) {
+                    return false;
+                }
+                current = factory.open(partition, index);
+            }
+            item = (T) ((Iterator<Object>) (Iterator<?>) current).next();
+            return true;
+        }
+
+        @Override
+        public T get() {
+            return item;
+        }
+
+        @Override
+        public void close() {
+            // the Parquet readers close at their end, or when the task completes
+        }
+    }
+}

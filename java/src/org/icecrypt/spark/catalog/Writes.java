@@ -1,0 +1,511 @@
+/*
+ * icecrypt: the SQL catalog's writes -- INSERT INTO, INSERT OVERWRITE (static, dynamic),
+ * DataFrameWriterV2's append / overwrite(condition) / overwritePartitions and the writes
+ * of CREATE/REPLACE TABLE ... AS SELECT -- with Spark's own Parquet writer.
+ *
+ * The write asks Spark to cluster and sort its rows by the table's partitioning (and
+ * sort order), as Iceberg's Spark writes do (write.distribution-mode: hash by default
+ * for a partitioned table, none, or range), through the catalog's transform functions.
+ * When it runs (toBatch), the Python driver checks the table still is what the statement
+ * planned against, makes the write's secret (a fresh 32 random bytes, left with Keys,
+ * never returned) and answers with the plan: the data directory, the schema with field
+ * ids, the partition spec, the table's Parquet settings.  Executors then write each
+ * partition's rows into files <data>/<partition path>/<partition>-<task>-<write id>-<n>.parquet
+ * through ParquetFileFormat's OutputWriterFactory; for an encrypted table parquet-java
+ * encrypts every file with its own DEK and AAD prefix (FileEncryption derives them from
+ * the secret and the file's name).  A task reports its files (path, size, record count,
+ * partition values); a task that fails deletes the files it wrote.
+ *
+ * commit() hands the reported files to the driver, which derives their keys, reads and
+ * authenticates their footers for the manifests' statistics and commits them in one
+ * snapshot through icecrypt's table API (append_files, overwrite_files,
+ * overwrite_files_by_filter, dynamic_partition_overwrite_files; with the snapshot the
+ * statement read for Java's conflict checks).  abort() -- Spark calls it when a task or
+ * the commit fails -- has the driver delete every file the write reported and what its
+ * failed tasks left; nothing is committed, no file stays.
+ */
+package org.icecrypt.spark.catalog;
+
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Objects;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.mapreduce.Job;
+import org.apache.hadoop.mapreduce.JobID;
+import org.apache.hadoop.mapreduce.TaskAttemptContext;
+import org.apache.hadoop.mapreduce.TaskAttemptID;
+import org.apache.hadoop.mapreduce.TaskID;
+import org.apache.hadoop.mapreduce.TaskType;
+import org.apache.hadoop.mapreduce.task.TaskAttemptContextImpl;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.broadcast.Broadcast;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.connector.distributions.Distribution;
+import org.apache.spark.sql.connector.distributions.Distributions;
+import org.apache.spark.sql.connector.expressions.Expression;
+import org.apache.spark.sql.connector.expressions.SortOrder;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.connector.expressions.filter.AlwaysTrue;
+import org.apache.spark.sql.connector.expressions.filter.Predicate;
+import org.apache.spark.sql.connector.write.BatchWrite;
+import org.apache.spark.sql.connector.write.DataWriter;
+import org.apache.spark.sql.connector.write.DataWriterFactory;
+import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.PhysicalWriteInfo;
+import org.apache.spark.sql.connector.write.RequiresDistributionAndOrdering;
+import org.apache.spark.sql.connector.write.SupportsDynamicOverwrite;
+import org.apache.spark.sql.connector.write.SupportsOverwriteV2;
+import org.apache.spark.sql.connector.write.Write;
+import org.apache.spark.sql.connector.write.WriteBuilder;
+import org.apache.spark.sql.connector.write.WriterCommitMessage;
+import org.apache.spark.sql.execution.datasources.OutputWriter;
+import org.apache.spark.sql.execution.datasources.OutputWriterFactory;
+import org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.SerializableConfiguration;
+
+final class Writes {
+    static final String ENCRYPTION_CLASS = "org.icecrypt.spark.FileEncryption";
+    static final String SECRET_PROPERTY = "icecrypt.secret.write-key";
+    static final String KEY_LENGTH_PROPERTY = "icecrypt.write-key-length";
+
+    private Writes() {
+    }
+
+    /** append (default), overwrite (truncate), overwrite_filter, dynamic. */
+    static final class Builder implements WriteBuilder, SupportsOverwriteV2, SupportsDynamicOverwrite {
+        private final IcebergTable table;
+        private final LogicalWriteInfo info;
+        private String mode = "append";
+        private Predicate[] filters = new Predicate[0];
+
+        Builder(IcebergTable table, LogicalWriteInfo info) {
+            this.table = table;
+            this.info = info;
+        }
+
+        @Override
+        public WriteBuilder truncate() {
+            mode = "overwrite";
+            return this;
+        }
+
+        @Override
+        public boolean canOverwrite(Predicate[] predicates) {
+            for (Predicate predicate : predicates) {
+                if (Changes.predicate(predicate) == null) {
+                    return false;
+                }
+            }
+            return true;
+        }
+
+        @Override
+        public WriteBuilder overwrite(Predicate[] predicates) {
+            boolean all = true;
+            for (Predicate predicate : predicates) {
+                all &= predicate instanceof AlwaysTrue;
+            }
+            if (all) {
+                return truncate();
+            }
+            if (!canOverwrite(predicates)) {
+                throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": cannot overwrite by "
+                    + Arrays.toString(predicates) + " (a condition icecrypt cannot evaluate as an Iceberg row filter)");
+            }
+            mode = "overwrite_filter";
+            filters = predicates;
+            return this;
+        }
+
+        @Override
+        public WriteBuilder overwriteDynamicPartitions() {
+            mode = "dynamic";
+            return this;
+        }
+
+        @Override
+        public Write build() {
+            if (!info.options().isEmpty()) {
+                throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": write option "
+                    + info.options().keySet().iterator().next() + " is not supported (write to a branch through "
+                    + "its identifier, t.branch_<name>)");
+            }
+            return new IcebergWrite(table, info, mode, filters);
+        }
+    }
+
+    /** A planned write: its mode and, when run, its batch write. */
+    static final class IcebergWrite implements Write, RequiresDistributionAndOrdering {
+        private final IcebergTable table;
+        private final LogicalWriteInfo info;
+        private final String mode;
+        private final Predicate[] filters;
+
+        IcebergWrite(IcebergTable table, LogicalWriteInfo info, String mode, Predicate[] filters) {
+            this.table = table;
+            this.info = info;
+            this.mode = mode;
+            this.filters = filters;
+        }
+
+        private String distributionMode() {
+            String configured = table.properties().get("write.distribution-mode");
+            boolean partitioned = table.partitioning().length > 0;
+            if (configured == null) {
+                return partitioned ? "hash" : table.description.path("sort_order").size() > 0 ? "range" : "none";
+            }
+            return configured.trim().toLowerCase(java.util.Locale.ROOT);
+        }
+
+        @Override
+        public Distribution requiredDistribution() {
+            String distribution = distributionMode();
+            SortOrder[] ordering = table.writeOrdering();
+            if (ordering.length == 0) {
+                return Distributions.unspecified();
+            }
+            if ("range".equals(distribution)) {
+                return Distributions.ordered(ordering);
+            }
+            Transform[] partitioning = table.partitioning();
+            if ("hash".equals(distribution) && partitioning.length > 0) {
+                Expression[] clustering = new Expression[partitioning.length];
+                for (int i = 0; i < partitioning.length; i++) {
+                    clustering[i] = IcebergTable.expression(partitioning[i]);
+                }
+                return Distributions.clustered(clustering);
+            }
+            return Distributions.unspecified();
+        }
+
+        @Override
+        public SortOrder[] requiredOrdering() {
+            return table.writeOrdering();
+        }
+
+        @Override
+        public String description() {
+            return "icecrypt " + mode + " to " + table.name();
+        }
+
+        @Override
+        public String toString() {
+            return description();
+        }
+
+        @Override
+        public BatchWrite toBatch() {
+            ObjectNode request = table.catalog.request();
+            request.set(table.refField(), table.ref());
+            request.put("mode", mode);
+            ArrayNode list = request.putArray("filters");
+            for (Predicate predicate : filters) {
+                list.add(Changes.predicate(predicate));
+            }
+            JsonNode plan = table.catalog.callUnchecked("begin_write", request);
+            String writeId = plan.path("write_id").asText();
+            String secret = plan.path("encrypted").asBoolean() ? Keys.take(writeId) : null;
+            StructType schema = (StructType) DataType.fromJson(plan.get("schema").toString());
+            check(schema, info.schema(), table.name());
+            return new IcebergBatchWrite(table, plan, writeId, schema, secret);
+        }
+    }
+
+    /** Refuse rows that are not the table's columns (Spark resolves a write's query to them). */
+    static void check(StructType table, StructType given, String name) {
+        StructField[] want = table.fields();
+        StructField[] got = given.fields();
+        boolean same = want.length == got.length;
+        for (int i = 0; same && i < want.length; i++) {
+            same = want[i].name().equals(got[i].name()) && want[i].dataType().sameType(got[i].dataType());
+        }
+        if (!same) {
+            throw new IllegalArgumentException("icecrypt catalog: table " + name + ": the write's rows ("
+                + given.simpleString() + ") are not the table's columns (" + table.simpleString() + ")");
+        }
+    }
+
+    /** The job: its factory (sent to the executors) and the commit on the driver. */
+    static final class IcebergBatchWrite implements BatchWrite {
+        private final IcebergTable table;
+        private final JsonNode plan;
+        private final String writeId;
+        private final StructType schema;
+        private final String secret;
+
+        IcebergBatchWrite(IcebergTable table, JsonNode plan, String writeId, StructType schema, String secret) {
+            this.table = table;
+            this.plan = plan;
+            this.writeId = writeId;
+            this.schema = schema;
+            this.secret = secret;
+        }
+
+        @Override
+        public DataWriterFactory createBatchWriterFactory(PhysicalWriteInfo info) {
+            SparkSession session = SparkSession.active();
+            ParquetFileFormat format = new ParquetFileFormat();
+            Map<String, String> options = new HashMap<>();
+            options.put("compression", plan.path("compression").asText("zstd"));
+            Job job;
+            try {
+                job = Job.getInstance(format.getHadoopConf(session, Scans.scalaMap(options)));
+            } catch (IOException e) {
+                throw new IllegalStateException("icecrypt: cannot set up the write's Hadoop job", e);
+            }
+            OutputWriterFactory outputs = format.prepareWrite(session, job, Scans.scalaMap(options), schema);
+            Configuration conf = job.getConfiguration();
+            // Iceberg's Parquet: INT64 microsecond timestamps, standard (not legacy) lists and
+            // maps, every column's field id
+            conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS");
+            conf.set("spark.sql.parquet.writeLegacyFormat", "false");
+            conf.set("spark.sql.parquet.fieldId.write.enabled", "true");
+            conf.set("parquet.write.support.class", IdWriteSupport.class.getName());
+            // no Hadoop checksum files beside the data files
+            conf.set("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem");
+            conf.set("fs.file.impl.disable.cache", "true");
+            conf.set(IdWriteSupport.IDS, plan.path("nested_ids").toString());
+            for (Map.Entry<String, String> e : CatalogContext.stringMap(plan.get("hadoop")).entrySet()) {
+                conf.set(e.getKey(), e.getValue());
+            }
+            if (secret != null) {
+                conf.set(Scans.FACTORY_PROPERTY, ENCRYPTION_CLASS);
+                conf.set(SECRET_PROPERTY, secret);
+                conf.set(KEY_LENGTH_PROPERTY, plan.path("key_length").asText("16"));
+            }
+            Broadcast<SerializableConfiguration> broadcast = JavaSparkContext.fromSparkContext(session.sparkContext())
+                .broadcast(new SerializableConfiguration(conf));
+            List<Transforms.Field> spec = new ArrayList<>();
+            for (JsonNode field : plan.path("spec")) {
+                int[] path = ints(field.get("path"));
+                int[] widths = ints(field.get("widths"));
+                spec.add(new Transforms.Field(field.path("name").asText(), field.path("transform").asText(),
+                    field.path("param").asInt(0), path, widths,
+                    DataType.fromJson(field.get("source").toString())));
+            }
+            // as Spark's file writers: a new file after spark.sql.files.maxRecordsPerFile rows (0: no limit)
+            long maxRecords = org.apache.spark.sql.internal.SQLConf.get().maxRecordsPerFile();
+            return new WriterFactory(broadcast, outputs, schema, plan.path("root").asText(), writeId,
+                spec.toArray(new Transforms.Field[0]), maxRecords);
+        }
+
+        private static int[] ints(JsonNode array) {
+            int[] out = new int[array == null ? 0 : array.size()];
+            for (int i = 0; i < out.length; i++) {
+                out[i] = array.get(i).asInt();
+            }
+            return out;
+        }
+
+        private ObjectNode request(WriterCommitMessage[] messages) {
+            ObjectNode request = table.catalog.request();
+            request.put("write_id", writeId);
+            ArrayNode files = request.putArray("files");
+            for (WriterCommitMessage message : messages) {
+                if (message instanceof WrittenFiles) {
+                    ((WrittenFiles) message).addTo(files);
+                }
+            }
+            return request;
+        }
+
+        @Override
+        public void commit(WriterCommitMessage[] messages) {
+            table.catalog.callUnchecked("commit_write", request(messages));
+        }
+
+        @Override
+        public void abort(WriterCommitMessage[] messages) {
+            table.catalog.callUnchecked("abort_write", request(messages));
+        }
+
+        @Override
+        public String toString() {
+            return "icecrypt write " + writeId + " to " + table.name();
+        }
+    }
+
+    /** What a task wrote: per file its path under the data directory, size, records, partition values. */
+    static final class WrittenFiles implements WriterCommitMessage {
+        private static final long serialVersionUID = 1L;
+        final List<String> paths = new ArrayList<>();
+        final List<Long> sizes = new ArrayList<>();
+        final List<Long> records = new ArrayList<>();
+        final List<String[]> partitions = new ArrayList<>();
+
+        void addTo(ArrayNode files) {
+            for (int i = 0; i < paths.size(); i++) {
+                ArrayNode file = files.addArray();
+                file.add(paths.get(i)).add(sizes.get(i)).add(records.get(i));
+                ArrayNode values = file.addArray();
+                for (String value : partitions.get(i)) {
+                    if (value == null) {
+                        values.addNull();
+                    } else {
+                        values.add(value);
+                    }
+                }
+            }
+        }
+    }
+
+    static final class WriterFactory implements DataWriterFactory {
+        private static final long serialVersionUID = 1L;
+        private final Broadcast<SerializableConfiguration> conf;
+        private final OutputWriterFactory outputs;
+        private final StructType schema;
+        private final String root;
+        private final String writeId;
+        private final Transforms.Field[] spec;
+        private final long maxRecords;
+
+        WriterFactory(Broadcast<SerializableConfiguration> conf, OutputWriterFactory outputs, StructType schema,
+                      String root, String writeId, Transforms.Field[] spec, long maxRecords) {
+            this.conf = conf;
+            this.outputs = outputs;
+            this.schema = schema;
+            this.root = root;
+            this.writeId = writeId;
+            this.spec = spec;
+            this.maxRecords = maxRecords;
+        }
+
+        @Override
+        public DataWriter<InternalRow> createWriter(int partitionId, long taskId) {
+            Configuration configuration = new Configuration(conf.value().value());
+            TaskAttemptID attempt = new TaskAttemptID(new TaskID(new JobID("icecrypt", 0), TaskType.MAP, partitionId),
+                                                      (int) (taskId & Integer.MAX_VALUE));
+            TaskAttemptContext context = new TaskAttemptContextImpl(configuration, attempt);
+            return new FileWriter(this, context, partitionId, taskId);
+        }
+    }
+
+    /** One task: its rows into one open file at a time, a new one when the partition changes. */
+    static final class FileWriter implements DataWriter<InternalRow> {
+        private final WriterFactory factory;
+        private final TaskAttemptContext context;
+        private final int partitionId;
+        private final long taskId;
+        private final WrittenFiles written = new WrittenFiles();
+        private final List<Path> started = new ArrayList<>();
+        private OutputWriter current;
+        private Object[] currentValues;
+        private String currentPath;
+        private long currentRecords;
+        private int count;
+
+        FileWriter(WriterFactory factory, TaskAttemptContext context, int partitionId, long taskId) {
+            this.factory = factory;
+            this.context = context;
+            this.partitionId = partitionId;
+            this.taskId = taskId;
+        }
+
+        @Override
+        public void write(InternalRow row) throws IOException {
+            Transforms.Field[] spec = factory.spec;
+            Object[] values = new Object[spec.length];
+            for (int i = 0; i < spec.length; i++) {
+                values[i] = spec[i].apply(row);
+            }
+            if (current == null || !same(values, currentValues)
+                    || (factory.maxRecords > 0 && currentRecords >= factory.maxRecords)) {
+                finish();
+                open(values);
+            }
+            current.write(row);
+            currentRecords++;
+        }
+
+        private static boolean same(Object[] a, Object[] b) {
+            for (int i = 0; i < a.length; i++) {
+                Object x = a[i];
+                Object y = b[i];
+                if (x instanceof byte[] && y instanceof byte[] ? !Arrays.equals((byte[]) x, (byte[]) y)
+                        : !Objects.equals(x, y)) {
+                    return false;
+                }
+            }
+            return true;
+        }
+
+        private void open(Object[] values) {
+            StringBuilder relative = new StringBuilder();
+            for (int i = 0; i < values.length; i++) {
+                relative.append(factory.spec[i].directory(values[i])).append('/');
+            }
+            relative.append(String.format("%05d-%d-%s-%05d.parquet", partitionId, taskId, factory.writeId, ++count));
+            currentPath = relative.toString();
+            Path path = new Path("file", null, factory.root + "/" + currentPath);
+            started.add(path);
+            current = factory.outputs.newInstance(path.toString(), factory.schema, context);
+            currentValues = values;
+            currentRecords = 0;
+        }
+
+        /** Close the open file and record it. */
+        private void finish() throws IOException {
+            if (current == null) {
+                return;
+            }
+            OutputWriter closing = current;
+            current = null;
+            closing.close();
+            Path path = started.get(started.size() - 1);
+            long size = path.getFileSystem(context.getConfiguration()).getFileStatus(path).getLen();
+            String[] encoded = new String[factory.spec.length];
+            for (int i = 0; i < encoded.length; i++) {
+                encoded[i] = factory.spec[i].encode(currentValues[i]);
+            }
+            written.paths.add(currentPath);
+            written.sizes.add(size);
+            written.records.add(currentRecords);
+            written.partitions.add(encoded);
+        }
+
+        @Override
+        public WriterCommitMessage commit() throws IOException {
+            finish();
+            return written;
+        }
+
+        @Override
+        public void abort() throws IOException {
+            if (current != null) {
+                try {
+                    current.close();
+                } catch (Exception ignored) {
+                    // the file goes anyway
+                }
+                current = null;
+            }
+            for (Path path : started) {
+                try {
+                    FileSystem fs = path.getFileSystem(context.getConfiguration());
+                    fs.delete(path, false);
+                } catch (IOException ignored) {
+                    // the driver's abort looks for the write's files too
+                }
+            }
+        }
+
+        @Override
+        public void close() {
+        }
+    }
+}

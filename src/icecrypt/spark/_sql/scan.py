@@ -1,0 +1,181 @@
+"""Planning the SQL catalog's scans (``org.icecrypt.spark.catalog.Scans``), on the driver.
+
+The scan reads the snapshot the statement loaded (``ref.snapshot_id``), its data files
+pruned by the pushed predicates as an Iceberg row filter (:mod:`.filters`).  Every data
+file is read by Spark's Parquet reader on the executors: the deletes of a file are read
+here, authenticated, as sorted row positions (``LiveRows`` applies them in the scan):
+
+* deletion vectors and position deletes: as the native read reads them;
+* equality deletes: the file's live rows are found here (``read_task`` of the file with
+  only ``_pos`` projected: the equality columns are read, the deletes applied) and its
+  other rows become deleted positions, so the executors need nothing but positions.
+
+Avro data files have no executor reader in a Spark scan: such a scan fails, naming the
+file.  The planned files' keys (DEK and AAD prefix per file, never a KEK or master key)
+are left with the JVM (``org.icecrypt.spark.catalog.Keys``) from inside this call; the
+answer holds paths, sizes, counts and positions only.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from icecrypt.spark._sql import catalogs as _catalogs
+from icecrypt.spark._sql.bridge import catalog_of, identifier, method
+from icecrypt.spark._sql.filters import to_filter
+
+__all__ = ["plan_files"]
+
+
+def _empty(table: Any) -> dict[str, Any]:
+    return {"read_id": "", "encrypted": table.encrypted, "files": [], "deletes": "", "snapshot_id": None,
+            "pushable": []}
+
+
+def pushable_columns(table: Any) -> list[str]:
+    """Top-level columns Parquet's row-group filters (which match a file's columns by name)
+    may test: no schema of the table gave the name to another field id, nor the column
+    another type."""
+    from icecrypt.spark._native import reused_names
+
+    reused = reused_names(table.metadata)
+    types: dict[str, set[str]] = {}
+    for schema in table.metadata.get("schemas") or ():
+        for field in schema.get("fields") or ():
+            types.setdefault(str(field.get("name")), set()).add(json.dumps(field.get("type"), sort_keys=True))
+    return sorted(name for name, kinds in types.items() if name not in reused and len(kinds) == 1)
+
+
+def _live_positions(table: Any, snapshot_id: int, paths: set[str], what: str) -> dict[str, Any]:
+    """The deleted positions of the data files ``paths`` (files with equality deletes),
+    from their live rows read here."""
+    import numpy as np
+
+    from icecrypt.spark._common import file_error
+    from icecrypt.table import read_task
+
+    scan = table.scan(columns=["_pos"], snapshot_id=snapshot_id)
+    live: dict[str, list[Any]] = {p: [] for p in paths}
+    counts: dict[str, int] = {}
+    cache: dict = {}
+    for task in scan.plan_files():
+        if task.file.path not in paths:
+            continue
+        counts[task.file.path] = task.file.record_count
+        try:
+            for batch in read_task(task, table.filesystem, cache=cache):
+                live[task.file.path].append(batch.column(0).to_numpy(zero_copy_only=False))
+        except Exception as exc:
+            raise file_error(exc, f"{what}: applying the equality deletes of {task.file.path}") from exc
+    deleted = {}
+    for path, parts in live.items():
+        kept = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        gone = np.setdiff1d(np.arange(counts.get(path, 0), dtype=np.int64), kept.astype(np.int64))
+        deleted[path] = gone if gone.size else None
+    return deleted
+
+
+def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]], what: str,
+               push_keys: Any, schema_id: int | None = None) -> dict[str, Any]:
+    """The scan's plan (see the module); ``push_keys(read_id, value)`` hands the JVM the
+    planned files' keys.  ``schema_id``: the schema the statement reads with (the filters'
+    column names are its), when it is not the snapshot's."""
+    from icecrypt.spark._common import file_error
+    from icecrypt.spark._native import (
+        _MAX_FILTERED_POSITION,
+        ROW_INDEX_COLUMN,
+        _deleted_positions,
+        _deletes_option,
+        _file_keys,
+        _spark_path,
+    )
+    from icecrypt.table.files.manifest import EQUALITY_DELETES
+
+    if snapshot_id is None:
+        return _empty(table)
+    if table.properties.get("schema.name-mapping.default"):
+        raise NotImplementedError(f"{what}: the table has a name mapping (data files without field ids): the SQL "
+                                  "catalog reads data files by field id (read it with icecrypt.iceberg)")
+    schema = table.schema_for(table.snapshot(snapshot_id))
+    read_schema = next((s for s in table.model.schemas if s.schema_id == schema_id), schema)
+    row_filter = to_filter(filters, schema, read_schema=read_schema)
+    try:
+        tasks = table.scan(snapshot_id=snapshot_id, row_filter=row_filter).plan_files()
+    except Exception as exc:
+        raise file_error(exc, f"{what}: planning the scan") from exc
+    by_file: dict[str, list[Any]] = {}
+    for task in tasks:
+        by_file.setdefault(task.file.path, []).append(task)
+    equality = {path for path, group in by_file.items() if any(d.content == EQUALITY_DELETES for d in group[0].deletes)}
+    replaced = _live_positions(table, snapshot_id, equality, what) if equality else {}
+    files: dict[str, Any] = {}
+    entries = []
+    deleted_by_path: dict[str, tuple[int, Any]] = {}
+    cache: dict = {}
+    for path, group in by_file.items():
+        file = group[0].file
+        if file.file_format != "PARQUET":
+            raise NotImplementedError(f"{what}: data file {path} is {file.file_format.lower()}: the SQL catalog reads "
+                                      "Parquet data files only (read this table with icecrypt.iceberg, or rewrite "
+                                      "its data files)")
+        if table.encrypted and file.key_metadata is None:
+            raise ValueError(f"{what}: data file {path} of an encrypted table has no key metadata (refused)")
+        spark_path = _spark_path(file.fs_path, table.filesystem)
+        if spark_path is None:
+            raise NotImplementedError(f"{what}: the table is not on the local file system: the SQL catalog reads "
+                                      "local tables only")
+        if path in replaced:
+            deleted = replaced[path]
+        else:
+            try:
+                deleted = _deleted_positions(group, table.filesystem, cache)
+            except Exception as exc:
+                raise file_error(exc, f"{what}: reading the deletes of {path}") from exc
+        if deleted is not None:
+            if not 0 <= int(deleted[0]) <= int(deleted[-1]) <= _MAX_FILTERED_POSITION:
+                raise ValueError(f"{what}: data file {path} has deleted row positions beyond 2^31 (not supported)")
+            if any(f.name.lower() == ROW_INDEX_COLUMN for f in schema.fields):
+                raise NotImplementedError(f"{what}: a column named {ROW_INDEX_COLUMN} hides the row positions "
+                                          "Spark's Parquet reader gives (files with deletes cannot be read)")
+            deleted_by_path[spark_path] = (file.record_count, deleted)
+        files[spark_path] = file
+        entries.append([spark_path, file.file_size_in_bytes, file.record_count, deleted is not None])
+    read_id = uuid.uuid4().hex
+    if table.encrypted and files:
+        push_keys(read_id, _file_keys(files))
+    return {
+        "read_id": read_id,
+        "encrypted": table.encrypted,
+        "files": entries,
+        "deletes": _deletes_option(deleted_by_path) if deleted_by_path else "",
+        "snapshot_id": snapshot_id,
+        "pushable": pushable_columns(table),
+        "data_files": list(by_file),
+    }
+
+
+def push_keys(bridge: Any) -> Any:
+    """A function leaving a value with the JVM's ``Keys`` (py4j's logging of the command
+    suppressed)."""
+    from icecrypt.spark._native import _keys_in_flight
+
+    keys = bridge.spark.sparkContext._jvm.org.icecrypt.spark.catalog.Keys
+
+    def put(read_id: str, value: str) -> None:
+        with _keys_in_flight():
+            keys.put(read_id, value)
+
+    return put
+
+
+@method("plan_scan")
+def _plan_scan(bridge: Any, request: dict[str, Any]) -> Any:
+    _, catalog = catalog_of(request)
+    ref = request["ref"]
+    ident = identifier(ref["identifier"])
+    table = catalog.load_table(ident)
+    what = _catalogs.describe_identifier(catalog, ident)
+    return plan_files(table, ref.get("snapshot_id"), request.get("filters") or [], what, push_keys(bridge),
+                      ref.get("schema_id"))

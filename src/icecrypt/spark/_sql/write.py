@@ -1,0 +1,536 @@
+"""The SQL catalog's writes (``org.icecrypt.spark.catalog.Writes``) on the driver: their
+plan, their commit through icecrypt's table API, their abort; and the staged tables of
+``CREATE/REPLACE TABLE ... AS SELECT`` (:mod:`.staging`).
+
+``begin_write`` (when the write runs): the table must still have the schema and
+partition spec the statement was planned against and be writable by Spark's Parquet
+writer (local, Parquet, types Spark writes as Iceberg reads them).  The write's secret
+(32 random bytes) is left with the JVM (``Keys``); each file's DEK and AAD prefix are
+HMAC-SHA256 of it and the file's name (``_native_write.file_key``, what the executors'
+``FileEncryption`` derives).
+
+``commit_write``: per reported file, its key metadata (those keys, the stored length),
+its footer read and authenticated here (row count, column statistics, as the table's
+own writer records them), its partition; then one commit: ``append_files``,
+``overwrite_files`` (``INSERT OVERWRITE`` of a whole table), ``overwrite_files_by_filter``
+(``overwrite(condition)``, a static ``PARTITION``), ``dynamic_partition_overwrite_files``
+(dynamic overwrite) -- the last two validated from the snapshot the statement read.  A
+failed commit leaves no data file (the commit functions delete them; so does
+``abort_write``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import decimal
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    ListType,
+    MapType,
+    StringType,
+    StructType,
+)
+
+from icecrypt.errors import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
+from icecrypt.spark._sql import catalogs as _catalogs
+from icecrypt.spark._sql import ddl as _ddl
+from icecrypt.spark._sql import types as _types
+from icecrypt.spark._sql.bridge import catalog_of, identifier, method
+from icecrypt.spark._sql.filters import to_filter
+from icecrypt.spark._sql.staging import Transaction
+
+_MODES = ("append", "overwrite", "overwrite_filter", "dynamic")
+
+
+@dataclass
+class Stage:
+    """A staged CREATE/REPLACE (its transaction) and what was written into it."""
+
+    transaction: Transaction
+    replace: bool
+    what: str
+    data_files: list[str] = field(default_factory=list)
+    written: bool = False
+
+
+@dataclass
+class PendingWrite:
+    """A write between begin_write and its commit or abort."""
+
+    write_id: str
+    what: str
+    table: Any
+    stage: Stage | None
+    mode: str
+    row_filter: Any
+    branch: str | None
+    start_snapshot_id: int | None
+    secret: bytes | None
+    key_length: int
+    root: str  # the data directory, a path on the table's filesystem
+    recorded_root: str  # the same as the metadata records it
+    spec: Any
+    schema: Any
+    sort_order_id: int
+
+
+# --- what Spark's Parquet writer writes ---------------------------------------------------------
+
+
+def _why_not_writable(table: Any) -> str | None:
+    from icecrypt.spark._native_write import _CODECS, _codec
+
+    properties = table.properties
+    if (properties.get("write.format.default") or "parquet").strip().lower() != "parquet":
+        return f"its write.format.default is {properties['write.format.default']} (the catalog writes Parquet)"
+    if _codec(table) not in _CODECS:
+        return f"its Parquet codec {_codec(table)} is not one Spark's writer has"
+    if "write.parquet.compression-level" in properties and _codec(table) != "zstd":
+        return f"it sets a compression level for codec {_codec(table)}"
+    for f in _all_fields(table.schema):
+        if isinstance(f.field_type, FixedType):
+            return f"column {f.name!r} is {f.field_type} (Spark writes binary, not fixed)"
+        _, why = _types.spark_type(f.field_type, ids=True)
+        if why is not None and not isinstance(f.field_type, (StructType, ListType, MapType)):
+            return f"column {f.name!r} is {why}"
+        if f.write_default is not None:
+            return f"column {f.name!r} has a write-default value"
+    return None
+
+
+def _all_fields(schema: Any) -> list[Any]:
+    from icecrypt.spark._native import _fields
+
+    return list(_fields(schema))
+
+
+def _hadoop_settings(table: Any) -> tuple[str, dict[str, str]]:
+    """(Spark's compression name, parquet-java settings) of the table's properties."""
+    from icecrypt.spark._native_write import _CODECS, _PARQUET_SETTINGS, _codec
+
+    properties = table.properties
+    settings = {setting: str(int(properties[name])) for name, setting in _PARQUET_SETTINGS.items() if name in properties}
+    if _codec(table) == "zstd":
+        settings["parquet.compression.codec.zstd.level"] = str(int(properties.get("write.parquet.compression-level")
+                                                                   or "1"))
+    prefix = "write.parquet.bloom-filter-enabled.column."
+    for name, value in properties.items():
+        if name.startswith(prefix) and value.strip().lower() == "true":
+            settings[f"parquet.bloom.filter.enabled#{name[len(prefix):]}"] = "true"
+    return _CODECS[_codec(table)], settings
+
+
+def nested_ids(schema: Any) -> dict[str, int]:
+    """Parquet path -> field id of list elements and map keys and values (Spark's writer
+    gives struct fields their ids; ``IdWriteSupport`` adds these)."""
+    out: dict[str, int] = {}
+
+    def walk(t: Any, path: str) -> None:
+        if isinstance(t, StructType):
+            for f in t.fields:
+                walk(f.field_type, f"{path}.{f.name}" if path else f.name)
+        elif isinstance(t, ListType):
+            out[f"{path}.list.element"] = t.element_id
+            walk(t.element_type, f"{path}.list.element")
+        elif isinstance(t, MapType):
+            out[f"{path}.key_value.key"] = t.key_id
+            out[f"{path}.key_value.value"] = t.value_id
+            walk(t.key_type, f"{path}.key_value.key")
+            walk(t.value_type, f"{path}.key_value.value")
+
+    walk(schema.as_struct(), "")
+    return out
+
+
+def _spec_plan(table: Any, schema: Any, write_schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spec's fields as the writer computes them: source ordinals, struct widths, type."""
+    out = []
+    for spec_field in table.spec.fields:
+        column = schema.find_column_name(spec_field.source_id)
+        if column is None:
+            raise ValueError(f"partition field {spec_field.name!r}: its source column is not in the schema")
+        names = column.split(".")
+        path, widths, struct = [], [], write_schema
+        for name in names:
+            fields = struct["fields"]
+            widths.append(len(fields))
+            index = next((i for i, f in enumerate(fields) if f["name"] == name), None)
+            if index is None or (len(path) < len(names) - 1 and not isinstance(fields[index]["type"], dict)):
+                raise ValueError(f"partition field {spec_field.name!r}: source {column} is not a struct field path")
+            path.append(index)
+            source = fields[index]["type"]
+            struct = source if isinstance(source, dict) and source.get("type") == "struct" else {"fields": []}
+        name = _ddl._transform_name(spec_field.transform)
+        out.append({"name": spec_field.name, "transform": name, "param": _ddl._transform_param(spec_field.transform),
+                    "path": path, "widths": widths, "source": source})
+    return out
+
+
+def _decode(value: str | None, field_type: Any) -> Any:
+    """A partition value as the writer reported it, in Iceberg's internal form."""
+    if value is None:
+        return None
+    if isinstance(field_type, StringType):
+        return value
+    if isinstance(field_type, (BinaryType, FixedType)):
+        return base64.b64decode(value)
+    if isinstance(field_type, DecimalType):
+        return decimal.Decimal(value)
+    if isinstance(field_type, BooleanType):
+        return value == "true"
+    if isinstance(field_type, (FloatType, DoubleType)):
+        return float(value)
+    return int(value)
+
+
+# --- begin ------------------------------------------------------------------------------------
+
+
+def _plan(bridge: Any, pending: PendingWrite, secret: bytes | None) -> dict[str, Any]:
+    from icecrypt.spark._sql.scan import push_keys
+
+    table = pending.table
+    compression, settings = _hadoop_settings(table)
+    schema_json = _types.read_schema(pending.schema)
+    if secret is not None:
+        push_keys(bridge)(pending.write_id, base64.b64encode(secret).decode("ascii"))
+    return {
+        "write_id": pending.write_id,
+        "encrypted": secret is not None,
+        "key_length": pending.key_length,
+        "root": pending.root,
+        "schema": schema_json,
+        "spec": _spec_plan(table, pending.schema, schema_json),
+        "nested_ids": nested_ids(pending.schema),
+        "compression": compression,
+        "hadoop": settings,
+    }
+
+
+def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[str, Any]], branch: str | None,
+          start_snapshot_id: int | None, stage: Stage | None = None) -> dict[str, Any]:
+    from icecrypt.spark._native import _spark_path
+    from icecrypt.table.files.write_data import table_sort_order
+
+    if mode not in _MODES:
+        raise ValueError(f"{what}: unknown write mode {mode!r}")
+    why = _why_not_writable(table)
+    if why is not None:
+        raise NotImplementedError(f"{what}: Spark's Parquet writer cannot write this table: {why}")
+    recorded_root = (table.properties.get("write.data.path") or f"{table.location.rstrip('/')}/data").rstrip("/")
+    root = table.fs_path(recorded_root, what="data directory")
+    if _spark_path(root + "/x", table.filesystem) is None:
+        raise NotImplementedError(f"{what}: the table is not on the local file system: the SQL catalog writes local "
+                                  "tables only")
+    row_filter = to_filter(filters, table.schema, strict=True) if mode == "overwrite_filter" else None
+    order = table_sort_order(table.metadata)
+    key_length = table.encryption_manager.data_key_length if table.encrypted else 0
+    pending = PendingWrite(
+        write_id=uuid.uuid4().hex, what=what, table=table, stage=stage, mode=mode, row_filter=row_filter,
+        branch=branch, start_snapshot_id=start_snapshot_id, secret=os.urandom(32) if table.encrypted else None,
+        key_length=key_length, root=root, recorded_root=recorded_root, spec=table.spec, schema=table.schema,
+        sort_order_id=order.order_id if order is not None else 0,
+    )  # fmt: skip
+    plan = _plan(bridge, pending, pending.secret)
+    with bridge.lock:
+        bridge.writes[pending.write_id] = pending
+    return plan
+
+
+@method("begin_write")
+def _begin_write(bridge: Any, request: dict[str, Any]) -> Any:
+    _, catalog = catalog_of(request)
+    ref = request["ref"]
+    mode = request.get("mode") or "append"
+    filters = request.get("filters") or []
+    if ref.get("stage"):
+        with bridge.lock:
+            stage = bridge.stages.get(ref["stage"])
+        if stage is None:
+            raise ValueError(f"icecrypt catalog: staged table {ref['stage']} is gone (committed or aborted)")
+        return begin(bridge, stage.transaction.table, stage.what, mode=mode, filters=filters, branch=None,
+                     start_snapshot_id=None, stage=stage)
+    ident = identifier(ref["identifier"])
+    what = _catalogs.describe_identifier(catalog, ident)
+    table = catalog.load_table(ident)
+    if ref.get("branch") is None:
+        raise ValueError(f"{what}: a table read at a snapshot or tag cannot be written")
+    if table.schema.schema_id != ref.get("schema_id") or table.spec.spec_id != ref.get("spec_id"):
+        raise ValueError(f"{what}: the table's schema or partition spec changed since the statement was planned; run "
+                         "it again")
+    return begin(bridge, table, what, mode=mode, filters=filters,
+                 branch=None if ref["branch"] == "main" else ref["branch"], start_snapshot_id=ref.get("snapshot_id"))
+
+
+# --- commit / abort ------------------------------------------------------------------------
+
+
+def _records(pending: PendingWrite, files: list[list[Any]]) -> list[dict[str, Any]]:
+    """The manifest records of the reported files (footers read and authenticated here)."""
+    import pyarrow.parquet as pq
+
+    from icecrypt.parquet import open_file
+    from icecrypt.spark._native_write import _drop_nan_bounds, file_key
+    from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan, data_file_record
+
+    table = pending.table
+    schema = pending.schema
+    stats_plan = _statistics_plan(schema, table.properties)
+    partition_fields = pending.spec.partition_type(schema).fields
+    records = []
+    for relative, size, rows, values in files:
+        if relative.startswith("/") or ".." in relative.split("/"):
+            raise ValueError(f"{pending.what}: a written file {relative!r} outside the data directory (refused)")
+        path = f"{pending.root}/{relative}"
+        actual = table.filesystem.get_file_info(path).size
+        if actual != size:
+            raise ValueError(f"{pending.what}: written file {path} is {actual} bytes, the writer reported {size}")
+        key = None
+        if pending.secret is not None:
+            key = file_key(pending.secret, posixpath.basename(relative), pending.key_length).with_file_length(size)
+            with open_file(path, key, filesystem=table.filesystem) as opened:
+                metadata = opened.metadata
+        else:
+            with table.filesystem.open_input_file(path) as stream:
+                metadata = pq.ParquetFile(stream).metadata
+        if metadata.num_rows != rows:
+            raise ValueError(f"{pending.what}: written file {path} holds {metadata.num_rows} rows, the writer "
+                             f"reported {rows}")
+        stats = _parquet_stats(metadata, {}, schema, stats_plan)
+        _drop_nan_bounds(stats, schema)
+        partition = {f.name: _decode(v, f.field_type) for f, v in zip(partition_fields, values, strict=True)}
+        records.append(data_file_record(f"{pending.recorded_root}/{relative}", "PARQUET", partition, rows, size, key,
+                                        stats, pending.sort_order_id))
+    return records
+
+
+def _remove(pending: PendingWrite, relatives: list[str]) -> None:
+    """Delete the write's files (confined to the table, best effort), and files of its
+    failed attempts beside them."""
+    from icecrypt.table.ops.write import remove_job_leftovers
+
+    table = pending.table
+    directories = set()
+    for relative in relatives:
+        recorded = f"{pending.recorded_root}/{relative}"
+        directories.add(posixpath.dirname(recorded))
+        with contextlib.suppress(Exception):
+            table.filesystem.delete_file(table.locations.delete_path(recorded, what="data file"))
+    with contextlib.suppress(Exception):
+        remove_job_leftovers(table, pending.write_id, [], sorted(directories))
+
+
+def _take(bridge: Any, write_id: str) -> PendingWrite:
+    with bridge.lock:
+        pending = bridge.writes.pop(write_id, None)
+    if pending is None:
+        raise ValueError(f"icecrypt catalog: write {write_id} is unknown (committed or aborted already)")
+    return pending
+
+
+def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
+    from icecrypt.spark._common import file_error
+    from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite_files, overwrite_files_by_filter
+    from icecrypt.table.ops.write import append_files, overwrite_files
+
+    try:
+        records = _records(pending, files)
+    except BaseException:
+        _remove(pending, [f[0] for f in files])
+        raise
+    table, branch = pending.table, pending.branch
+    stage = pending.stage
+    try:
+        if stage is not None:
+            if stage.replace:
+                overwrite_files(table, records)
+            else:
+                append_files(table, records)
+            stage.written = True
+            stage.data_files.extend(r["file_path"] for r in records)
+        elif pending.mode == "append":
+            append_files(table, records, branch=branch)
+        elif pending.mode == "overwrite":
+            overwrite_files(table, records, branch=branch)
+        elif pending.mode == "overwrite_filter":
+            overwrite_files_by_filter(table, records, pending.row_filter, branch=branch,
+                                      start_snapshot_id=pending.start_snapshot_id)
+        else:
+            dynamic_partition_overwrite_files(table, records, branch=branch,
+                                              start_snapshot_id=pending.start_snapshot_id)
+    except Exception as exc:
+        _remove(pending, [f[0] for f in files])
+        raise file_error(exc, f"{pending.what}: committing the write") from exc
+
+
+@method("commit_write")
+def _commit_write(bridge: Any, request: dict[str, Any]) -> Any:
+    pending = _take(bridge, request["write_id"])
+    commit(pending, request.get("files") or [])
+    return True
+
+
+@method("abort_write")
+def _abort_write(bridge: Any, request: dict[str, Any]) -> Any:
+    with bridge.lock:
+        pending = bridge.writes.pop(request["write_id"], None)
+    if pending is not None:
+        _remove(pending, [f[0] for f in request.get("files") or []])
+    return True
+
+
+# --- staged tables (CTAS, RTAS) -----------------------------------------------------------------
+
+
+def _same_type(a: Any, b: Any) -> bool:
+    return _types.spark_type(a, ids=False) == _types.spark_type(b, ids=False)
+
+
+def _replace(table: Any, schema: Any, spec: Any, properties: dict[str, str], key_id: str | None, what: str) -> None:
+    """Turn ``table`` (a transaction's) into one with ``schema``, ``spec`` and
+    ``properties`` (added to its own), keeping its history: Iceberg's replace."""
+    current = table.properties.get("encryption.key-id") or None
+    if key_id != current and key_id is not None:
+        raise ValueError(f"{what}: REPLACE TABLE cannot change encryption.key-id (from {current!r} to {key_id!r}); "
+                         "rotate_keys changes a table's master key")
+    if key_id is None and current is not None:
+        properties = {k: v for k, v in properties.items() if not k.startswith("encryption.")}
+    old = {f.name: f for f in table.schema.fields}
+    new = {f.name: f for f in schema.fields}
+    try:
+        # columns first (the current spec's sources stay until the spec has changed), then
+        # the order, the spec, the columns only the old spec needed, the properties
+        same_spec = [(f.name, str(f.transform), schema.find_column_name(f.source_id)) for f in spec.fields] == [
+            (f.name, str(f.transform), table.schema.find_column_name(f.source_id)) for f in table.spec.fields]
+        with table.update_schema(allow_incompatible_changes=True) as update:
+            for name, f in old.items():
+                if name not in new or not _same_type(f.field_type, new[name].field_type):
+                    if name in new or not any(f.field_id == pf.source_id for pf in table.spec.fields):
+                        update.delete_column((name,))
+            for name, f in new.items():
+                if name not in old or not _same_type(old[name].field_type, f.field_type):
+                    update.add_column((name,), f.field_type, doc=f.doc, required=f.required)
+                elif old[name].required != f.required or (f.doc or None) != (old[name].doc or None):
+                    update.update_column((name,), required=f.required, doc=f.doc or "")
+        names = [f.name for f in schema.fields]
+        if [f.name for f in table.schema.fields if f.name in new] != names:
+            with table.update_schema() as update:  # names are unique again: the new order
+                update.move_first((names[0],))
+                for before, name in zip(names, names[1:]):
+                    update.move_after((name,), (before,))
+        if not same_spec:
+            with table.update_spec() as update_spec:
+                for f in table.spec.fields:
+                    update_spec.remove_field(f.name)
+                for f in spec.fields:
+                    update_spec.add_field(schema.find_column_name(f.source_id), f.transform, f.name)
+        gone = [n for n in old if n not in new and n in {f.name for f in table.schema.fields}]
+        if gone:
+            with table.update_schema(allow_incompatible_changes=True) as update:
+                for name in gone:
+                    update.delete_column((name,))
+        settable = {k: v for k, v in properties.items() if not k.startswith("encryption.")}
+        if settable:
+            with table.update_properties() as props:
+                for k, v in settable.items():
+                    props.set(k, v)
+    except ValueError as exc:
+        raise ValueError(f"{what}: REPLACE TABLE: {exc}") from None
+
+
+def _take_stage(bridge: Any, stage_id: str) -> Stage:
+    with bridge.lock:
+        stage = bridge.stages.pop(stage_id, None)
+    if stage is None:
+        raise ValueError(f"icecrypt catalog: staged table {stage_id} is unknown (committed or aborted already)")
+    return stage
+
+
+def _discard(stage: Stage) -> None:
+    transaction = stage.transaction
+    for location in stage.data_files:
+        with contextlib.suppress(Exception):
+            transaction.table.filesystem.delete_file(transaction.table.locations.delete_path(location,
+                                                                                              what="data file"))
+    transaction.discard()
+
+
+@method("stage")
+def _stage(bridge: Any, request: dict[str, Any]) -> Any:
+    name, catalog = catalog_of(request)
+    ident = identifier(request["identifier"])
+    what = _catalogs.describe_identifier(catalog, ident)
+    mode = request.get("mode") or "create"
+    schema = _types.iceberg_schema(request["schema"], what)
+    spec = _ddl.partition_spec(schema, request.get("transforms") or [])
+    properties, key_id, location = _ddl.create_properties(request.get("properties") or {}, what)
+    exists = catalog.table_exists(ident)
+    if exists and mode == "create":
+        raise TableAlreadyExistsError(f"{what} already exists")
+    if not exists and mode == "replace":
+        raise NoSuchTableError(f"{what} does not exist")
+    if exists:
+        if location is not None:
+            raise ValueError(f"{what}: REPLACE TABLE cannot move the table (LOCATION)")
+        transaction = Transaction.on(catalog, ident, catalog.load_table(ident))
+        try:
+            _replace(transaction.table, schema, spec, properties, key_id, what)
+        except BaseException:
+            transaction.discard()
+            raise
+    else:
+        if not catalog.namespace_exists(ident[:-1]):
+            raise NoSuchNamespaceError(f"catalog {catalog.name!r}: namespace {'.'.join(ident[:-1])} does not exist")
+        if key_id is not None and catalog.kms is None:
+            raise ValueError(f"{what}: encryption.key-id={key_id}: the catalog has no KMS (its encryption.kms-type "
+                             "and encryption.kms.* options)")
+        location = (location or _catalogs.default_location(catalog, ident)).rstrip("/")
+        if _catalogs.is_local(location):
+            location = os.path.abspath(_catalogs.local_path(location))
+        filesystem = catalog.filesystem_for(location) if hasattr(catalog, "filesystem_for") else catalog.filesystem
+        transaction = Transaction.create(catalog, ident, location, schema, kms=catalog.kms if key_id else None,
+                                         table_key_id=key_id, partition_spec=spec, properties=properties,
+                                         filesystem=filesystem)
+    stage_id = uuid.uuid4().hex
+    with bridge.lock:
+        bridge.stages[stage_id] = Stage(transaction, exists, what)
+    description = _ddl.describe(name, transaction.table, _catalogs.Selection(ident))
+    description["ref"] = {"stage": stage_id}
+    return description
+
+
+@method("commit_stage")
+def _commit_stage(bridge: Any, request: dict[str, Any]) -> Any:
+    from icecrypt.table.ops.write import overwrite_files
+
+    stage = _take_stage(bridge, request["stage"])
+    try:
+        if stage.replace and not stage.written:  # REPLACE TABLE without rows: the table is empty after it
+            overwrite_files(stage.transaction.table, [])
+        stage.transaction.publish()
+    except BaseException:
+        _discard(stage)
+        raise
+    return True
+
+
+@method("abort_stage")
+def _abort_stage(bridge: Any, request: dict[str, Any]) -> Any:
+    with bridge.lock:
+        stage = bridge.stages.pop(request["stage"], None)
+    if stage is not None:
+        _discard(stage)
+    return True
+
