@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from icecrypt.errors import (
@@ -35,6 +34,7 @@ from icecrypt.errors import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
+from icecrypt.spark._sql.protocol import METHODS as _METHODS
 
 __all__ = ["BRIDGE_CLASS", "CatalogBridge", "register"]
 
@@ -42,19 +42,6 @@ _log = logging.getLogger("icecrypt.spark.sql")
 
 #: the JVM side: its registry and the interface the bridge implements
 BRIDGE_CLASS = "org.icecrypt.spark.catalog.Bridge"
-
-_METHODS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {}
-
-
-def method(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``function(bridge, request)`` as the bridge's method ``name``."""
-
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        _METHODS[name] = function
-        return function
-
-    return decorate
-
 
 _ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (NoSuchTableError, "no_such_table"),
@@ -147,17 +134,3 @@ def register(spark: Any) -> bool:
     spark.sparkContext._icecrypt_bridge = bridge  # py4j keeps the object only while Python refers to it
     registry.register(bridge)
     return True
-
-
-# --- helpers of the bridge's methods ------------------------------------------------------------
-
-
-def catalog_of(request: dict[str, Any]) -> tuple[str, Any]:
-    from icecrypt.spark._sql.catalogs import open_catalog
-
-    spec = request["catalog"]
-    return spec["name"], open_catalog(spec["name"], spec.get("options") or {})
-
-
-def identifier(value: Any) -> tuple[str, ...]:
-    return tuple(str(level) for level in value)

@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from icecrypt.spark._sql import catalogs as _catalogs
-from icecrypt.spark._sql.bridge import catalog_of, identifier, method
+from icecrypt.spark._sql.protocol import catalog_of, identifier, method
 from icecrypt.spark._sql.filters import to_filter
 
 __all__ = ["plan_files"]

@@ -47,7 +47,7 @@ from icecrypt.errors import NoSuchNamespaceError, NoSuchTableError, TableAlready
 from icecrypt.spark._sql import catalogs as _catalogs
 from icecrypt.spark._sql import ddl as _ddl
 from icecrypt.spark._sql import types as _types
-from icecrypt.spark._sql.bridge import catalog_of, identifier, method
+from icecrypt.spark._sql.protocol import catalog_of, identifier, method
 from icecrypt.spark._sql.filters import to_filter
 from icecrypt.spark._sql.staging import Transaction
 
