@@ -2,8 +2,9 @@
 ``metadata.json``: JSON or gzip, PyIceberg's model, the encryption manager, snapshots)
 and the unwrapping of each snapshot's manifest-list key metadata.
 
-Input: the bytes of the metadata file (written to a private temporary directory and
-loaded from there, as a table would be).  KMS: Iceberg's test KMS (``keyA``, ``keyB``).
+Input: the bytes of the metadata file (written to ``t/metadata/v1.metadata.json`` in a
+private temporary directory and loaded from there, as a table would be, with the seed
+tables' ``s3://icecrypt-golden/<name>`` locations mapped onto ``t``).  KMS: Iceberg's test KMS (``keyA``, ``keyB``).
 Seeds: every ``metadata.json`` of the Java tables in ``../shared/tables`` (read in
 place), a gzip-compressed copy of one, the same in two gzip members, and a gzip file
 inflating past the size cap (set low while loading, ``CAP``, so that such inputs stay cheap).
@@ -11,9 +12,10 @@ inflating past the size cap (set low while loading, ``CAP``, so that such inputs
 Oracle:
 
 * only ``icecrypt.DecryptionError`` (``FormatError``, including
-  ``PlaintextFileError``, and ``AuthenticationError``), ``EncryptionKeyNotFoundError``
-  and ``KmsError`` may be raised, by the load or by unwrapping a snapshot's key
-  metadata; never another exception, no hang;
+  ``PlaintextFileError``, and ``AuthenticationError``), ``EncryptionKeyNotFoundError``,
+  ``KmsError``, and the refusals of a version that is not the table loaded or not
+  authentic (``TableIdentityError``, ``TableIntegrityError``) may be raised, by the load
+  or by unwrapping a snapshot's key metadata; never another exception, no hang;
 * no unauthenticated output: every manifest-list key metadata that unwraps is one Java
   wrapped into a seed table.
 """
@@ -27,12 +29,12 @@ from functools import lru_cache
 
 from fuzzlib import Finding, memory_kms, write_file
 
-from icecrypt import DecryptionError, EncryptionKeyNotFoundError, KmsError
+from icecrypt import DecryptionError, EncryptionKeyNotFoundError, KmsError, TableIdentityError, TableIntegrityError
 from icecrypt.table import EncryptedTable
 from icecrypt.table.files.metadata import MAX_METADATA_BYTES_ENV
 from vectorlib import TABLES_DIR
 
-ALLOWED = (DecryptionError, EncryptionKeyNotFoundError, KmsError)
+ALLOWED = (DecryptionError, EncryptionKeyNotFoundError, KmsError, TableIdentityError, TableIntegrityError)
 
 
 #: the size cap of metadata.json in this process (``ICECRYPT_MAX_METADATA_BYTES``): low,
@@ -67,8 +69,11 @@ def seeds() -> list[bytes]:
 
 
 def _keys(data: bytes) -> list:
+    path = write_file("t/metadata/v1.metadata.json", data)
+    table_dir = os.path.dirname(os.path.dirname(path))
+    location_map = {f"s3://icecrypt-golden/{p.name}": table_dir for p in TABLES_DIR.iterdir() if p.is_dir()}
     with _low_cap():
-        table = EncryptedTable.load(write_file("v1.metadata.json", data), kms=memory_kms())
+        table = EncryptedTable.load(path, kms=memory_kms(), location_map=location_map)
     table.current_snapshot()
     out = []
     for snapshot in table.snapshots():

@@ -186,6 +186,7 @@ def workdir() -> Path:
 
 def write_file(name: str, data: bytes, mode: int = 0o600) -> str:
     path = workdir() / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as f:
         f.write(data)

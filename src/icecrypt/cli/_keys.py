@@ -94,10 +94,10 @@ def _default_output(path: Path) -> Path:
     return path.with_name(f"{stem}-{uuid.uuid4()}.json")
 
 
-def _write_metadata(document: dict[str, Any], target: Path, *, replace: bool) -> None:
-    """Write compact JSON (as Java does) atomically; refuse an existing target unless ``replace``."""
+def _write_metadata(payload: bytes, target: Path, *, replace: bool) -> None:
+    """Write the metadata file's bytes atomically; refuse an existing target unless ``replace``."""
     with AtomicFile(target) as out:
-        out.file.write(json.dumps(document, separators=(",", ":")).encode("utf-8"))
+        out.file.write(payload)
         out.commit(overwrite=replace)
 
 
@@ -116,18 +116,29 @@ def _kms_from_args(args: argparse.Namespace):
 
 
 def _rewrite(args: argparse.Namespace, change) -> int:
+    """The metadata file with ``change(manager)`` applied to its keys.  An authenticated
+    input is verified first and the output authenticated as its successor (under a new
+    metadata key when the master key changed); an input without an authenticator gives an
+    output without one (compact JSON, as Java writes it)."""
     from icecrypt.keys import EncryptionManager
+    from icecrypt.table.commit import authenticity
 
     source = Path(args.metadata)
     document = _read_metadata(args.metadata)
+    target = source if args.in_place else Path(args.output) if args.output else _default_output(source)
     with _kms_from_args(args) as kms:
         manager = EncryptionManager.from_table_metadata(kms, document, table_key_id=args.table_key_id)
+        before = manager.table_key_id
+        base = authenticity.verify(document, str(source), manager, table_key_id=before)
         message = change(manager)
-        updated = manager.apply_to_metadata(document)
-    target = source if args.in_place else Path(args.output) if args.output else _default_output(source)
-    _write_metadata(updated, target, replace=args.in_place)
+        updated = manager.apply_to_metadata(authenticity.strip(document))
+        sealer = None
+        if base is not None:
+            sealer = authenticity.sealer_for(manager, base, new_key=manager.table_key_id != before)
+        payload = authenticity.seal_or_plain(updated, target.name, sealer)
+    _write_metadata(payload, target, replace=args.in_place)
     print(safe(message))  # it names key ids from the metadata
-    print(f"wrote {target}")
+    print(f"wrote {target}" + (" (authenticated)" if sealer is not None else ""))
     return 0
 
 

@@ -270,7 +270,8 @@ def verify(document: Mapping[str, Any], location: str, manager: Any, *, table_ke
     except KmsInvalidWrappedKeyError as exc:  # other KMS errors (unreachable, no access) are no verdict: raised
         raise TableIntegrityError(
             f"{location}: its metadata key {auth.key_id!r} does not unwrap under master key {table_key_id!r} "
-            f"({type(exc).__name__}); refused",
+            f"({type(exc).__name__}: the KMS holds another key of that id, or the authenticator was tampered "
+            "with); refused",
             metadata_location=location, reason="metadata key does not unwrap",
         ) from exc  # fmt: skip
     aad = _additional_data(
