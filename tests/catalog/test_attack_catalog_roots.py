@@ -143,7 +143,7 @@ def test_pins_table_of_an_earlier_version_is_migrated(request, warehouse, kms, d
             "PRIMARY KEY (catalog_name, table_namespace, table_name))"))
         conn.execute(text("INSERT INTO icecrypt_table_pins VALUES ('test', 'db', 't', 'keyA', :u)"),
                      {"u": table.metadata["table-uuid"]})
-    old = load_catalog("test", warehouse=warehouse, kms=kms, init_catalog_tables="false", **uri)
+    old = load_catalog("test", warehouse=warehouse, kms=kms, **uri)  # migrates (init_catalog_tables=false alters nothing)
     assert old._pin_get(("db",), "t") == {"icecrypt.table-key-id": "keyA", CATALOG_UUID: table.metadata["table-uuid"]}
     columns = {c["name"] for c in inspect(engine).get_columns("icecrypt_table_pins")}
     assert {"location", "write_data_path", "write_metadata_path", "retired_keks"} <= columns

@@ -29,15 +29,18 @@ pytest.importorskip("pyspark")
 from icecrypt import SnapshotIntegrityError  # noqa: E402
 from icecrypt.spark._stream import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY  # noqa: E402
 from icecrypt.table import EncryptedTable  # noqa: E402
+from forgery import legacy, without_authenticator  # noqa: E402
 from streamcrash import KMS, SCHEMA, new_table, rows  # noqa: E402
 
 QUERY = "5a1d5e4e-0000-4000-8000-000000000001"
 
 
 def _forge(root: Path, change) -> None:
-    """A next version of the table written straight into storage, the hint moved to it."""
+    """A next version of the table written straight into storage, the hint moved to it
+    (without icecrypt's authenticator, which would refuse it: the tables here are
+    :func:`forgery.legacy` ones, so that the checks behind authentication are reached)."""
     current = max((root / "metadata").glob("v*.metadata.json"), key=lambda p: int(p.name[1:].split(".")[0]))
-    doc = json.loads(current.read_text())
+    doc = without_authenticator(json.loads(current.read_text()))
     change(doc)
     version = int(current.name[1:].split(".")[0]) + 1
     (root / "metadata" / f"v{version}.metadata.json").write_text(json.dumps(doc))
@@ -59,7 +62,7 @@ class _Sink:
         from pyspark.sql.types import LongType, StringType, StructField, StructType
 
         self.path = path
-        self.table = new_table(path) if encrypted else EncryptedTable.create(str(path), SCHEMA, kms=None,
+        self.table = legacy(new_table(path)) if encrypted else EncryptedTable.create(str(path), SCHEMA, kms=None,
                                                                               table_key_id=None)
         self.options = {**KMS, "path": str(path)} if encrypted else {"path": str(path), "encryption": "none"}
         self.schema = StructType([StructField("id", LongType(), False), StructField("s", StringType(), True)])
@@ -189,8 +192,8 @@ def test_a_running_query_fails_loudly_and_loses_no_row(spark, tmp_path):
     from icecrypt.spark._iceberg_source import IcebergDataSource
 
     spark.dataSource.register(IcebergDataSource)
-    source, sink_path, checkpoint = new_table(tmp_path / "src"), tmp_path / "sink", tmp_path / "cp"
-    sink = new_table(sink_path)
+    source, sink_path, checkpoint = legacy(new_table(tmp_path / "src")), tmp_path / "sink", tmp_path / "cp"
+    sink = legacy(new_table(sink_path))
 
     def run() -> None:
         stream = (spark.readStream.format("icecrypt.iceberg").options(**KMS)
@@ -237,7 +240,7 @@ def test_the_source_never_passes_over_a_relabelled_append(tmp_path, encrypted, l
     ``overwrite``, which may add rows only (Java's producers label such commits so): that
     label stops the stream unless the skip option says to pass over overwrites."""
     path = tmp_path / "src"
-    table = new_table(path) if encrypted else EncryptedTable.create(str(path), SCHEMA, kms=None, table_key_id=None)
+    table = legacy(new_table(path)) if encrypted else EncryptedTable.create(str(path), SCHEMA, kms=None, table_key_id=None)
     options = {**KMS} if encrypted else {"encryption": "none"}
     first = table.append(rows([1]))
     relabelled = table.append(rows([2]))
@@ -265,7 +268,7 @@ def test_a_running_source_fails_on_a_relabelled_append(spark, tmp_path):
     from icecrypt.spark._iceberg_source import IcebergDataSource
 
     spark.dataSource.register(IcebergDataSource)
-    table = new_table(tmp_path / "src")
+    table = legacy(new_table(tmp_path / "src"))
     table.append(rows([1]))
     relabelled = table.append(rows([2]))
     table.append(rows([3]))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from conftest import MASTER
+from forgery import forget_recorded_digest, without_authenticator
 
 pytestmark = pytest.mark.spark
 
@@ -35,7 +36,7 @@ def test_sql_writes_refuse_a_retired_kek_put_back(new_catalog):
     table.rotate_keys(new_kek=True)  # the catalog records the old KEK as retired
     table.append(pa.table({"id": pa.array([2], pa.int64()), "name": ["b"]}))
     current = Path(table.metadata_location)
-    metadata = json.loads(current.read_text())
+    metadata = without_authenticator(json.loads(current.read_text()))
     metadata["encryption-keys"].insert(0, {
         "key-id": REPLAYED, "encrypted-by-id": MASTER,
         "encrypted-key-metadata": base64.b64encode(old.encrypted_key_metadata).decode(),
@@ -43,6 +44,10 @@ def test_sql_writes_refuse_a_retired_kek_put_back(new_catalog):
     })
     current.write_text(json.dumps(metadata))  # in place: the catalog still points here
     before = _files(catalog.warehouse)
+    with pytest.raises(Exception, match="changed in place"):  # the catalog's digest refuses the edit first
+        catalog.sql("INSERT INTO {c}.db.t VALUES (3, 'c')")
+    assert _files(catalog.warehouse) == before
+    forget_recorded_digest(table)  # (as if another engine had committed it: the KEK checks are tested here)
     for statement in [
         "INSERT INTO {c}.db.t VALUES (3, 'c')",
         f"CREATE OR REPLACE TABLE {{c}}.db.t USING iceberg TBLPROPERTIES ('encryption.key-id'='{MASTER}') "
