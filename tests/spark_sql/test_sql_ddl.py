@@ -4,6 +4,8 @@ catalog types; bad statements fail with one clear error and change nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import MASTER, data_files
 from pyspark.errors import AnalysisException
@@ -83,10 +85,14 @@ def test_plaintext_and_comment(kinds):
 def test_ctas_roundtrip_of_show_create(kinds):
     kinds.sql("CREATE TABLE {c}.db.shown (id int, s string) USING iceberg PARTITIONED BY (bucket(2, id)) "
               "TBLPROPERTIES ('encryption.key-id'='master')")
+    where = kinds.table("db.shown").location
     statement = kinds.sql("SHOW CREATE TABLE {c}.db.shown")[0][0]
     kinds.sql("DROP TABLE {c}.db.shown")
     kinds.spark.sql(statement.replace("LOCATION", "-- LOCATION") if kinds.options["type"] == "hadoop" else statement)
     assert kinds.table("db.shown").encrypted
+    # the location shown (file:/..., as Spark writes it) is the same directory, not a relative path
+    assert kinds.table("db.shown").fs_path(kinds.table("db.shown").location) == kinds.table("db.shown").fs_path(where)
+    assert not (Path.cwd() / "file:").exists()
 
 
 def test_alter_table_columns(kinds):

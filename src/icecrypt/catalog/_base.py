@@ -468,6 +468,12 @@ class Catalog:
             raise TableAlreadyExistsError(f"{self._describe(namespace, name)} already exists")
         default = location is None
         location = (location or self._default_table_location(namespace, name)).rstrip("/")
+        if location.startswith("file:") and not location.startswith("file://"):
+            # file:/p (as Hadoop and Spark's SHOW CREATE TABLE write it) is file:///p, never a relative path
+            if not location.startswith("file:/"):
+                raise ValueError(f"{self._describe(namespace, name)}: location {location!r}: a file: URI needs an "
+                                 "absolute path")
+            location = "file://" + location[len("file:"):]
         if "://" not in location:
             location = os.path.abspath(location)
         self._check_new_location(namespace, name, location, default=default)
