@@ -185,12 +185,22 @@ def test_partition_values_are_icebergs(cat):
         # and the rows read back through SQL (paths with every kind of value are readable)
         assert cat.rows(f"SELECT count(*), sum(i), count(DISTINCT b) FROM {{c}}.{name}") == [
             (len(rows), sum(r["i"] for r in rows), len({r["b"] for r in rows}))]
-    # icecrypt's own writer agrees (values whose directories icecrypt's writer can name)
-    cat.sql(f"CREATE TABLE {{c}}.db.pv_py ({columns}) USING iceberg PARTITIONED BY ({specs['buckets']}) "
-            "TBLPROPERTIES ('encryption.key-id'='master')")
-    python = cat.table("db.pv_py")
-    python.append(arrow)
-    assert _written_partitions(cat.table("db.pv_py")) == _written_partitions(cat.table("db.pv_buckets"))
+        # icecrypt's own writer agrees on the values and on the directories (Java's
+        # partitionToPath: a '/' in a value is %2F, timestamps in ISO form with +00:00)
+        cat.sql(f"CREATE TABLE {{c}}.{name}_py ({columns}) USING iceberg PARTITIONED BY ({spec}) "
+                "TBLPROPERTIES ('encryption.key-id'='master')")
+        python = cat.table(f"{name}_py")
+        python.append(arrow)
+        assert _written_partitions(cat.table(f"{name}_py")) == _written_partitions(table), label
+        assert _directories(cat.table(f"{name}_py")) == _directories(table), label
+
+
+def _directories(table) -> set[str]:
+    """The partition directories of ``table``'s data files, relative to its data root."""
+    root = table.location.rstrip("/") + "/data/"
+    paths = table.inspect.files().column("file_path").to_pylist()
+    assert all(p.startswith(root) for p in paths)
+    return {p[len(root):].rsplit("/", 1)[0] for p in paths}
 
 
 def test_types_and_field_ids(cat):

@@ -483,9 +483,9 @@ public final class Transforms {
                 long micros = (Long) value;
                 LocalDateTime time = LocalDateTime.ofEpochSecond(Math.floorDiv(micros, 1_000_000L),
                     (int) Math.floorMod(micros, 1_000_000L) * 1000, ZoneOffset.UTC);
-                return source instanceof TimestampType
-                    ? DateTimeFormatter.ISO_OFFSET_DATE_TIME.format(time.atOffset(ZoneOffset.UTC))
-                    : DateTimeFormatter.ISO_LOCAL_DATE_TIME.format(time);
+                // as Iceberg's DateTimeUtil.microsToIsoTimestamp(tz): seconds always, "+00:00" for UTC
+                String local = DateTimeFormatter.ISO_LOCAL_DATE_TIME.format(time);
+                return source instanceof TimestampType ? local + "+00:00" : local;
             }
             if (source instanceof BooleanType || source instanceof FloatType || source instanceof DoubleType) {
                 return value.toString();
@@ -494,17 +494,13 @@ public final class Transforms {
         }
 
         /**
-         * {@code name=value}, URL-encoded as Iceberg Java names partition directories, except
-         * that a separator or NUL in the name or value becomes '_' (icecrypt refuses locations with an
-         * encoded separator; the directory's name is only a name: the manifest holds the value).
+         * {@code name=value}, URL-encoded as Iceberg Java's {@code partitionToPath} names partition
+         * directories: a separator in a value is {@code %2F} / {@code %5C}, a character of the
+         * directory's name (icecrypt's path rules take it as such and never as a way out).
          */
         String directory(Object value) {
-            return URLEncoder.encode(safe(name), StandardCharsets.UTF_8) + "="
-                + URLEncoder.encode(safe(human(value)), StandardCharsets.UTF_8);
-        }
-
-        private static String safe(String text) {
-            return text.replace('/', '_').replace('\\', '_').replace('\0', '_');
+            return URLEncoder.encode(name, StandardCharsets.UTF_8) + "="
+                + URLEncoder.encode(human(value), StandardCharsets.UTF_8);
         }
     }
 }
