@@ -66,7 +66,7 @@ def _value(node: Mapping[str, Any]) -> Any:
         return None
     if kind in ("float", "double"):
         return float(value)
-    if kind == "decimal":
+    if kind == "decimal" or (kind or "").startswith("decimal("):  # Spark's typeName: decimal(p,s)
         return decimal.Decimal(value)
     if kind == "binary":
         return base64.b64decode(value)
@@ -88,6 +88,8 @@ def _convert(node: Mapping[str, Any], rename: Any) -> BooleanExpression:
         return Or(_convert(args[0], rename), _convert(args[1], rename))
     if op == "NOT":
         return Not(_convert(args[0], rename))
+    if "lit" in node and isinstance(node["lit"], bool):  # Spark's AlwaysTrue / AlwaysFalse, as literals
+        return AlwaysTrue() if node["lit"] else AlwaysFalse()
     if op == "ALWAYS_TRUE":
         return AlwaysTrue()
     if op == "ALWAYS_FALSE":

@@ -4,8 +4,10 @@
  * snapshot and branch selected), fixed for the statement.
  *
  * Reads: a scan of that snapshot (Scans).  Writes: appends, overwrites (whole table,
- * by filter, dynamic by partition) of the branch (Writes); a table loaded with time
- * travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
+ * by filter, dynamic by partition) of the branch (Writes); DELETE FROM with a condition
+ * that has an Iceberg row filter form, carried out by the driver's row-level delete in
+ * the table's write.delete.mode (SupportsDeleteV2; _sql/delete.py).  A table loaded with
+ * time travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
  * description never holds a key: properties are the table's own and Iceberg's shown
  * ones (format, provider, location, current-snapshot-id, format-version, ...).
  */
@@ -18,7 +20,10 @@ import java.util.Map;
 import java.util.Set;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 
+import org.apache.spark.sql.connector.catalog.SupportsDeleteV2;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.TableCapability;
@@ -28,6 +33,7 @@ import org.apache.spark.sql.connector.expressions.NullOrdering;
 import org.apache.spark.sql.connector.expressions.SortDirection;
 import org.apache.spark.sql.connector.expressions.SortOrder;
 import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.connector.expressions.filter.Predicate;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
 import org.apache.spark.sql.connector.write.WriteBuilder;
@@ -35,7 +41,7 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-public class IcebergTable implements SupportsRead, SupportsWrite {
+public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
     final CatalogContext catalog;
     final JsonNode description;
     final StructType schema;
@@ -173,6 +179,33 @@ public class IcebergTable implements SupportsRead, SupportsWrite {
                 + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
         }
         return new Writes.Builder(this, info);
+    }
+
+    /** Whether every predicate has an Iceberg row filter form (else Spark refuses the DELETE, naming it). */
+    @Override
+    public boolean canDeleteWhere(Predicate[] predicates) {
+        for (Predicate predicate : predicates) {
+            if (Changes.predicate(predicate) == null) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /** DELETE FROM: the driver deletes the matching rows in one commit (write.delete.mode). */
+    @Override
+    public void deleteWhere(Predicate[] predicates) {
+        if (timeTravel()) {
+            throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
+                + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
+        }
+        ObjectNode request = catalog.request();
+        request.set("ref", ref());
+        ArrayNode filters = request.putArray("filters");
+        for (Predicate predicate : predicates) {
+            filters.add(Changes.predicate(predicate));
+        }
+        catalog.callUnchecked("delete_where", request);
     }
 
     /** What the driver needs to find the table again (identifier, snapshot, branch, ids). */

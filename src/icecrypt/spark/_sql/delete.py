@@ -1,0 +1,48 @@
+"""``DELETE FROM`` of the SQL catalog (``IcebergTable.deleteWhere``, Spark's
+``SupportsDeleteV2``) on the driver.
+
+Spark hands the statement's condition over as predicates when every one of them has an
+Iceberg row filter form (``canDeleteWhere``; :mod:`.filters`, strict).  The rows
+matching it are deleted by the table API's row-level delete, as the table's
+``write.delete.mode`` says: ``copy-on-write`` (Iceberg's default: files holding matching
+rows are rewritten, files all of whose rows match are dropped without being read) or
+``merge-on-read`` (deletion vectors, or position delete files in format version 2).  One
+commit, checked against concurrent commits at the table's isolation level; the files
+written are encrypted with fresh DEKs as every write of the table API.  A condition
+without an Iceberg form (a subquery, a function Iceberg has no filter for) is refused by
+Spark before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from icecrypt.spark._sql import catalogs as _catalogs
+from icecrypt.spark._sql.filters import to_filter
+from icecrypt.spark._sql.protocol import catalog_of, identifier, method
+
+
+@method("delete_where")
+def _delete_where(bridge: Any, request: dict[str, Any]) -> Any:
+    from icecrypt.spark._common import file_error
+    from icecrypt.table.ops import rowlevel as _rowlevel
+
+    _, catalog = catalog_of(request)
+    ref = request["ref"]
+    ident = identifier(ref["identifier"])
+    what = _catalogs.describe_identifier(catalog, ident)
+    if ref.get("branch") is None:
+        raise ValueError(f"{what}: a table read at a snapshot or tag cannot be written")
+    table = catalog.load_table(ident)
+    if table.schema.schema_id != ref.get("schema_id"):
+        raise ValueError(f"{what}: the table's schema changed since the statement was planned; run it again")
+    try:
+        row_filter = to_filter(request.get("filters") or [], table.schema, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{what}: DELETE FROM: {exc}") from None
+    branch = None if ref["branch"] == "main" else ref["branch"]
+    try:
+        snapshot_id = _rowlevel.delete_rows(table, row_filter, branch=branch)
+    except Exception as exc:
+        raise file_error(exc, f"{what}: DELETE FROM") from exc
+    return {"snapshot_id": snapshot_id}
