@@ -167,6 +167,7 @@ def read_task(*args, **kwargs):
         os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # after the first batch is written
 
 icecrypt.table.read_task = read_task
+signal.signal(getattr(signal, sys.argv[1]), signal.SIG_DFL)  # as in a terminal (nohup leaves SIGHUP ignored)
 sys.exit(main(sys.argv[2:]))
 """
 
