@@ -21,9 +21,10 @@ NATIVE := src/icecrypt/_gcm.pyx src/icecrypt/_native/gcm.c include/icecrypt/gcm.
 PYTEST_ARGS ?=
 # pytest-xdist workers (`auto`: one per core; 0 runs in one process).  Each worker starts its
 # own key servers and Spark session (stopped by PID, and by tests/servers/reaper.py if the
-# worker is killed); files are kept whole on one worker so module fixtures are built once.
+# worker is killed); files are kept whole on one worker so module fixtures are built once,
+# handed out in the order tests/conftest.py gives them (the longest first), not by count.
 TEST_WORKERS ?= auto
-XDIST = -n $(TEST_WORKERS) --dist loadfile
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: all demo test test-quick bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro bench-abi3 fuzz sanitize
 

@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
                     value = "".join(f"\n    {item}" for item in value)
                 ini.write(f"{key} = {value}\n")
         # on every core when pytest-xdist is there (the test extra has it), files kept whole
-        xdist = ["-n", os.environ.get("TEST_WORKERS", "auto"), "--dist", "loadfile"] if _has("xdist") else []
+        xdist = (["-n", os.environ.get("TEST_WORKERS", "auto"), "--dist", "loadfile", "--no-loadscope-reorder"]
+                 if _has("xdist") else [])
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *xdist, *args]
         return subprocess.run(command, cwd=work, env=env).returncode
 

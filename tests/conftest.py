@@ -22,17 +22,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 
 #: The files that take minutes (``pytest --durations``, 2026-11-29: 1.5-7 min each on a
-#: busy 2-core machine), run first.  Under ``make test`` (pytest-xdist, ``--dist
-#: loadfile``) a file is one unit of work: a long file handed out last keeps one worker busy
-#: while the other has nothing left, so the longest go first and the short ones fill in at
-#: the end.  Order only: a file missing here, or listed in the wrong place, changes no result.
+#: busy 2-core machine), run first.  Under ``make test`` (pytest-xdist, ``--dist loadfile
+#: --no-loadscope-reorder``: files handed out in this order, not by their number of tests) a
+#: file is one unit of work: a long file handed out last keeps one worker busy while the
+#: other has nothing left, so the longest go first and the short ones fill in at the end.
+#: Order only: a file missing here, or listed in the wrong place, changes no result.
 LONGEST_FIRST = (
     "tests/docs/test_examples.py",
     "tests/faults/test_fs_faults.py",
-    "tests/spark/test_streaming.py",
-    "tests/spark_cluster/test_standalone.py",
-    "tests/test_imports.py",
+    "tests/spark_cluster/test_standalone.py",  # (with the other files of tests/spark_cluster/: one unit)
+    "tests/spark_cluster/test_ship.py",
     "tests/spark_cluster/test_connect.py",
+    "tests/spark_cluster/test_key_transport.py",
+    "tests/spark/test_streaming.py",
+    "tests/test_imports.py",
     "tests/spark/test_spark_merge.py",
     "tests/arrow/test_exit.py",
     "tests/faults/test_spark_task_kill.py",
@@ -45,6 +48,29 @@ LONGEST_FIRST = (
     "tests/spark/test_native_read.py",
     "tests/spark_sql/test_sql_writes.py",
 )
+
+
+#: Directories whose files share costly session fixtures (the standalone cluster, its
+#: executors' packed environment and its one driver run are used by test_ship.py and
+#: test_standalone.py alike): one unit of work under ``--dist loadfile``, so that one
+#: worker builds them once, instead of each worker that draws one of the files.
+SHARED_SESSION_DIRECTORIES = ("tests/spark_cluster/",)
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist is not installed: one process runs everything anyway
+    pass
+else:
+
+    class _LoadFileSharing(LoadFileScheduling):
+        """``--dist loadfile``, with each of :data:`SHARED_SESSION_DIRECTORIES` one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return next((d for d in SHARED_SESSION_DIRECTORIES if scope.startswith(d)), scope)
+
+    def pytest_xdist_make_scheduler(config, log):
+        return _LoadFileSharing(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
