@@ -132,3 +132,13 @@ def test_delete_on_decimal_date_and_timestamp_conditions(cat):
     assert cat.rows("SELECT id FROM {c}.db.del_types") == [(3,)]
     cat.sql("DELETE FROM {c}.db.del_types WHERE s LIKE 'c%'")
     assert cat.rows("SELECT id FROM {c}.db.del_types") == []
+
+
+def test_truncate_table(cat):
+    cat.sql("CREATE TABLE {c}.db.del_truncate (id bigint, p string) USING iceberg PARTITIONED BY (p) "
+            f"TBLPROPERTIES ('encryption.key-id'='{MASTER}')")
+    cat.sql("INSERT INTO {c}.db.del_truncate VALUES (1, 'a'), (2, 'b')")
+    cat.sql("TRUNCATE TABLE {c}.db.del_truncate")
+    assert cat.rows("SELECT * FROM {c}.db.del_truncate") == []
+    table = cat.table("db.del_truncate")
+    assert table.current_snapshot().summary["operation"] == "delete" and table.scan().to_arrow().num_rows == 0
