@@ -150,7 +150,7 @@ class EncryptedTable:
         authenticator (TableIntegrityError), at load and at every refresh and write;
         implies ``require_encryption``.  Without it, an authenticator present is still
         verified, and once this object held an authenticated version it refuses
-        unauthenticated ones (see :mod:`icecrypt.table.commit.authenticity`).  Pass
+        unauthenticated ones (see ``icecrypt.table.commit.authenticity`` and docs/security.md).  Pass
         ``table_key_id`` with it, so that the master key vouching for the metadata is the
         one you expect.  ``pin``: a :class:`~icecrypt.table.commit.pin.TablePin` from a
         trusted source (the driver's table object), which the version must match.
