@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from icecrypt.spark._sql import catalogs as _catalogs
 from icecrypt.spark._sql.filters import to_filter
-from icecrypt.spark._sql.protocol import catalog_of, identifier, method
+from icecrypt.spark._sql.protocol import catalog_of, method
+from icecrypt.spark._sql.write import writable_table
 
 
 @method("delete_where")
@@ -28,19 +28,11 @@ def _delete_where(bridge: Any, request: dict[str, Any]) -> Any:
     from icecrypt.table.ops import rowlevel as _rowlevel
 
     _, catalog = catalog_of(request)
-    ref = request["ref"]
-    ident = identifier(ref["identifier"])
-    what = _catalogs.describe_identifier(catalog, ident)
-    if ref.get("branch") is None:
-        raise ValueError(f"{what}: a table read at a snapshot or tag cannot be written")
-    table = catalog.load_table(ident)
-    if table.schema.schema_id != ref.get("schema_id"):
-        raise ValueError(f"{what}: the table's schema changed since the statement was planned; run it again")
+    table, what, branch = writable_table(catalog, request["ref"], same_spec=False)
     try:
         row_filter = to_filter(request.get("filters") or [], table.schema, strict=True)
     except ValueError as exc:
         raise ValueError(f"{what}: DELETE FROM: {exc}") from None
-    branch = None if ref["branch"] == "main" else ref["branch"]
     try:
         snapshot_id = _rowlevel.delete_rows(table, row_filter, branch=branch)
     except Exception as exc:

@@ -262,16 +262,25 @@ def _begin_write(bridge: Any, request: dict[str, Any]) -> Any:
             raise ValueError(f"icecrypt catalog: staged table {ref['stage']} is gone (committed or aborted)")
         return begin(bridge, stage.transaction.table, stage.what, mode=mode, filters=filters, branch=None,
                      start_snapshot_id=None, stage=stage)
+    table, what, branch = writable_table(catalog, ref)
+    return begin(bridge, table, what, mode=mode, filters=filters, branch=branch,
+                 start_snapshot_id=ref.get("snapshot_id"))
+
+
+def writable_table(catalog: Any, ref: dict[str, Any], *, same_spec: bool = True) -> tuple[Any, str, str | None]:
+    """(the table a statement's ``ref`` names, loaded now; its description for errors; the
+    branch to write, None for main).  ValueError when the ref selects a snapshot or tag, or
+    the table's schema (with ``same_spec`` also its partition spec) changed since the
+    statement was planned."""
     ident = identifier(ref["identifier"])
     what = _catalogs.describe_identifier(catalog, ident)
     table = catalog.load_table(ident)
     if ref.get("branch") is None:
         raise ValueError(f"{what}: a table read at a snapshot or tag cannot be written")
-    if table.schema.schema_id != ref.get("schema_id") or table.spec.spec_id != ref.get("spec_id"):
-        raise ValueError(f"{what}: the table's schema or partition spec changed since the statement was planned; run "
-                         "it again")
-    return begin(bridge, table, what, mode=mode, filters=filters,
-                 branch=None if ref["branch"] == "main" else ref["branch"], start_snapshot_id=ref.get("snapshot_id"))
+    if table.schema.schema_id != ref.get("schema_id") or (same_spec and table.spec.spec_id != ref.get("spec_id")):
+        changed = "schema or partition spec" if same_spec else "schema"
+        raise ValueError(f"{what}: the table's {changed} changed since the statement was planned; run it again")
+    return table, what, None if ref["branch"] == "main" else ref["branch"]
 
 
 # --- commit / abort ------------------------------------------------------------------------
