@@ -93,6 +93,21 @@ def vectors():
 
 
 @pytest.fixture(autouse=True)
+def _environment_restored():
+    """Fail a test that leaves os.environ changed: a worker runs many test files, and a
+    leaked variable (PYSPARK_PYTHON, once) steers the subprocesses of the tests after it.
+    Fixtures of wider scope are set up before this one, so what they set is not counted."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    if after != before:
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(f"the test left environment variables changed: {changed} (use monkeypatch)")
+
+
+@pytest.fixture(autouse=True)
 def _no_ignored_exceptions(capfd):
     """Fail any test during which Python printed "Exception ignored" (an error swallowed
     in __del__, a callback or a thread) to stderr."""

@@ -74,7 +74,11 @@ def test_use_archive_links_the_driver_environment(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    # use_archive sets PYSPARK_PYTHON itself: setenv first so that monkeypatch restores the
+    # variable's state (delenv of an absent variable records nothing, and the value leaked into
+    # later tests' subprocesses on this worker)
+    monkeypatch.setenv("PYSPARK_PYTHON", "")
+    monkeypatch.delenv("PYSPARK_PYTHON")
     conf = icecrypt.spark.use_archive(archive)
     assert os.environ["PYSPARK_PYTHON"] == "./icecrypt-env/bin/python" == conf["spark.pyspark.python"]
     assert (work / "icecrypt-env").resolve() == Path(sys.prefix).resolve()
