@@ -100,10 +100,14 @@ def _environment_restored():
     before = dict(os.environ)
     yield
     after = dict(os.environ)
-    if after != before:
-        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-        os.environ.clear()
-        os.environ.update(before)
+    changed = sorted(k for k in before.keys() | after.keys()
+                     if before.get(k) != after.get(k) and k != "PYTEST_CURRENT_TEST")  # pytest's own
+    if changed:
+        for key in changed:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
         pytest.fail(f"the test left environment variables changed: {changed} (use monkeypatch)")
 
 
