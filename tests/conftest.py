@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, settings
 from vectorlib import VECTORS_DIR, load_manifest
 
 # Fixtures of the key servers and devices (tests/servers/*), shared by tests and benchmarks.
-pytest_plugins = ["kms_fixtures_devices", "kms_fixtures_cloud", "kms_fixtures_services", "spark_fixtures"]
+pytest_plugins = [
+    "env_guard", "kms_fixtures_devices", "kms_fixtures_cloud", "kms_fixtures_services", "spark_fixtures"]
 
 settings.register_profile("default", deadline=None, max_examples=60)
 settings.register_profile(
@@ -90,25 +91,6 @@ def vectors():
     if not VECTORS_DIR.is_dir():
         pytest.fail(f"Java vectors not found at {VECTORS_DIR} (set ICECRYPT_VECTORS)")
     return load_manifest()
-
-
-@pytest.fixture(autouse=True)
-def _environment_restored():
-    """Fail a test that leaves os.environ changed: a worker runs many test files, and a
-    leaked variable (PYSPARK_PYTHON, once) steers the subprocesses of the tests after it.
-    Fixtures of wider scope are set up before this one, so what they set is not counted."""
-    before = dict(os.environ)
-    yield
-    after = dict(os.environ)
-    changed = sorted(k for k in before.keys() | after.keys()
-                     if before.get(k) != after.get(k) and k != "PYTEST_CURRENT_TEST")  # pytest's own
-    if changed:
-        for key in changed:
-            if key in before:
-                os.environ[key] = before[key]
-            else:
-                del os.environ[key]
-        pytest.fail(f"the test left environment variables changed: {changed} (use monkeypatch)")
 
 
 @pytest.fixture(autouse=True)
