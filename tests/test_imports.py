@@ -162,3 +162,26 @@ def test_every_module_imports_in_a_fresh_interpreter():
         results = list(pool.map(_import_alone, modules))
     failed = [f"{name} (exit {rc}):\n{err}" for name, rc, err in results if rc != 0]
     assert not failed, "\n".join(failed)
+
+
+def test_lazy_exports_match_their_type_checking_imports():
+    """A package that imports its public names on first use (``_EXPORTS`` and a module
+    ``__getattr__``) names the same modules under ``if TYPE_CHECKING:``, for type checkers,
+    and every name resolves."""
+    import importlib
+
+    checked = 0
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or "_EXPORTS = {" not in path.read_text(encoding="utf-8"):
+            continue
+        package = importlib.import_module(name)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typed = {alias.asname or alias.name: node.module for block in tree.body
+                 if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                 for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+        assert typed == package._EXPORTS, f"{name}: _EXPORTS and the TYPE_CHECKING imports differ"
+        assert sorted(package.__all__) == sorted(package._EXPORTS)
+        for attr, module in package._EXPORTS.items():
+            assert getattr(package, attr) is getattr(importlib.import_module(module), attr)
+        checked += 1
+    assert checked, "no package with _EXPORTS found"
