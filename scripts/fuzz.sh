@@ -4,11 +4,12 @@
 #   FUZZ_SECONDS=180 bash scripts/fuzz.sh [harness ...]
 #
 # FUZZ_SECONDS (default 180) is the total budget, split evenly across the harnesses run
-# (at least 5 s each).  ICECRYPT_FUZZ_TIMEOUT (default 10) is the per-input time bound
-# the oracle checks; libFuzzer's -timeout (twice that) backs it up for a hang in native
-# code.  FUZZ_SEED (default: none, libFuzzer picks one per run) fixes the mutation
-# sequence: CI sets it so that a run's outcome can be reproduced; leave it unset to
-# explore.  atheris is installed into the project venv (.venv) if missing.
+# (at least 5 s each), which run FUZZ_JOBS at a time (default: one per core).
+# ICECRYPT_FUZZ_TIMEOUT (default 10) is the per-input time bound the oracle checks;
+# libFuzzer's -timeout (twice that) backs it up for a hang in native code.  FUZZ_SEED
+# (default: none, libFuzzer picks one per run) fixes the mutation sequence: CI sets it so
+# that a run's outcome can be reproduced; leave it unset to explore.  atheris is
+# installed into the project venv (.venv) if missing.
 #
 # Coverage: icecrypt's Python code is instrumented by atheris (instrument_imports).  The
 # native module is not: that needs clang's -fsanitize=fuzzer-no-link in a separate build,
@@ -66,11 +67,11 @@ else
 fi
 
 echo "fuzz.sh: ${N} harnesses, ${EACH} s each (FUZZ_SECONDS=${TOTAL}, FUZZ_SEED=${FUZZ_SEED:-random}), per-input bound ${TIMEOUT} s, artifacts in $OUT"
-FAILED=0
-START=$(date +%s)
-printf '%-16s %12s %8s  %s\n' harness executions seconds outcome
-for name in "${HARNESSES[@]}"; do
-    dir="$OUT/$name"
+# One libFuzzer process per harness, JOBS at a time (default: one per core).  Each process is
+# single-threaded and its budget is wall time, so two side by side on two cores each get
+# what one alone gets; the table prints in harness order once all ended.
+run_one() {
+    local name=$1 dir="$OUT/$1" t0 rc
     mkdir -p "$dir/corpus" "$dir/crashes"
     t0=$(date +%s)
     (cd "$ROOT" && "$PY" tests/fuzz/run.py "$name" "$dir/corpus" \
@@ -78,7 +79,26 @@ for name in "${HARNESSES[@]}"; do
         -max_len=2200000 -print_final_stats=1 -artifact_prefix="$dir/crashes/" "${SEED_ARGS[@]}" \
         >"$dir/log" 2>&1)
     rc=$?
-    t1=$(date +%s)
+    echo "$rc $(( $(date +%s) - t0 ))" >"$dir/status"
+}
+JOBS=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
+echo "fuzz.sh: ${JOBS} harness(es) at a time"
+FAILED=0
+START=$(date +%s)
+running=0
+for name in "${HARNESSES[@]}"; do
+    if [ "$running" -ge "$JOBS" ]; then
+        wait -n
+        running=$(( running - 1 ))
+    fi
+    run_one "$name" &
+    running=$(( running + 1 ))
+done
+wait
+printf '%-16s %12s %8s  %s\n' harness executions seconds outcome
+for name in "${HARNESSES[@]}"; do
+    dir="$OUT/$name"
+    read -r rc took <"$dir/status" || { rc=99; took="?"; }
     execs=$(grep -a 'stat::number_of_executed_units' "$dir/log" | tail -1 | awk '{print $2}')
     crashes=$(find "$dir/crashes" -type f | sort)
     if [ "$rc" -eq 0 ] && [ -z "$crashes" ]; then
@@ -91,7 +111,7 @@ for name in "${HARNESSES[@]}"; do
             outcome="FAILED (exit $rc, no input saved): see $dir/log"
         fi
     fi
-    printf '%-16s %12s %8s  %s\n' "$name" "${execs:-?}" "$(( t1 - t0 ))" "$outcome"
+    printf '%-16s %12s %8s  %s\n' "$name" "${execs:-?}" "$took" "$outcome"
     if [ "$outcome" != "ok" ]; then
         grep -a -m1 -A3 -E 'Finding|Hang|Uncaught Python exception|ERROR: libFuzzer' "$dir/log" | sed 's/^/    /' | cut -c1-300
     fi
