@@ -39,8 +39,9 @@
 # links the uninstrumented one instead (faster on a cold cache, and still report-free).
 #
 # Environment: SANITIZE_BUILDS="asan tsan leak", SANITIZE_KEEP=1 (keep the work directory),
-# SANITIZE_TIMEOUT, SANITIZE_TSAN_OPENSSL=instrumented|pinned, SANITIZE_CACHE (where the
-# instrumented OpenSSL is kept; default: the pinned build's cache), PYTEST_ARGS.
+# SANITIZE_TIMEOUT, SANITIZE_WORKERS, SANITIZE_TSAN_OPENSSL=instrumented|pinned,
+# SANITIZE_CACHE (where the instrumented OpenSSL is kept; default: the pinned build's cache),
+# PYTEST_ARGS.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -167,6 +168,13 @@ canary() {
     done
 }
 
+# The suite on every core (SANITIZE_WORKERS, default one per core; 0: one process): the
+# xdist workers are children of the preloaded interpreter and inherit the runtime and its
+# options, and their reports go to the same log directory.
+XDIST=()
+workers=${SANITIZE_WORKERS:-$(nproc 2>/dev/null || echo 1)}
+if ((workers > 0)) && "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "$workers"); fi
+
 # run <name> <extra env>... -- <pytest args>...
 run() {
     local name=$1 dir=$WORK/$1 logs=$WORK/$1/reports rc=0 start n
@@ -183,7 +191,7 @@ run() {
     [[ $where == "$dir/src/"* ]] || { log "$name: imported $where, not the sanitized build"; return 1; }
     start=$(date +%s)
     (cd "$ROOT" && "${ENV[@]}" "${extra[@]}" timeout --signal=INT --kill-after=30 "$TIMEOUT" \
-        "$PY" -m pytest -q -p no:cacheprovider -o addopts= --timeout=200 "$@" ${PYTEST_ARGS:-}) \
+        "$PY" -m pytest -q -p no:cacheprovider -o addopts= --timeout=200 "${XDIST[@]}" "$@" ${PYTEST_ARGS:-}) \
         >"$dir/pytest.log" 2>&1 || rc=$?
     n=$(reports "$logs")
     # UBSan reports on stderr: the ones pytest showed, or the whole run ended by one
