@@ -25,16 +25,6 @@ PYTEST_ARGS ?=
 # handed out in the order tests/conftest.py gives them (the longest first), not by count.
 TEST_WORKERS ?= auto
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-# The suite is CPU-bound on two cores, and its JVMs (a Spark session per worker, the drivers,
-# cluster daemons and Connect server the tests start) are short-lived: C2 compiles code that
-# then runs briefly (two Spark test files: 112 CPU s for the process tree, 74 s with C1 only,
-# the same wall time alone).  Tiered compilation stops at C1 for the tests' Spark JVMs
-# (SPARK_SUBMIT_OPTS: every driver and server started through spark-submit;
-# SPARK_DAEMON_JAVA_OPTS: a standalone master and worker).  It changes how fast Java code
-# runs, never what it does; `make demo` and the benchmarks are not affected.
-TEST_JAVA_OPTS ?= -XX:TieredStopAtLevel=1
-TEST_ENV = SPARK_SUBMIT_OPTS="$(strip $(SPARK_SUBMIT_OPTS) $(TEST_JAVA_OPTS))" \
-	SPARK_DAEMON_JAVA_OPTS="$(strip $(SPARK_DAEMON_JAVA_OPTS) $(TEST_JAVA_OPTS))"
 
 .PHONY: all demo test test-quick bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro bench-abi3 fuzz sanitize
 
@@ -70,12 +60,12 @@ build: system $(VENV)/.native $(JAR)
 
 # Every key server and device must run: a missing one fails instead of skipping.
 test: build fetch-check
-	$(TEST_ENV) ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Everything but the tests that need Spark and the ones marked slow: the loop while editing
 # (`make test` before pushing).
 test-quick: build
-	$(TEST_ENV) $(PY) -m pytest $(XDIST) -m "not spark and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not spark and not slow" $(PYTEST_ARGS)
 
 # The cold path, every time: fetch OpenSSL's source into an empty cache, verify it, configure.
 fetch-check: system
@@ -120,7 +110,7 @@ wheel: system $(VENV)/.deps $(JAR)
 # with the AGS1, keys, Parquet, Avro and table suites run against it.
 WHEEL_VENV ?= build/wheel-venv
 wheel-test:
-	$(TEST_ENV) bash scripts/wheel-test.sh $(WHEEL_VENV)
+	bash scripts/wheel-test.sh $(WHEEL_VENV)
 
 # Wheels for every platform (cibuildwheel; needs a container engine on Linux).
 wheels: build
