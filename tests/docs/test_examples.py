@@ -121,7 +121,8 @@ PAGES = pages()
 def _params() -> list:
     params = []
     for page in PAGES:
-        marks = [pytest.mark.spark] if "spark" in page.fixtures else []
+        # every page together takes minutes: `make test` runs them, `make test-quick` does not
+        marks = [pytest.mark.slow] + ([pytest.mark.spark] if "spark" in page.fixtures else [])
         params.append(pytest.param(page, marks=marks, id=page.name))
     return params
 

@@ -16,6 +16,9 @@ import pytest
 from faultfs import FaultPlan
 from faultlib import MULTI_COMMIT, OPERATIONS, _listing, check_retry, check_state, sample_points
 
+#: every call of every operation: minutes of work, for `make test` (not `make test-quick`)
+pytestmark = pytest.mark.slow
+
 #: calls that allocate or change storage: where ENOSPC can happen
 SPACE_CALLS = {"open_output_stream", "open_append_stream", "write", "close", "create_dir", "move", "copy_file"}
 #: kill points per operation (first/last call and each call kind always included)
