@@ -274,9 +274,9 @@ def writable_table(catalog: Any, ref: dict[str, Any], *, same_spec: bool = True)
     statement was planned."""
     ident = identifier(ref["identifier"])
     what = _catalogs.describe_identifier(catalog, ident)
-    table = catalog.load_table(ident)
     if ref.get("branch") is None:
         raise ValueError(f"{what}: a table read at a snapshot or tag cannot be written")
+    table = catalog.load_table(ident)
     if table.schema.schema_id != ref.get("schema_id") or (same_spec and table.spec.spec_id != ref.get("spec_id")):
         changed = "schema or partition spec" if same_spec else "schema"
         raise ValueError(f"{what}: the table's {changed} changed since the statement was planned; run it again")
