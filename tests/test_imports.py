@@ -11,6 +11,8 @@ arrow to ``package.name`` when that is a module, else to the package.
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -144,24 +146,148 @@ def test_the_circle_finder_finds_circles():
     assert not _type_checking_only(tree)
 
 
-def _import_alone(name: str) -> tuple[str, int, str]:
+#: What the forking server below imports before it forks a child per module: the
+#: third-party modules that make up most of the import time of icecrypt's modules (Arrow,
+#: Spark's Python API, PyIceberg with pandas and pydantic under it: seconds per child
+#: otherwise).  This check is about icecrypt's own order: a child has loaded nothing of
+#: icecrypt's when it imports the module.  What preloading could hide is a module that
+#: reaches a third-party submodule as an attribute (``pa.dataset``) without importing it;
+#: icecrypt imports what it uses by name (``import pyarrow.dataset as ds``), and
+#: test_no_bare_submodule_attribute below checks that.
+PRELOAD = ("pyarrow", "pyarrow.dataset", "pyarrow.parquet", "pyarrow.compute", "pyspark", "pyspark.sql",
+           "pyiceberg.table", "pyiceberg.io.pyarrow", "pyiceberg.expressions")
+
+_SERVER = r"""
+import json, os, sys, traceback
+assert not [m for m in sys.modules if m.split(".")[0] == "icecrypt"], "icecrypt loaded before the fork"
+for _name in sys.argv[1:]:
+    __import__(_name)
+assert not [m for m in sys.modules if m.split(".")[0] == "icecrypt"], "a preloaded module loaded icecrypt"
+print("ready", flush=True)
+for line in sys.stdin:
+    name = line.strip()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a fresh start as far as icecrypt is concerned: the module is its first import
+        os.close(r)
+        os.dup2(w, 2)
+        code = 1
+        try:
+            __import__(name)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    err = b"".join(chunks).decode("utf-8", "replace")[-2000:]
+    print(json.dumps([name, os.waitstatus_to_exitcode(status), err]), flush=True)
+"""
+
+
+def _import_each(names: list[str], preload: tuple[str, ...] = PRELOAD) -> list[tuple[str, int, str]]:
+    """Each of ``names`` imported first in a child forked from a server that has loaded
+    only ``preload`` (never icecrypt), one child per module."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, env=env,
-                          timeout=300)
-    return name, proc.returncode, proc.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, *preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        results = []
+        for name in names:
+            proc.stdin.write(name + "\n")
+            proc.stdin.flush()
+            results.append(tuple(json.loads(proc.stdout.readline())))
+        return results
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~80 interpreters, some importing pyspark: a minute on a quiet machine
+@pytest.mark.timeout(900)
 def test_every_module_imports_in_a_fresh_interpreter():
-    """Each module imported first, alone, in a new interpreter (what a Spark worker or a
-    user's script does): an import that only works after another module was imported
-    first fails here."""
+    """Each module imported first, alone, in an interpreter that has imported nothing of
+    icecrypt's (what a Spark worker or a user's script does): an import that only works
+    after another module was imported first fails here."""
     modules = [name for name in MODULES if not name.endswith("__main__")]
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        results = list(pool.map(_import_alone, modules))
+    workers = max(1, min(2, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        shares = list(pool.map(_import_each, [modules[i::workers] for i in range(workers)]))
+    results = [r for share in shares for r in share]
+    assert sorted(name for name, _, _ in results) == sorted(modules)
     failed = [f"{name} (exit {rc}):\n{err}" for name, rc, err in results if rc != 0]
     assert not failed, "\n".join(failed)
+
+
+def test_the_import_check_fails_on_a_module_that_needs_another_first(tmp_path, monkeypatch):
+    """The check itself: a module that only imports after another was imported fails in
+    its child, with the traceback (each child starts from the server, not from the child
+    before it); the module it needs imports."""
+    package = tmp_path / "needsfirst"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("import sys\nsys.modules[__package__].ready = True\n")
+    (package / "user.py").write_text("import sys\nassert sys.modules[__package__].ready\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    (_, rc_alone, err), (_, rc_base, _), = _import_each(["needsfirst.user", "needsfirst.base"], preload=())
+    assert rc_alone == 1 and "has no attribute 'ready'" in err
+    assert rc_base == 0
+
+
+def _loaded_by_import(package: str) -> set[str]:
+    """The modules a fresh interpreter has after ``import package``."""
+    out = subprocess.run([sys.executable, "-c", f"import sys, {package}; print(*sorted(sys.modules))"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return set(out.split())
+
+
+def test_no_bare_submodule_attribute():
+    """What the preloading server could hide: ``import pyarrow as pa`` then ``pa.dataset``
+    in a module that never imports ``pyarrow.dataset`` (it works only when something else
+    loaded it first).  Every attribute chain on a name bound by ``import <package>`` that
+    names a submodule of a preloaded package must name one the module imports itself or
+    one that importing the package loads anyway."""
+    roots = sorted({name.split(".")[0] for name in PRELOAD})
+    loaded = {root: _loaded_by_import(root) for root in roots}
+    problems = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        bound: dict[str, str] = {}  # local name -> package it is bound to
+        imported: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    imported.add(alias.name)
+                    if alias.name.split(".")[0] in roots:
+                        bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module)
+                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound):
+                continue
+            package = bound[node.value.id]
+            target = f"{package}.{node.attr}"
+            if target in imported or target in loaded[package.split(".")[0]]:
+                continue
+            if importlib.util.find_spec(package) and _is_module(target):
+                problems.append(f"{path.relative_to(SRC)}:{node.lineno}: {node.value.id}.{node.attr} is the module "
+                                f"{target}, which this module does not import")
+    assert not problems, "\n".join(problems)
+
+
+def _is_module(dotted: str) -> bool:
+    try:
+        return importlib.util.find_spec(dotted) is not None
+    except (ImportError, ValueError, AttributeError):
+        return False
 
 
 def test_lazy_exports_match_their_type_checking_imports():
