@@ -56,6 +56,9 @@ _ERRORS: tuple[tuple[type[BaseException], str], ...] = (
 def _kind(exc: BaseException) -> str:
     from icecrypt.spark._sql.ddl import Unsupported
 
+    kind = getattr(exc, "bridge_kind", None)  # a procedure's error keeps the kind of its cause
+    if isinstance(kind, str):
+        return kind
     for cls, kind in _ERRORS:
         if isinstance(exc, cls):
             return kind
@@ -71,7 +74,7 @@ def _message(exc: BaseException) -> str:
         text = exc.args[0]
     else:
         text = str(exc)
-    if _kind(exc) == "failed":
+    if _kind(exc) == "failed" and not hasattr(exc, "bridge_kind"):
         text = f"{text} ({type(exc).__name__})"
     return text or type(exc).__name__
 
@@ -127,7 +130,7 @@ def register(spark: Any) -> bool:
     from pyspark.java_gateway import ensure_callback_server_started
 
     # the modules whose functions the bridge serves
-    from icecrypt.spark._sql import delete, scan, tables, write  # noqa: F401
+    from icecrypt.spark._sql import delete, procedures, scan, tables, write  # noqa: F401
 
     ensure_callback_server_started(spark.sparkContext._gateway)
     bridge = CatalogBridge(spark)

@@ -15,7 +15,9 @@
  * with Spark's own Parquet reader, writes write with Spark's own Parquet writer (see
  * catalog/Scans and catalog/Writes); Iceberg's partition transforms are the catalog's
  * functions (catalog/Transforms: years, months, days, hours, bucket, truncate), which
- * also lets Spark cluster a write by them.
+ * also lets Spark cluster a write by them.  Iceberg's stored procedures (CALL
+ * cat.system.rollback_to_snapshot(...), ...) are the catalog's procedures, in its namespace
+ * system as in Iceberg: each one is described and run by the driver (catalog/PyProcedure).
  *
  * The catalog is built by Spark when a statement first names it; initialize() only keeps
  * its name and options.  It keeps no table cache: every statement loads what it names.
@@ -41,6 +43,7 @@ import org.apache.spark.sql.connector.catalog.Column;
 import org.apache.spark.sql.connector.catalog.FunctionCatalog;
 import org.apache.spark.sql.connector.catalog.Identifier;
 import org.apache.spark.sql.connector.catalog.NamespaceChange;
+import org.apache.spark.sql.connector.catalog.ProcedureCatalog;
 import org.apache.spark.sql.connector.catalog.StagedTable;
 import org.apache.spark.sql.connector.catalog.StagingTableCatalog;
 import org.apache.spark.sql.connector.catalog.SupportsNamespaces;
@@ -48,6 +51,7 @@ import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableChange;
 import org.apache.spark.sql.connector.catalog.TableInfo;
 import org.apache.spark.sql.connector.catalog.functions.UnboundFunction;
+import org.apache.spark.sql.connector.catalog.procedures.UnboundProcedure;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.types.Metadata;
 import org.apache.spark.sql.types.MetadataBuilder;
@@ -57,9 +61,10 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 import org.icecrypt.spark.catalog.CatalogContext;
 import org.icecrypt.spark.catalog.Changes;
+import org.icecrypt.spark.catalog.PyProcedure;
 import org.icecrypt.spark.catalog.Transforms;
 
-public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, FunctionCatalog {
+public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, FunctionCatalog, ProcedureCatalog {
     private CatalogContext context;
 
     public SparkCatalog() {
@@ -490,6 +495,54 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
             }
         }
         throw new NoSuchFunctionException(ident);
+    }
+
+    // --- procedures: Iceberg's (and icecrypt's) CALL cat.system.<name>(...) ------------------------
+
+    private static boolean isSystem(String[] namespace) {
+        return namespace.length == 1 && "system".equalsIgnoreCase(namespace[0]);
+    }
+
+    @Override
+    public UnboundProcedure loadProcedure(Identifier ident) {
+        if (isSystem(ident.namespace())) {
+            ObjectNode request = context.request();
+            request.put("name", ident.name());
+            JsonNode description = context.callUnchecked("procedure", request);
+            if (description != null && !description.isNull()) {
+                return new PyProcedure(context, description);
+            }
+        }
+        // Spark 4 has no exception of its own for a missing procedure: its routine-not-found
+        // error (a SparkThrowable, shown as is) names the catalog, namespace and procedure
+        throw sneaky(new NoSuchFunctionException(Identifier.of(
+            concat(context.name, ident.namespace()), ident.name())));
+    }
+
+    @Override
+    public Identifier[] listProcedures(String[] namespace) {
+        if (!isSystem(namespace)) {
+            return new Identifier[0];
+        }
+        String[] names = CatalogContext.strings(context.callUnchecked("list_procedures", context.request()));
+        Identifier[] out = new Identifier[names.length];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = Identifier.of(namespace, names[i]);
+        }
+        return out;
+    }
+
+    private static String[] concat(String first, String[] rest) {
+        String[] out = new String[rest.length + 1];
+        out[0] = first;
+        System.arraycopy(rest, 0, out, 1, rest.length);
+        return out;
+    }
+
+    /** Throw a checked exception where the interface declares none (Spark shows it as is). */
+    @SuppressWarnings("unchecked")
+    private static <E extends Throwable> RuntimeException sneaky(Throwable e) throws E {
+        throw (E) e;
     }
 
     @Override
