@@ -385,14 +385,14 @@ def _call(bridge: Any, request: dict[str, Any]) -> Any:
         raise ValueError(f"catalog {name!r}: no procedure system.{request['name']}")
     args = dict(request.get("args") or {})
     call = f"CALL {name}.system.{procedure.name}"
-    for param in procedure.params:
-        if not param.supported and args.get(param.name) is not None:
-            raise _refused(f"{call}: argument {param.name} is not supported by icecrypt's {procedure.name} "
-                           "(nothing was done)")
     where = call
     try:
         ident, table = _table_of(name, catalog, args.get("table"))
         where = f"{call}: {_catalogs.describe_identifier(catalog, ident)}"
+        for param in procedure.params:
+            if not param.supported and args.get(param.name) is not None:
+                raise _refused(f"argument {param.name} is not supported by icecrypt's {procedure.name} "
+                               "(nothing was done)")
         before = table.metadata_location
         rows = procedure.run(table, args)
     except ProcedureError as exc:
