@@ -51,7 +51,10 @@ from icecrypt.spark._sql.protocol import catalog_of, identifier, method
 from icecrypt.spark._sql.filters import to_filter
 from icecrypt.spark._sql.staging import Transaction
 
-_MODES = ("append", "overwrite", "overwrite_filter", "dynamic")
+#: replace: the files of a copy-on-write UPDATE / MERGE / DELETE (Spark's rewrite), which
+#: take the place of the files the statement's scan read
+_MODES = ("append", "overwrite", "overwrite_filter", "dynamic", "replace")
+_COMMANDS = ("update", "merge", "delete")
 
 
 @dataclass
@@ -84,6 +87,9 @@ class PendingWrite:
     spec: Any
     schema: Any
     sort_order_id: int
+    #: mode replace: {"command", "data_files" (the scan's, as the manifests record them),
+    #: "snapshot_id" (where the scan read them)}
+    replaced: dict[str, Any] | None = None
 
 
 # --- what Spark's Parquet writer writes ---------------------------------------------------------
@@ -220,12 +226,19 @@ def _plan(bridge: Any, pending: PendingWrite, secret: bytes | None) -> dict[str,
 
 
 def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[str, Any]], branch: str | None,
-          start_snapshot_id: int | None, stage: Stage | None = None) -> dict[str, Any]:
+          start_snapshot_id: int | None, stage: Stage | None = None,
+          replaced: dict[str, Any] | None = None) -> dict[str, Any]:
     from icecrypt.spark._native import _spark_path
     from icecrypt.table.files.write_data import table_sort_order
 
     if mode not in _MODES:
         raise ValueError(f"{what}: unknown write mode {mode!r}")
+    if (mode == "replace") != (replaced is not None):
+        raise ValueError(f"{what}: a replacing write names the files it replaces, and only it")
+    if replaced is not None:
+        if replaced.get("command") not in _COMMANDS or not isinstance(replaced.get("data_files"), list):
+            raise ValueError(f"{what}: malformed replacing write {sorted(replaced)}")
+        start_snapshot_id = replaced.get("snapshot_id")
     why = _why_not_writable(table)
     if why is not None:
         raise NotImplementedError(f"{what}: Spark's Parquet writer cannot write this table: {why}")
@@ -241,7 +254,7 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
         write_id=uuid.uuid4().hex, what=what, table=table, stage=stage, mode=mode, row_filter=row_filter,
         branch=branch, start_snapshot_id=start_snapshot_id, secret=os.urandom(32) if table.encrypted else None,
         key_length=key_length, root=root, recorded_root=recorded_root, spec=table.spec, schema=table.schema,
-        sort_order_id=order.order_id if order is not None else 0,
+        sort_order_id=order.order_id if order is not None else 0, replaced=replaced,
     )  # fmt: skip
     plan = _plan(bridge, pending, pending.secret)
     with bridge.lock:
@@ -264,7 +277,7 @@ def _begin_write(bridge: Any, request: dict[str, Any]) -> Any:
                      start_snapshot_id=None, stage=stage)
     table, what, branch = writable_table(catalog, ref)
     return begin(bridge, table, what, mode=mode, filters=filters, branch=branch,
-                 start_snapshot_id=ref.get("snapshot_id"))
+                 start_snapshot_id=ref.get("snapshot_id"), replaced=request.get("replaced"))
 
 
 def writable_table(catalog: Any, ref: dict[str, Any], *, same_spec: bool = True) -> tuple[Any, str, str | None]:
@@ -351,7 +364,7 @@ def _take(bridge: Any, write_id: str) -> PendingWrite:
 
 def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
     from icecrypt.spark._common import file_error
-    from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite_files, overwrite_files_by_filter
+    from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite_files, merge_files, overwrite_files_by_filter
     from icecrypt.table.ops.write import append_files, overwrite_files
 
     try:
@@ -373,6 +386,10 @@ def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
             append_files(table, records, branch=branch)
         elif pending.mode == "overwrite":
             overwrite_files(table, records, branch=branch)
+        elif pending.mode == "replace":
+            replaced = pending.replaced
+            merge_files(table, records, removed=list(replaced["data_files"]), kind=replaced["command"],
+                        branch=branch, start_snapshot_id=pending.start_snapshot_id)
         elif pending.mode == "overwrite_filter":
             overwrite_files_by_filter(table, records, pending.row_filter, branch=branch,
                                       start_snapshot_id=pending.start_snapshot_id)

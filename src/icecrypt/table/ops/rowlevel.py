@@ -899,12 +899,13 @@ def merge_files(
     snapshot.  ``conflict_filter`` (a row filter, default everything) is what a
     concurrent data file must not match under serializable isolation (the source's
     keys).  ``start_snapshot_id``: the snapshot the merge read the target rows at; the
-    commits since are validated as a concurrent commit is.  ``kind``: ``merge`` or
-    ``update`` (an update's rows changed elsewhere: ``write.update.isolation-level``).  If
-    this raises, the data files are deleted (unless a catalog could not tell whether the
-    commit landed)."""
-    if kind not in ("merge", "update"):
-        raise ValueError(f"kind must be merge or update, not {kind!r}")
+    commits since are validated as a concurrent commit is.  ``kind``: ``merge``,
+    ``update`` or ``delete`` (rows changed or deleted elsewhere, e.g. by Spark SQL's
+    copy-on-write rewrite: the table's ``write.<kind>.isolation-level``).  If this raises,
+    the data files are deleted (unless a catalog could not tell whether the commit
+    landed)."""
+    if kind not in ("merge", "update", "delete"):
+        raise ValueError(f"kind must be merge, update or delete, not {kind!r}")
     deleted_positions = dict(deleted_positions or {})
     with _discarded_on_error(table, data_files):
         base = _plan_base(table, branch)
@@ -913,7 +914,7 @@ def merge_files(
         touched = list(dict.fromkeys([*removed, *deleted_positions]))
         plan = _Plan(kind, isolation, {p: base.files[p][0] for p in removed if p in base.files}, [], None,
                      _expression_conflicts(table.schema, expression),
-                     f"the source's keys ({expression})" if kind == "merge" else f"its filter ({expression})",
+                     f"the source's keys ({expression})" if kind == "merge" else f"its condition ({expression})",
                      files=list(data_files))  # fmt: skip
         plan.vectors = [_write._Vector(base.files[p][0], base.files[p][1], np.zeros(0, np.int64))
                         for p in deleted_positions if p in base.files and p not in plan.removed]  # fmt: skip

@@ -6,7 +6,8 @@
  * Reads: a scan of that snapshot (Scans).  Writes: appends, overwrites (whole table,
  * by filter, dynamic by partition) of the branch (Writes); DELETE FROM with a condition
  * that has an Iceberg row filter form, carried out by the driver's row-level delete in
- * the table's write.delete.mode (SupportsDeleteV2; _sql/delete.py).  A table loaded with
+ * the table's write.delete.mode (SupportsDeleteV2; _sql/delete.py); UPDATE, MERGE INTO and
+ * other DELETEs as copy-on-write row-level operations (CopyOnWrite).  A table loaded with
  * time travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
  * description never holds a key: properties are the table's own and Iceberg's shown
  * ones (format, provider, location, current-snapshot-id, format-version, ...).
@@ -25,6 +26,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 
 import org.apache.spark.sql.connector.catalog.SupportsDeleteV2;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsRowLevelOperations;
 import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.expressions.Expression;
@@ -36,12 +38,14 @@ import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.expressions.filter.Predicate;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.RowLevelOperationBuilder;
+import org.apache.spark.sql.connector.write.RowLevelOperationInfo;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
+public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, SupportsRowLevelOperations {
     final CatalogContext catalog;
     final JsonNode description;
     final StructType schema;
@@ -179,6 +183,20 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
                 + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
         }
         return new Writes.Builder(this, info);
+    }
+
+    /** UPDATE, MERGE INTO, and DELETE FROM whose condition has no row filter form: copy-on-write (CopyOnWrite). */
+    @Override
+    public RowLevelOperationBuilder newRowLevelOperationBuilder(RowLevelOperationInfo info) {
+        if (timeTravel()) {
+            throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
+                + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
+        }
+        if (!info.options().isEmpty()) {
+            throw new IllegalArgumentException("icecrypt catalog: table " + name() + ": option "
+                + info.options().keySet().iterator().next() + " is not supported for " + info.command());
+        }
+        return () -> new CopyOnWrite(this, info.command());
     }
 
     /** Whether every predicate has an Iceberg row filter form (else Spark refuses the DELETE, naming it). */

@@ -93,12 +93,27 @@ final class Scans {
         private final IcebergTable table;
         private final CaseInsensitiveStringMap options;
         private final List<Predicate> pushed = new ArrayList<>();
+        private final boolean wholeFiles;
+        private final java.util.function.Consumer<IcebergScan> built;
         private StructType required;
 
         Builder(IcebergTable table, CaseInsensitiveStringMap options) {
+            this(table, options, false, null);
+        }
+
+        /**
+         * {@code wholeFiles}: the scan of a copy-on-write row-level operation, which rewrites
+         * every file it reads: the predicates prune files only, never rows or row groups
+         * inside a file (what Spark's rewrite does not see would be lost).  {@code built}
+         * is told the scan (the operation's write replaces the files it planned).
+         */
+        Builder(IcebergTable table, CaseInsensitiveStringMap options, boolean wholeFiles,
+                java.util.function.Consumer<IcebergScan> built) {
             this.table = table;
             this.options = options;
             this.required = table.schema;
+            this.wholeFiles = wholeFiles;
+            this.built = built;
         }
 
         @Override
@@ -129,7 +144,12 @@ final class Scans {
                     + "with the table identifier or VERSION/TIMESTAMP AS OF)");
             }
             StructType annotated = annotate(required, table.readSchema, "");
-            return IcebergScan.plan(table, pushed.toArray(new Predicate[0]), required, annotated);
+            IcebergScan scan = IcebergScan.plan(table, pushed.toArray(new Predicate[0]), required, annotated,
+                                                wholeFiles);
+            if (built != null) {
+                built.accept(scan);
+            }
+            return scan;
         }
     }
 
@@ -175,12 +195,14 @@ final class Scans {
         final StructType readSchema;  // what Spark gets
         final StructType annotated;  // the same, with field ids
         final JsonNode plan;  // the driver's answer (no key in it)
+        final boolean wholeFiles;  // rows are never filtered inside a file (copy-on-write)
         private final String keys;  // the file keys, null for a plaintext table
         private InputPartition[] partitions;
         private PartitionReaderFactory factory;
 
         private IcebergScan(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
-                            JsonNode plan, String keys) {
+                            JsonNode plan, String keys, boolean wholeFiles) {
+            this.wholeFiles = wholeFiles;
             this.table = table;
             this.predicates = predicates;
             this.readSchema = readSchema;
@@ -190,7 +212,7 @@ final class Scans {
         }
 
         static IcebergScan plan(IcebergTable table, Predicate[] predicates, StructType readSchema,
-                                StructType annotated) {
+                                StructType annotated, boolean wholeFiles) {
             ObjectNode request = table.catalog.request();
             request.set("ref", table.ref());
             ArrayNode filters = request.putArray("filters");
@@ -207,7 +229,7 @@ final class Scans {
             JsonNode plan = table.catalog.callUnchecked("plan_scan", request);
             String keys = plan.path("encrypted").asBoolean() && plan.path("files").size() > 0
                 ? Keys.take(plan.path("read_id").asText()) : null;
-            return new IcebergScan(table, predicates, readSchema, annotated, plan, keys);
+            return new IcebergScan(table, predicates, readSchema, annotated, plan, keys, wholeFiles);
         }
 
         @Override
@@ -341,7 +363,7 @@ final class Scans {
                 pushable.add(name.asText());
             }
             List<Filter> out = new ArrayList<>();
-            for (Predicate predicate : predicates) {
+            for (Predicate predicate : wholeFiles ? new Predicate[0] : predicates) {
                 boolean ok = true;
                 for (NamedReference ref : predicate.references()) {
                     ok &= ref.fieldNames().length == 1 && pushable.contains(ref.fieldNames()[0]);

@@ -92,10 +92,22 @@ final class Writes {
         private final LogicalWriteInfo info;
         private String mode = "append";
         private Predicate[] filters = new Predicate[0];
+        private java.util.function.Supplier<ObjectNode> replaced;
 
         Builder(IcebergTable table, LogicalWriteInfo info) {
             this.table = table;
             this.info = info;
+        }
+
+        /**
+         * The write of a copy-on-write row-level operation (CopyOnWrite): its files replace
+         * the ones the operation's scan read; {@code replaced} answers, when the job starts,
+         * which (the scan's files and snapshot, and the command).
+         */
+        Builder(IcebergTable table, LogicalWriteInfo info, java.util.function.Supplier<ObjectNode> replaced) {
+            this(table, info);
+            this.mode = "replace";
+            this.replaced = replaced;
         }
 
         @Override
@@ -145,7 +157,7 @@ final class Writes {
                     + info.options().keySet().iterator().next() + " is not supported (write to a branch through "
                     + "its identifier, t.branch_<name>)");
             }
-            return new IcebergWrite(table, info, mode, filters);
+            return new IcebergWrite(table, info, mode, filters, replaced);
         }
     }
 
@@ -155,12 +167,15 @@ final class Writes {
         private final LogicalWriteInfo info;
         private final String mode;
         private final Predicate[] filters;
+        private final java.util.function.Supplier<ObjectNode> replaced;
 
-        IcebergWrite(IcebergTable table, LogicalWriteInfo info, String mode, Predicate[] filters) {
+        IcebergWrite(IcebergTable table, LogicalWriteInfo info, String mode, Predicate[] filters,
+                     java.util.function.Supplier<ObjectNode> replaced) {
             this.table = table;
             this.info = info;
             this.mode = mode;
             this.filters = filters;
+            this.replaced = replaced;
         }
 
         private String distributionMode() {
@@ -216,6 +231,9 @@ final class Writes {
             ArrayNode list = request.putArray("filters");
             for (Predicate predicate : filters) {
                 list.add(Changes.predicate(predicate));
+            }
+            if (replaced != null) {
+                request.set("replaced", replaced.get());
             }
             JsonNode plan = table.catalog.callUnchecked("begin_write", request);
             String writeId = plan.path("write_id").asText();

@@ -1,0 +1,76 @@
+/*
+ * icecrypt: UPDATE, MERGE INTO and DELETE FROM (with a condition that has no Iceberg row
+ * filter form) on a table of the SQL catalog, as copy-on-write row-level operations.
+ *
+ * Spark plans the statement itself (its ReplaceData rewrite): it reads the files this
+ * operation's scan plans -- every row of them; the pushed condition prunes files, never
+ * rows inside a file (Scans.Builder with wholeFiles) -- computes every row those files
+ * hold after the statement (updated, merged, deleted or kept), and writes them with the
+ * operation's write (Spark's Parquet writer, a fresh key per file, as INSERT writes).
+ * The driver then commits, in one snapshot, the new files in place of the ones the scan
+ * read (icecrypt.table.ops.rowlevel.merge_files), validating the commits since the
+ * scan's snapshot as Iceberg validates a concurrent commit under the table's
+ * write.<command>.isolation-level.  A table whose write.<command>.mode is merge-on-read
+ * is written copy-on-write too (same rows, different files; the guide says so).
+ */
+package org.icecrypt.spark.catalog;
+
+import java.util.Locale;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.RowLevelOperation;
+import org.apache.spark.sql.connector.write.WriteBuilder;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+final class CopyOnWrite implements RowLevelOperation {
+    private final IcebergTable table;
+    private final Command command;
+    private volatile Scans.IcebergScan scan;  // the last scan Spark built for the statement
+
+    CopyOnWrite(IcebergTable table, Command command) {
+        this.table = table;
+        this.command = command;
+    }
+
+    @Override
+    public Command command() {
+        return command;
+    }
+
+    @Override
+    public String description() {
+        return "icecrypt copy-on-write " + command.name().toLowerCase(Locale.ROOT) + " of " + table.name();
+    }
+
+    @Override
+    public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
+        return new Scans.Builder(table, options, true, built -> scan = built);
+    }
+
+    @Override
+    public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
+        return new Writes.Builder(table, info, this::replaced);
+    }
+
+    /** What the write's files replace: the files the scan read, at its snapshot. */
+    private ObjectNode replaced() {
+        ObjectNode out = CatalogContext.JSON.createObjectNode();
+        out.put("command", command.name().toLowerCase(Locale.ROOT));
+        ArrayNode files = out.putArray("data_files");
+        Scans.IcebergScan read = scan;
+        if (read == null) {
+            throw new IllegalStateException("icecrypt catalog: table " + table.name() + ": the "
+                + command.name() + " wrote before its scan was planned");
+        }
+        for (JsonNode file : read.plan.path("data_files")) {
+            files.add(file.asText());
+        }
+        out.set("snapshot_id", read.plan.get("snapshot_id"));
+        return out;
+    }
+}
