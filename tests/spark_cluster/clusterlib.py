@@ -162,7 +162,35 @@ def standalone_steps(root, kms_file: dict, kms_env: dict) -> list[dict]:
         {"name": "native_tamper", "op": "tamper", "path": str(root / native)},
         {**read("native_read_tampered", "icecrypt.iceberg", native, kms_env), "native": "true"},
     ]
+    # Spark SQL through icecrypt's catalog (SQL_CATALOG, set up by sql_catalog_conf): a MERGE
+    # INTO's copy-on-write rewrite in the executors, keys from the driver only
+    t = f"{SQL_CATALOG}.db.orders"
+    steps += [
+        {"name": "sql_namespace", "op": "sql", "statement": f"CREATE NAMESPACE {SQL_CATALOG}.db"},
+        {"name": "sql_create", "op": "sql", "statement": f"CREATE TABLE {t} (id bigint, category string, "
+         f"amount double) USING iceberg PARTITIONED BY (category) TBLPROPERTIES ('encryption.key-id'='{MASTER_KEY}')"},
+        {"name": "sql_insert", "op": "sql", "statement": f"INSERT INTO {t} SELECT id, concat('c', id % 3), "
+         f"id * 1.5 FROM range({SQL_ROWS})"},
+        {"name": "sql_merge", "op": "sql", "statement": f"MERGE INTO {t} t USING (SELECT id * 10 AS id, "
+         f"concat('c', id % 3) AS category, -1.0 AS amount FROM range({SQL_ROWS // 5})) s "
+         "ON t.id = s.id AND t.category = s.category WHEN MATCHED THEN UPDATE SET t.amount = s.amount "
+         "WHEN NOT MATCHED THEN INSERT *"},
+        {"name": "sql_result", "op": "sql", "statement": f"SELECT count(*), sum(amount), "
+         f"count_if(amount = -1.0) FROM {t}"},
+    ]
     return steps
+
+
+SQL_CATALOG = "enc"
+SQL_ROWS = 1000
+
+
+def sql_catalog_conf(root: Path, keystore: Path) -> dict[str, str]:
+    """The session settings of the standalone run's SQL catalog (its KMS: the driver's keystore)."""
+    prefix = f"spark.sql.catalog.{SQL_CATALOG}"
+    return {prefix: "org.icecrypt.spark.SparkCatalog", f"{prefix}.type": "sql",
+            f"{prefix}.warehouse": str(root / "sql-warehouse"), f"{prefix}.encryption.kms-type": "local",
+            f"{prefix}.encryption.kms.local.keystore": str(keystore)}
 
 
 @dataclasses.dataclass(frozen=True)

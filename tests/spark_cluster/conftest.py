@@ -41,6 +41,7 @@ from clusterlib import (
     Connect,
     alive_workers,
     log_tail,
+    sql_catalog_conf,
     standalone_steps,
     driver_conf,
     run_driver,
@@ -151,7 +152,8 @@ def cluster_run(spark_standalone, executor_archive, tmp_path_factory) -> Cluster
     kms_file = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
     kms_env = {"encryption.kms-type": "local"}  # the keystore comes from $ICECRYPT_KEYSTORE: the driver's only
     (root / "events").mkdir()
-    conf = {**driver_conf(), "spark.eventLog.enabled": "true", "spark.eventLog.dir": (root / "events").as_uri()}
+    conf = {**driver_conf(), "spark.eventLog.enabled": "true", "spark.eventLog.dir": (root / "events").as_uri(),
+            **sql_catalog_conf(root, keystore)}
     spec = {"master": spark_standalone.url, "conf": conf, "archive": executor_archive["archive"], "configure": True,
             "env": {"ICECRYPT_KEYSTORE": str(keystore)}, "steps": standalone_steps(root, kms_file, kms_env)}
     result = run_driver("cluster_job.py", spec, cwd=root)
