@@ -362,8 +362,29 @@ def _take(bridge: Any, write_id: str) -> PendingWrite:
     return pending
 
 
-def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
+def _epoch_check(pending: PendingWrite, query_id: str, epoch: int, files: bool) -> Any:
+    """The commit check of a streaming micro-batch: the Python sink's (:mod:`.._stream`),
+    so that both sinks find each other's epochs (same summary properties)."""
+    from icecrypt.spark._stream import EpochAlreadyCommitted, committed_epoch
+
+    def check(version: Any, changes: Any) -> None:
+        committed = committed_epoch(version, query_id, epoch, changes, branch=pending.branch or "main",
+                                    table=pending.what, files=files)
+        if committed is not None:
+            raise EpochAlreadyCommitted(f"epoch {epoch} of query {query_id} (snapshot {committed})")
+
+    return check
+
+
+def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | None = None,
+           epoch: int | None = None) -> None:
+    """Commit the reported files.  With ``query_id`` and ``epoch`` (a streaming micro-batch)
+    the snapshot's summary records them and the commit is skipped -- the files deleted --
+    when the branch already holds that epoch of that query (Spark replays the epoch whose
+    commit its checkpoint did not record)."""
+    from icecrypt.errors import SnapshotIntegrityError
     from icecrypt.spark._common import file_error
+    from icecrypt.spark._stream import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, EpochAlreadyCommitted
     from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite_files, merge_files, overwrite_files_by_filter
     from icecrypt.table.ops.write import append_files, overwrite_files
 
@@ -374,6 +395,13 @@ def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
         raise
     table, branch = pending.table, pending.branch
     stage = pending.stage
+    streaming: dict[str, Any] = {}
+    if query_id is not None:
+        if epoch is None or stage is not None or pending.mode not in ("append", "overwrite"):
+            _remove(pending, [f[0] for f in files])
+            raise ValueError(f"{pending.what}: a streaming commit appends or replaces the table, with an epoch")
+        streaming = {"summary": {QUERY_ID_PROPERTY: query_id, EPOCH_ID_PROPERTY: str(epoch)},
+                     "check": _epoch_check(pending, query_id, epoch, bool(records))}
     try:
         if stage is not None:
             if stage.replace:
@@ -383,9 +411,9 @@ def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
             stage.written = True
             stage.data_files.extend(r["file_path"] for r in records)
         elif pending.mode == "append":
-            append_files(table, records, branch=branch)
+            append_files(table, records, branch=branch, **streaming)
         elif pending.mode == "overwrite":
-            overwrite_files(table, records, branch=branch)
+            overwrite_files(table, records, branch=branch, **streaming)
         elif pending.mode == "replace":
             replaced = pending.replaced
             merge_files(table, records, removed=list(replaced["data_files"]), kind=replaced["command"],
@@ -396,6 +424,11 @@ def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
         else:
             dynamic_partition_overwrite_files(table, records, branch=branch,
                                               start_snapshot_id=pending.start_snapshot_id)
+    except EpochAlreadyCommitted:
+        _remove(pending, [f[0] for f in files])  # a replay: its rows are in the table already
+    except SnapshotIntegrityError:
+        _remove(pending, [f[0] for f in files])
+        raise
     except Exception as exc:
         _remove(pending, [f[0] for f in files])
         raise file_error(exc, f"{pending.what}: committing the write") from exc
@@ -404,7 +437,9 @@ def commit(pending: PendingWrite, files: list[list[Any]]) -> None:
 @method("commit_write")
 def _commit_write(bridge: Any, request: dict[str, Any]) -> Any:
     pending = _take(bridge, request["write_id"])
-    commit(pending, request.get("files") or [])
+    epoch = request.get("epoch")
+    commit(pending, request.get("files") or [], query_id=request.get("query_id"),
+           epoch=None if epoch is None else int(epoch))
     return True
 
 

@@ -86,7 +86,7 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
             return EnumSet.of(TableCapability.BATCH_READ);
         }
         return EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE, TableCapability.TRUNCATE,
-                          TableCapability.OVERWRITE_BY_FILTER, TableCapability.OVERWRITE_DYNAMIC);
+                          TableCapability.OVERWRITE_BY_FILTER, TableCapability.OVERWRITE_DYNAMIC, TableCapability.STREAMING_WRITE);
     }
 
     @Override

@@ -70,6 +70,8 @@ import org.apache.spark.sql.connector.write.SupportsOverwriteV2;
 import org.apache.spark.sql.connector.write.Write;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.connector.write.WriterCommitMessage;
+import org.apache.spark.sql.connector.write.streaming.StreamingDataWriterFactory;
+import org.apache.spark.sql.connector.write.streaming.StreamingWrite;
 import org.apache.spark.sql.execution.datasources.OutputWriter;
 import org.apache.spark.sql.execution.datasources.OutputWriterFactory;
 import org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat;
@@ -152,11 +154,7 @@ final class Writes {
 
         @Override
         public Write build() {
-            if (!info.options().isEmpty()) {
-                throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": write option "
-                    + info.options().keySet().iterator().next() + " is not supported (write to a branch through "
-                    + "its identifier, t.branch_<name>)");
-            }
+            // a streaming write carries the query's own options (checkpointLocation): toStreaming checks them
             return new IcebergWrite(table, info, mode, filters, replaced);
         }
     }
@@ -223,8 +221,39 @@ final class Writes {
             return description();
         }
 
+        private void refuseOptions(java.util.Set<String> allowed) {
+            for (String option : info.options().keySet()) {
+                if (!allowed.contains(option.toLowerCase(java.util.Locale.ROOT))) {
+                    throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": write option "
+                        + option + " is not supported (write to a branch through its identifier, t.branch_<name>)");
+                }
+            }
+        }
+
         @Override
         public BatchWrite toBatch() {
+            refuseOptions(java.util.Collections.emptySet());
+            return begin();
+        }
+
+        /**
+         * Structured Streaming (writeStream.toTable): append mode, or complete mode (an
+         * overwrite per epoch).  Each micro-batch is a batch write of its own (a fresh
+         * secret, so fresh file keys) whose commit names the query and the epoch: the
+         * driver commits an epoch once, however often Spark replays it.
+         */
+        @Override
+        public StreamingWrite toStreaming() {
+            refuseOptions(java.util.Collections.singleton("checkpointlocation"));
+            if (!"append".equals(mode) && !"overwrite".equals(mode)) {
+                throw new UnsupportedOperationException("icecrypt catalog: table " + table.name()
+                    + ": a streaming write appends (output mode append) or replaces the table (complete)");
+            }
+            return new IcebergStreamingWrite(this, info.queryId());
+        }
+
+        /** Plan the write with the driver (a fresh write id and secret) and make its batch write. */
+        IcebergBatchWrite begin() {
             ObjectNode request = table.catalog.request();
             request.set(table.refField(), table.ref());
             request.put("mode", mode);
@@ -244,6 +273,76 @@ final class Writes {
         }
     }
 
+    /**
+     * A streaming write: per micro-batch a new IcebergBatchWrite (Spark asks for the
+     * writer factory once per batch, on the driver, and batches run one at a time), its
+     * commit carrying the query id (Spark's persistent id, kept in the checkpoint) and
+     * the epoch so that the driver can tell a replayed epoch from a new one.
+     */
+    static final class IcebergStreamingWrite implements StreamingWrite {
+        private final IcebergWrite write;
+        private final String queryId;
+        private IcebergBatchWrite current;
+
+        IcebergStreamingWrite(IcebergWrite write, String queryId) {
+            this.write = write;
+            this.queryId = queryId;
+        }
+
+        @Override
+        public synchronized StreamingDataWriterFactory createStreamingWriterFactory(PhysicalWriteInfo info) {
+            current = write.begin();
+            DataWriterFactory factory = current.createBatchWriterFactory(info);
+            return new EpochWriterFactory(factory);
+        }
+
+        private synchronized IcebergBatchWrite take() {
+            IcebergBatchWrite taken = current;
+            current = null;
+            return taken;
+        }
+
+        @Override
+        public void commit(long epochId, WriterCommitMessage[] messages) {
+            IcebergBatchWrite batch = take();
+            if (batch == null) {
+                return;  // no writer factory for this epoch: nothing was written
+            }
+            ObjectNode request = batch.request(messages);
+            request.put("query_id", queryId);
+            request.put("epoch", epochId);
+            batch.table.catalog.callUnchecked("commit_write", request);
+        }
+
+        @Override
+        public void abort(long epochId, WriterCommitMessage[] messages) {
+            IcebergBatchWrite batch = take();
+            if (batch != null) {
+                batch.abort(messages);
+            }
+        }
+
+        @Override
+        public String toString() {
+            return "icecrypt streaming write to " + write.description();
+        }
+    }
+
+    /** The batch factory's writers for a micro-batch's tasks (the epoch is the commit's business). */
+    static final class EpochWriterFactory implements StreamingDataWriterFactory {
+        private static final long serialVersionUID = 1L;
+        private final DataWriterFactory factory;
+
+        EpochWriterFactory(DataWriterFactory factory) {
+            this.factory = factory;
+        }
+
+        @Override
+        public DataWriter<InternalRow> createWriter(int partitionId, long taskId, long epochId) {
+            return factory.createWriter(partitionId, taskId);
+        }
+    }
+
     /** Refuse rows that are not the table's columns (Spark resolves a write's query to them). */
     static void check(StructType table, StructType given, String name) {
         StructField[] want = table.fields();
@@ -260,7 +359,7 @@ final class Writes {
 
     /** The job: its factory (sent to the executors) and the commit on the driver. */
     static final class IcebergBatchWrite implements BatchWrite {
-        private final IcebergTable table;
+        final IcebergTable table;
         private final JsonNode plan;
         private final String writeId;
         private final StructType schema;
@@ -330,7 +429,7 @@ final class Writes {
             return out;
         }
 
-        private ObjectNode request(WriterCommitMessage[] messages) {
+        ObjectNode request(WriterCommitMessage[] messages) {
             ObjectNode request = table.catalog.request();
             request.put("write_id", writeId);
             ArrayNode files = request.putArray("files");
