@@ -90,6 +90,7 @@ class CatalogBridge:
         self.lock = threading.Lock()
         self.writes: dict[str, Any] = {}  # write id -> its pending write (write.py)
         self.stages: dict[str, Any] = {}  # stage id -> its staged table (write.py)
+        self.streams: dict[str, Any] = {}  # stream id -> a streaming read's planner (stream.py)
 
     def call(self, name: str, request: str) -> str:
         try:
@@ -130,7 +131,7 @@ def register(spark: Any) -> bool:
     from pyspark.java_gateway import ensure_callback_server_started
 
     # the modules whose functions the bridge serves
-    from icecrypt.spark._sql import delete, procedures, scan, tables, write  # noqa: F401
+    from icecrypt.spark._sql import delete, procedures, scan, stream, tables, write  # noqa: F401
 
     ensure_callback_server_started(spark.sparkContext._gateway)
     bridge = CatalogBridge(spark)

@@ -26,7 +26,7 @@ from icecrypt.spark._sql import catalogs as _catalogs
 from icecrypt.spark._sql.protocol import catalog_of, identifier, method
 from icecrypt.spark._sql.filters import to_filter
 
-__all__ = ["plan_files"]
+__all__ = ["plan_files", "plan_tasks"]
 
 
 def _empty(table: Any) -> dict[str, Any]:
@@ -83,15 +83,6 @@ def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]
     planned files' keys.  ``schema_id``: the schema the statement reads with (the filters'
     column names are its), when it is not the snapshot's."""
     from icecrypt.spark._common import file_error
-    from icecrypt.spark._native import (
-        _MAX_FILTERED_POSITION,
-        ROW_INDEX_COLUMN,
-        _deleted_positions,
-        _deletes_option,
-        _file_keys,
-        _spark_path,
-    )
-    from icecrypt.table.files.manifest import EQUALITY_DELETES
 
     if snapshot_id is None:
         return _empty(table)
@@ -105,10 +96,32 @@ def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]
         tasks = table.scan(snapshot_id=snapshot_id, row_filter=row_filter).plan_files()
     except Exception as exc:
         raise file_error(exc, f"{what}: planning the scan") from exc
+    return plan_tasks(table, tasks, schema, snapshot_id, what, push_keys)
+
+
+def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | None, what: str,
+               push_keys: Any) -> dict[str, Any]:
+    """The plan of planned file scan tasks (their files, deletes and keys), as
+    :func:`plan_files` answers; also the streaming read's micro-batches.  Equality deletes
+    are applied as of ``snapshot_id`` (None: refused)."""
+    from icecrypt.spark._common import file_error
+    from icecrypt.spark._native import (
+        _MAX_FILTERED_POSITION,
+        ROW_INDEX_COLUMN,
+        _deleted_positions,
+        _deletes_option,
+        _file_keys,
+        _spark_path,
+    )
+    from icecrypt.table.files.manifest import EQUALITY_DELETES
+
     by_file: dict[str, list[Any]] = {}
     for task in tasks:
         by_file.setdefault(task.file.path, []).append(task)
     equality = {path for path, group in by_file.items() if any(d.content == EQUALITY_DELETES for d in group[0].deletes)}
+    if equality and snapshot_id is None:
+        raise NotImplementedError(f"{what}: data file {sorted(equality)[0]} has equality deletes, which a streaming "
+                                  "read of the SQL catalog does not apply (stream it with icecrypt.iceberg)")
     replaced = _live_positions(table, snapshot_id, equality, what) if equality else {}
     files: dict[str, Any] = {}
     entries = []

@@ -86,7 +86,8 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
             return EnumSet.of(TableCapability.BATCH_READ);
         }
         return EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE, TableCapability.TRUNCATE,
-                          TableCapability.OVERWRITE_BY_FILTER, TableCapability.OVERWRITE_DYNAMIC, TableCapability.STREAMING_WRITE);
+                          TableCapability.OVERWRITE_BY_FILTER, TableCapability.OVERWRITE_DYNAMIC, TableCapability.STREAMING_WRITE,
+                          TableCapability.MICRO_BATCH_READ);
     }
 
     @Override

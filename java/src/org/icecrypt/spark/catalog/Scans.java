@@ -138,6 +138,9 @@ final class Scans {
 
         @Override
         public Scan build() {
+            if (!options.isEmpty() && Streams.streamingOptions(options)) {
+                return new Streams.StreamScan(table, required, annotate(required, table.readSchema, ""), options);
+            }
             if (!options.isEmpty()) {
                 throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": read option "
                     + options.keySet().iterator().next() + " is not supported (select branches, tags and snapshots "
@@ -226,10 +229,21 @@ final class Scans {
             for (StructField field : readSchema.fields()) {
                 columns.add(field.name());
             }
-            JsonNode plan = table.catalog.callUnchecked("plan_scan", request);
+            return of(table, predicates, readSchema, annotated, table.catalog.callUnchecked("plan_scan", request));
+        }
+
+        /** The scan of a plan the driver made (its keys taken from Keys); also a micro-batch's. */
+        static IcebergScan of(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
+                              JsonNode plan) {
             String keys = plan.path("encrypted").asBoolean() && plan.path("files").size() > 0
                 ? Keys.take(plan.path("read_id").asText()) : null;
             return new IcebergScan(table, predicates, readSchema, annotated, plan, keys, wholeFiles);
+        }
+
+        /** A stream of the table's appends (no read option given). */
+        @Override
+        public org.apache.spark.sql.connector.read.streaming.MicroBatchStream toMicroBatchStream(String checkpoint) {
+            return new Streams.MicroBatch(table, readSchema, annotated, java.util.Collections.emptyMap());
         }
 
         @Override
