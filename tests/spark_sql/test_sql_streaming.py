@@ -1,8 +1,13 @@
-"""Structured Streaming through the SQL catalog: ``df.writeStream.toTable("cat.db.t")``
-commits each micro-batch once (Spark's Parquet writer, a fresh key per file; the
-snapshot summary records the query and epoch as icecrypt's Python sink does), checked
-against a plain-Python model and ``EncryptedTable.scan()``; a restart that replays an
-epoch the table already holds commits nothing twice; a plaintext table works too."""
+"""Structured Streaming through the SQL catalog.
+
+Sink (``df.writeStream.toTable("cat.db.t")``): each micro-batch is committed once (Spark's
+Parquet writer, a fresh key per file; the snapshot summary records the query and epoch as
+icecrypt's Python sink does), checked against a plain-Python model and
+``EncryptedTable.scan()``; a restart that replays an epoch the table already holds commits
+nothing twice; output mode complete replaces the rows.  Source
+(``spark.readStream.table("cat.db.t")``): the table's rows, then each append (SQL and Python
+API) once; an overwrite refused naming the table, or passed over with the option; offsets
+are snapshot positions only.  Encrypted and plaintext tables."""
 
 from __future__ import annotations
 
@@ -146,3 +151,20 @@ def test_stream_from_table_to_table_with_rate_limit(cat, tmp_path):
     assert query.exception() is None
     _check(cat, "db.chain_dst", model)
     assert len(_epochs(cat.table("db.chain_dst"))) > 1  # the limit made several micro-batches
+
+
+def test_stream_complete_mode_replaces_the_rows(cat, tmp_path):
+    cat.sql("CREATE TABLE {c}.db.counts (cat string, n bigint) USING iceberg "
+            "TBLPROPERTIES ('encryption.key-id'='master')")
+    inbox, checkpoint = tmp_path / "in", tmp_path / "cp"
+    inbox.mkdir()
+    rows = _drop(inbox, 0, 5) + _drop(inbox, 5, 4)
+    counts = (cat.spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", "1").parquet(str(inbox))
+              .groupBy("cat").count().withColumnRenamed("count", "n"))
+    query = (counts.writeStream.outputMode("complete").option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).toTable(f"{cat.name}.db.counts"))
+    query.awaitTermination(120)
+    assert query.exception() is None
+    want = sorted((c, sum(1 for _, k in rows if k == c)) for c in ("a", "b"))
+    assert cat.rows("SELECT * FROM {c}.db.counts") == want  # the last epoch's rows only
+    assert [e for _, e in _epochs(cat.table("db.counts"))] == [0, 1]
