@@ -16,7 +16,8 @@ the JVM half).
 Modules: :mod:`.bridge` (the Py4J bridge and its protocol), :mod:`.catalogs` (catalogs
 from the Spark catalog's options, identifiers), :mod:`.types`, :mod:`.ddl` and
 :mod:`.tables` (DDL), :mod:`.filters` and :mod:`.scan` (reads), :mod:`.write` and
-:mod:`.staging` (writes, CREATE/REPLACE TABLE ... AS SELECT), :mod:`.procedures`
+:mod:`.staging` (writes, CREATE/REPLACE TABLE ... AS SELECT), :mod:`.stream` (streaming
+reads; streaming writes are :mod:`.write`'s), :mod:`.procedures`
 (``CALL cat.system.<name>(...)``).
 """
 

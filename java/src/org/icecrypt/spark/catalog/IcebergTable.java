@@ -7,7 +7,9 @@
  * by filter, dynamic by partition) of the branch (Writes); DELETE FROM with a condition
  * that has an Iceberg row filter form, carried out by the driver's row-level delete in
  * the table's write.delete.mode (SupportsDeleteV2; _sql/delete.py); UPDATE, MERGE INTO and
- * other DELETEs as copy-on-write row-level operations (CopyOnWrite).  A table loaded with
+ * other DELETEs as copy-on-write row-level operations (CopyOnWrite).  Structured
+ * Streaming: micro-batch reads of its appends (Streams) and writes committed once per
+ * query and epoch (Writes.IcebergStreamingWrite).  A table loaded with
  * time travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
  * description never holds a key: properties are the table's own and Iceberg's shown
  * ones (format, provider, location, current-snapshot-id, format-version, ...).

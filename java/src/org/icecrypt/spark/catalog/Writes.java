@@ -23,6 +23,11 @@
  * statement read for Java's conflict checks).  abort() -- Spark calls it when a task or
  * the commit fails -- has the driver delete every file the write reported and what its
  * failed tasks left; nothing is committed, no file stays.
+ *
+ * Streaming (writeStream.toTable): each micro-batch is such a write; its commit carries
+ * Spark's query id and the epoch, which the driver records in the snapshot summary and
+ * checks first, so a replayed epoch commits nothing (_sql/write.py, as the icecrypt.iceberg
+ * sink).
  */
 package org.icecrypt.spark.catalog;
 
