@@ -229,12 +229,13 @@ final class Scans {
             for (StructField field : readSchema.fields()) {
                 columns.add(field.name());
             }
-            return of(table, predicates, readSchema, annotated, table.catalog.callUnchecked("plan_scan", request));
+            return of(table, predicates, readSchema, annotated, table.catalog.callUnchecked("plan_scan", request),
+                      wholeFiles);
         }
 
         /** The scan of a plan the driver made (its keys taken from Keys); also a micro-batch's. */
         static IcebergScan of(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
-                              JsonNode plan) {
+                              JsonNode plan, boolean wholeFiles) {
             String keys = plan.path("encrypted").asBoolean() && plan.path("files").size() > 0
                 ? Keys.take(plan.path("read_id").asText()) : null;
             return new IcebergScan(table, predicates, readSchema, annotated, plan, keys, wholeFiles);

@@ -189,7 +189,7 @@ final class Streams {
             request.put("start", start.json());
             request.put("end", end.json());
             JsonNode plan = table.catalog.callUnchecked("stream_plan", request);
-            planned = Scans.IcebergScan.of(table, new Predicate[0], readSchema, annotated, plan);
+            planned = Scans.IcebergScan.of(table, new Predicate[0], readSchema, annotated, plan, false);
             return planned.planInputPartitions();
         }
 
