@@ -92,7 +92,7 @@ def test_task_key_transport_without_kms_in_executors(cluster_run, fmt):
 
 
 def test_iceberg_append_and_read(cluster_run):
-    root, kms, steps = cluster_run.root, cluster_run.kms, cluster_run.steps
+    steps = cluster_run.steps
     # the create took Spark's own Parquet writer (the native write), the append the Python source
     assert _ok(steps, "ice_create")["spark_writer_files"] >= 1
     assert _ok(steps, "ice_append")["spark_writer_files"] == 0
