@@ -390,3 +390,58 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     control = {"file-keys option": "\n".join(line for line in lines if len(line) != 64).encode()}
     assert find(deks, control), "the DEKs were expected in the option's value"
     assert not find({**keks, **masters}, control)
+
+
+def test_sql_catalog_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
+    """Spark SQL through icecrypt's catalog hands the JVM each scan's file keys and each
+    write's secret (a key per file is derived from it in the executors): a Spark
+    application (tests/sql_hygiene_job.py, its own JVM with the UI, an event log and DEBUG
+    logs) creates an encrypted table, inserts, queries, UPDATEs, MERGEs, DELETEs with a
+    subquery (copy-on-write), compacts with CALL and reads the files metadata table; no
+    DEK, write secret, KEK or master key shows in any explain mode (EXPLAIN of the UPDATE
+    and MERGE too), the UI's REST answers, the event log, or the driver's and executors'
+    logs and output.  The DEKs are found in what the scans handed over (the search works
+    on what travels)."""
+    from icecrypt.spark._sql.catalogs import open_catalog
+
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    kms = LocalKms(keystore)
+    warehouse = tmp_path / "warehouse"
+    out = tmp_path / "out"
+    out.mkdir()
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sql_hygiene_job.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, job, str(warehouse), str(keystore), str(out)], capture_output=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 100 rows; UPDATE moved 0-4 to 1000-1004; MERGE: 95-99 moved to v9, 100-104 inserted; DELETE 10, 11
+    assert b"SELECT [(103, " in proc.stdout, proc.stdout[-2000:]
+    evidence = Evidence()
+    evidence.add("job stdout", proc.stdout)
+    evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
+    assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
+    explain = (out / "explain.txt").read_text()
+    assert "icecrypt" in explain and "ReplaceData" in explain
+    evidence.add("explain", explain)
+    rest = json.loads((out / "rest.json").read_text())
+    assert "BatchScan" in rest["sql?details=true&planDescription=true"]  # the catalog's scans, with their plans
+    for endpoint, answer in rest.items():
+        evidence.add(f"UI REST {endpoint}", answer)
+    logs = [p for p in (out / "events").rglob("*") if p.is_file()]
+    assert logs and sum(p.stat().st_size for p in logs) > 10_000
+    for path in logs:
+        evidence.add(f"event log {path.name}", path.read_bytes())
+
+    table = open_catalog("enc", {"type": "sql", "warehouse": str(warehouse), "encryption.kms-type": "local",
+                                 "encryption.kms.local.keystore": str(keystore)}).load_table(("db", "t"))
+    deks, keks = table_keys(table, kms)
+    masters = master_keys(str(keystore))
+    lines = (out / "control.txt").read_text().splitlines()
+    secrets = {f"write secret {i}": base64.b64decode(line) for i, line in enumerate(lines) if len(line) == 44}
+    assert len(secrets) >= 4 and len(deks) >= 10 and keks and masters  # INSERT, UPDATE, MERGE, DELETE at least
+    hits = find({**deks, **keks, **masters, **secrets}, evidence.text)
+    assert not hits, "\n".join(hits[:20])
+    handed = {"scans' file keys": "\n".join(line for line in lines if len(line) != 44).encode()}
+    assert find(deks, handed), "the DEKs were expected in what the scans handed over"
+    assert not find({**keks, **masters}, handed)
