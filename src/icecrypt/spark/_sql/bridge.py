@@ -26,14 +26,8 @@ import logging
 import threading
 from typing import Any
 
-from icecrypt.errors import (
-    CommitConflictError,
-    NamespaceAlreadyExistsError,
-    NamespaceNotEmptyError,
-    NoSuchNamespaceError,
-    NoSuchTableError,
-    TableAlreadyExistsError,
-)
+from icecrypt.spark._sql.answers import kind_of as _kind
+from icecrypt.spark._sql.answers import message_of as _message
 from icecrypt.spark._sql.protocol import METHODS as _METHODS
 
 __all__ = ["BRIDGE_CLASS", "CatalogBridge", "register"]
@@ -42,42 +36,6 @@ _log = logging.getLogger("icecrypt.spark.sql")
 
 #: the JVM side: its registry and the interface the bridge implements
 BRIDGE_CLASS = "org.icecrypt.spark.catalog.Bridge"
-
-_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
-    (NoSuchTableError, "no_such_table"),
-    (NoSuchNamespaceError, "no_such_namespace"),
-    (TableAlreadyExistsError, "table_exists"),
-    (NamespaceAlreadyExistsError, "namespace_exists"),
-    (NamespaceNotEmptyError, "namespace_not_empty"),
-    (CommitConflictError, "conflict"),
-)
-
-
-def _kind(exc: BaseException) -> str:
-    from icecrypt.spark._sql.ddl import Unsupported
-
-    kind = getattr(exc, "bridge_kind", None)  # a procedure's error keeps the kind of its cause
-    if isinstance(kind, str):
-        return kind
-    for cls, kind in _ERRORS:
-        if isinstance(exc, cls):
-            return kind
-    if isinstance(exc, (Unsupported, NotImplementedError)):
-        return "unsupported"
-    if isinstance(exc, (ValueError, KeyError, TypeError, LookupError)):
-        return "invalid"
-    return "failed"
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
-        text = exc.args[0]
-    else:
-        text = str(exc)
-    if _kind(exc) == "failed" and not hasattr(exc, "bridge_kind"):
-        text = f"{text} ({type(exc).__name__})"
-    return text or type(exc).__name__
-
 
 class CatalogBridge:
     """What ``org.icecrypt.spark.catalog.Bridge`` calls (over Py4J, on the driver)."""

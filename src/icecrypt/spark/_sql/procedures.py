@@ -377,7 +377,7 @@ def _list(bridge: Any, request: dict[str, Any]) -> Any:
 
 @method("call_procedure")
 def _call(bridge: Any, request: dict[str, Any]) -> Any:
-    from icecrypt.spark._sql.bridge import _kind, _message
+    from icecrypt.spark._sql.answers import kind_of, message_of
 
     name, catalog = catalog_of(request)
     procedure = _find(request["name"])
@@ -398,6 +398,6 @@ def _call(bridge: Any, request: dict[str, Any]) -> Any:
     except ProcedureError as exc:
         raise ProcedureError(f"{where}: {exc}", exc.bridge_kind) from None
     except Exception as exc:  # one error naming the procedure and table, of the failure's kind
-        raise ProcedureError(f"{where}: {_message(exc)}", _kind(exc)) from exc
+        raise ProcedureError(f"{where}: {message_of(exc)}", kind_of(exc)) from exc
     changed = procedure.changes and catalog.load_table(ident).metadata_location != before
     return {"rows": rows, "refresh": list(ident) if changed else None}
