@@ -97,8 +97,8 @@ def test_update_merge_delete_against_model(cat, new_catalog, encrypted, partitio
 
 
 def test_the_commit_replaces_exactly_the_files_the_scan_read(cat):
-    """Files the condition prunes (another partition) stay, byte for byte; the files read
-    are gone from the new snapshot; row groups are never skipped inside a rewritten file."""
+    """Files the condition prunes (another partition) stay; the files read are gone from
+    the new snapshot, their rows all in the new files (the model check)."""
     model = {i: (i, "ab"[i % 2], float(i)) for i in range(40)}
     _create(cat, "db.rl_files", True, True, model)
     before = {t.file.path for t in cat.table("db.rl_files").scan().plan_files()}
