@@ -68,8 +68,15 @@ def main(table_dir: str, keystore: str, out: str) -> None:
         text.write(routed._jdf.queryExecution().toString())
     finally:
         spark.sparkContext.setLogLevel("ERROR")
+    save_outputs(spark, out, text.getvalue(), control)
+    spark.stop()
+
+
+def save_outputs(spark, out: str, explain: str, control: list[str]) -> None:
+    """OUT/explain.txt, OUT/control.txt and OUT/rest.json (the UI's REST answers) of a job
+    (also tests/sql_hygiene_job.py's)."""
     with open(os.path.join(out, "explain.txt"), "w") as f:
-        f.write(text.getvalue())
+        f.write(explain)
     with open(os.path.join(out, "control.txt"), "w") as f:
         f.write("\n".join(control))
     base = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}"
@@ -80,7 +87,6 @@ def main(table_dir: str, keystore: str, out: str) -> None:
             rest[endpoint] = answer.read().decode()
     with open(os.path.join(out, "rest.json"), "w") as f:
         json.dump(rest, f)
-    spark.stop()
 
 
 if __name__ == "__main__":

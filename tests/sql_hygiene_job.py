@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import sys
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from native_hygiene_job import save_outputs  # noqa: E402
 from spark_fixtures import spark_conf  # noqa: E402
 
 import icecrypt.spark  # noqa: E402
@@ -86,18 +85,7 @@ def main(warehouse: str, keystore: str, out: str) -> None:
             text.write("\n".join(r[0] for r in spark.sql(statement).collect()))
     finally:
         spark.sparkContext.setLogLevel("ERROR")
-    with open(os.path.join(out, "explain.txt"), "w") as f:
-        f.write(text.getvalue())
-    with open(os.path.join(out, "control.txt"), "w") as f:
-        f.write("\n".join(control))
-    base = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}"
-    rest = {}
-    for endpoint in ("sql?details=true&planDescription=true", "environment", "stages?details=true", "jobs",
-                     "executors", "allexecutors", "storage/rdd"):
-        with urllib.request.urlopen(f"{base}/{endpoint}") as answer:
-            rest[endpoint] = answer.read().decode()
-    with open(os.path.join(out, "rest.json"), "w") as f:
-        json.dump(rest, f)
+    save_outputs(spark, out, text.getvalue(), control)
     spark.stop()
 
 

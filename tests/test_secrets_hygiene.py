@@ -331,6 +331,26 @@ def test_no_key_in_logs_outputs_errors_and_plans(tmp_path, capfd, spark):
 
 
 @pytest.mark.spark
+def _job_evidence(proc: subprocess.CompletedProcess, out) -> tuple[Evidence, str, dict, list]:
+    """What a hygiene job (native_hygiene_job.py, sql_hygiene_job.py) showed, gathered:
+    its output and DEBUG logs, OUT/explain.txt, the UI's REST answers and the event log
+    (each checked to hold something); (evidence, explain text, REST answers, event logs)."""
+    evidence = Evidence()
+    evidence.add("job stdout", proc.stdout)
+    evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
+    assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
+    explain = (out / "explain.txt").read_text()
+    evidence.add("explain", explain)
+    rest = json.loads((out / "rest.json").read_text())
+    for endpoint, answer in rest.items():
+        evidence.add(f"UI REST {endpoint}", answer)
+    logs = [p for p in (out / "events").rglob("*") if p.is_file()]
+    assert logs and sum(p.stat().st_size for p in logs) > 10_000
+    for path in logs:
+        evidence.add(f"event log {path.name}", path.read_bytes())
+    return evidence, explain, rest, logs
+
+
 def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     """``icecrypt.spark.read_table`` hands Spark's Parquet reader each file's DEK and AAD
     prefix in the read's options: a Spark application (tests/native_hygiene_job.py, its
@@ -360,22 +380,10 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert b"rows 99" in proc.stdout and b"routed 99" in proc.stdout and b"written 159" in proc.stdout
-    evidence = Evidence()
-    evidence.add("job stdout", proc.stdout)
-    evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
-    assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
-    explain = (out / "explain.txt").read_text()
+    evidence, explain, rest, logs = _job_evidence(proc, out)
     assert "FileScan parquet" in explain and "icecrypt-live-rows" in explain and "MapInArrow" in explain
     assert explain.count("icecrypt-live-rows") >= 10  # both reads, every explain mode
-    evidence.add("explain", explain)
-    rest = json.loads((out / "rest.json").read_text())
     assert "FileScan parquet" in rest["sql?details=true&planDescription=true"]
-    for endpoint, answer in rest.items():
-        evidence.add(f"UI REST {endpoint}", answer)
-    logs = [p for p in (out / "events").rglob("*") if p.is_file()]
-    assert logs and sum(p.stat().st_size for p in logs) > 10_000
-    for path in logs:
-        evidence.add(f"event log {path.name}", path.read_bytes())
     assert b"SparkListenerSQLExecutionStart" in b"".join(p.read_bytes() for p in logs)
 
     deks, keks = table_keys(t.refresh(), kms)
@@ -417,21 +425,9 @@ def test_sql_catalog_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     # 100 rows; UPDATE moved 0-4 to 1000-1004; MERGE: 95-99 moved to v9, 100-104 inserted; DELETE 10, 11
     assert b"SELECT [(103, " in proc.stdout, proc.stdout[-2000:]
-    evidence = Evidence()
-    evidence.add("job stdout", proc.stdout)
-    evidence.add("job stderr (driver and executor logs, DEBUG)", proc.stderr)
-    assert proc.stderr.count(b"DEBUG") > 100  # the JVM did log at DEBUG
-    explain = (out / "explain.txt").read_text()
+    evidence, explain, rest, _ = _job_evidence(proc, out)
     assert "icecrypt" in explain and "ReplaceData" in explain
-    evidence.add("explain", explain)
-    rest = json.loads((out / "rest.json").read_text())
     assert "BatchScan" in rest["sql?details=true&planDescription=true"]  # the catalog's scans, with their plans
-    for endpoint, answer in rest.items():
-        evidence.add(f"UI REST {endpoint}", answer)
-    logs = [p for p in (out / "events").rglob("*") if p.is_file()]
-    assert logs and sum(p.stat().st_size for p in logs) > 10_000
-    for path in logs:
-        evidence.add(f"event log {path.name}", path.read_bytes())
 
     table = open_catalog("enc", {"type": "sql", "warehouse": str(warehouse), "encryption.kms-type": "local",
                                  "encryption.kms.local.keystore": str(keystore)}).load_table(("db", "t"))
