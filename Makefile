@@ -26,14 +26,14 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= auto
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: all demo test test-quick bench build system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro bench-abi3 fuzz sanitize
+.PHONY: all demo test test-quick bench build openssl system venv clean distclean wheel wheel-test wheels docs fetch-check bench-micro bench-abi3 fuzz sanitize
 
 all: build
 
 system:
 	@bash scripts/ensure-system.sh
 
-$(VENV)/.created:
+$(VENV)/.created: | system
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24" "setuptools>=77" wheel "Cython>=3.1"
 	touch $@
@@ -45,8 +45,13 @@ $(VENV)/.deps: $(VENV)/.created pyproject.toml requirements/test-servers.txt req
 	$(PIP) install --no-build-isolation -e ".[$(EXTRAS)]"
 	touch $@
 
+# The pinned OpenSSL, built once into the cache (scripts/build-openssl.sh; a no-op once there).
+# A target of its own so that `make -j2` builds it while pip installs the dependencies.
+openssl: system
+	@bash scripts/build-openssl.sh >/dev/null
+
 # The extension is rebuilt when the native sources change.
-$(VENV)/.native: $(VENV)/.deps $(NATIVE)
+$(VENV)/.native: $(VENV)/.deps $(NATIVE) | openssl
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
@@ -59,7 +64,9 @@ venv: $(VENV)/.deps
 build: system $(VENV)/.native $(JAR)
 
 # Every key server and device must run: a missing one fails instead of skipping.
-test: build fetch-check
+# The set-up steps run two at a time (pip beside the OpenSSL build, the jar beside the extension).
+test:
+	$(MAKE) -j2 --output-sync=target build fetch-check
 	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Everything but the tests that need Spark and the ones marked slow: the loop while editing

@@ -38,6 +38,10 @@
 # libcrypto, so scripts/sanitizers/tsan.supp has no entries.  SANITIZE_TSAN_OPENSSL=pinned
 # links the uninstrumented one instead (faster on a cold cache, and still report-free).
 #
+# `sanitize.sh --prepare` only builds that instrumented OpenSSL into the cache and exits
+# (.ci/run starts it, niced, beside the test suite, whose two workers leave cores idle while
+# they wait on JVMs and servers).
+#
 # Environment: SANITIZE_BUILDS="asan tsan leak", SANITIZE_KEEP=1 (keep the work directory),
 # SANITIZE_TIMEOUT, SANITIZE_WORKERS, SANITIZE_TSAN_OPENSSL=instrumented|pinned,
 # SANITIZE_CACHE (where the instrumented OpenSSL is kept; default: the pinned build's cache),
@@ -87,6 +91,13 @@ tsan_openssl() {
     mv -T "$stage" "$prefix" 2>/dev/null || rm -rf "$stage"   # a concurrent run got there first
     echo "$prefix"
 }
+
+if [[ ${1:-} == --prepare ]]; then
+    s=$(date +%s)
+    tsan_openssl >/dev/null
+    log "instrumented OpenSSL ready in $(($(date +%s) - s))s"
+    exit 0
+fi
 
 UBSAN_EXIT=99
 
