@@ -351,6 +351,43 @@ def resolve(catalog: Any, identifier: tuple[str, ...], version: str | None = Non
     return Selection(**fields)
 
 
+@dataclass(frozen=True)
+class Wap:
+    """Where a session's write-audit-publish settings send a statement's writes."""
+
+    branch: str | None = None  # spark.wap.branch: written to (created by the write when missing)
+    wap_id: str | None = None  # spark.wap.id: appends staged with this wap.id
+
+
+def audit_publish(table: Any, selection: Selection, wap_branch: str | None,
+                  wap_id: str | None) -> tuple[Selection, Wap | None]:
+    """Iceberg's write-audit-publish session settings applied to a loaded table, as Iceberg's
+    Spark runtime applies them: only to a table with ``write.wap.enabled=true``, and only
+    when the identifier selects the table itself (a branch, tag, snapshot or metadata table
+    named in the statement wins).  ``spark.wap.branch`` moves reads to that branch when it
+    exists, and writes to it always (a write creates it from main); ``spark.wap.id`` stages
+    appends (committed, not made current: ``publish_changes`` or ``cherrypick_snapshot``
+    publishes them).  Setting both is an error, as in Iceberg."""
+    from icecrypt.table.ops.write import WAP_ENABLED
+
+    wap_branch, wap_id = (wap_branch or "").strip() or None, (wap_id or "").strip() or None
+    if wap_branch is None and wap_id is None:
+        return selection, None
+    if str(table.properties.get(WAP_ENABLED, "false")).strip().lower() != "true":
+        return selection, None
+    if selection.metadata_table is not None or selection.time_travel or selection.branch is not None:
+        return selection, None
+    if wap_branch is not None and wap_id is not None:
+        raise ValueError(f"table {'.'.join(selection.identifier)}: cannot set both spark.wap.id ({wap_id!r}) and "
+                         f"spark.wap.branch ({wap_branch!r})")
+    if wap_branch is not None and wap_branch in table.model.refs:
+        if table.model.refs[wap_branch].snapshot_ref_type.value != "branch":
+            raise ValueError(f"table {'.'.join(selection.identifier)}: spark.wap.branch {wap_branch!r} names a tag, "
+                             "not a branch")
+        selection = Selection(**{**selection.__dict__, "branch": wap_branch})
+    return selection, Wap(wap_branch, wap_id)
+
+
 def describe_identifier(catalog: Any, identifier: tuple[str, ...]) -> str:
     return f"catalog {getattr(catalog, 'name', '?')!r}: table {'.'.join(identifier)}"
 

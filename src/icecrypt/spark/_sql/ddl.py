@@ -155,9 +155,11 @@ def selected(table: Any, selection: _catalogs.Selection) -> tuple[Any, Any, str 
     return snapshot, schema, branch
 
 
-def describe(catalog_name: str, table: Any, selection: _catalogs.Selection) -> dict[str, Any]:
+def describe(catalog_name: str, table: Any, selection: _catalogs.Selection,
+             wap: _catalogs.Wap | None = None) -> dict[str, Any]:
     """The description of a table (or what ``selection`` selects in it) the JVM's table
-    object is built from, and the reference it hands back for its scans and writes."""
+    object is built from, and the reference it hands back for its scans and writes (with
+    ``wap``, the session's write-audit-publish branch or id: :func:`.catalogs.audit_publish`)."""
     name = ".".join((catalog_name, *selection.identifier))
     if selection.metadata_table is not None:
         from icecrypt.spark._schema import spark_schema
@@ -169,6 +171,11 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection) -> d
     snapshot_id = None if snapshot is None else snapshot.snapshot_id
     travel = selection.time_travel
     label = name if branch is None else f"{name}.branch_{branch}"
+    ref = _ref(selection, snapshot_id, None if travel else (branch or "main"), schema.schema_id, table.spec.spec_id)
+    if wap is not None and wap.branch is not None:
+        ref["branch"] = wap.branch  # read main until the branch exists; the first write creates it
+    if wap is not None and wap.wap_id is not None:
+        ref["wap_id"] = wap.wap_id
     return {
         "kind": "table",
         "name": label,
@@ -180,8 +187,7 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection) -> d
         "snapshot_id": snapshot_id,
         "time_travel": travel,
         "encrypted": table.encrypted,
-        "ref": _ref(selection, snapshot_id, None if travel else (branch or "main"), schema.schema_id,
-                    table.spec.spec_id),
+        "ref": ref,
     }
 
 

@@ -29,6 +29,9 @@ def _delete_where(bridge: Any, request: dict[str, Any]) -> Any:
 
     _, catalog = catalog_of(request)
     table, what, branch = writable_table(catalog, request["ref"], same_spec=False)
+    if request["ref"].get("wap_id") is not None:
+        raise NotImplementedError(f"{what}: DELETE FROM cannot be staged with spark.wap.id (it stages appends): "
+                                  "unset it, or delete on a branch (spark.wap.branch)")
     try:
         row_filter = to_filter(request.get("filters") or [], table.schema, strict=True)
     except ValueError as exc:

@@ -134,6 +134,40 @@ def _cherrypick_snapshot(table: Any, args: dict[str, Any]) -> list[list[Any]]:
     return [[args["snapshot_id"], table.refresh().current_snapshot_id]]
 
 
+@_procedure("publish_changes", "Publish the snapshot a write-audit-publish write staged with a wap.id on main.",
+            (Param("wap_id", "string", None),),
+            "source_snapshot_id bigint, current_snapshot_id bigint")
+def _publish_changes(table: Any, args: dict[str, Any]) -> list[list[Any]]:
+    from icecrypt.table.ops.write import WAP_ID
+
+    wap_id = args["wap_id"]
+    staged = [s.snapshot_id for s in table.snapshots() if (s.summary or {}).get(WAP_ID) == wap_id]
+    if not staged:
+        raise ValueError(f"no snapshot was staged with wap.id {wap_id!r}")
+    if len(staged) > 1:
+        raise ValueError(f"{len(staged)} snapshots were staged with wap.id {wap_id!r} ({', '.join(map(str, staged))}): "
+                         "publish one with cherrypick_snapshot")
+    with table.manage_snapshots() as manage:
+        manage.cherry_pick(staged[0])
+    return [[staged[0], table.refresh().current_snapshot_id]]
+
+
+@_procedure("ancestors_of", "The snapshots a snapshot (default: the current one) descends from, newest first.",
+            (Param("snapshot_id", "bigint"),),
+            "snapshot_id bigint, timestamp bigint", changes=False)
+def _ancestors_of(table: Any, args: dict[str, Any]) -> list[list[Any]]:
+    snapshots = {s.snapshot_id: s for s in table.snapshots()}
+    start = args["snapshot_id"] if args["snapshot_id"] is not None else table.current_snapshot_id
+    if start is not None and start not in snapshots:
+        raise ValueError(f"no snapshot {start}")
+    rows: list[list[Any]] = []
+    while start in snapshots and len(rows) < len(snapshots):  # (a parent expired ends the walk)
+        snapshot = snapshots[start]
+        rows.append([snapshot.snapshot_id, snapshot.timestamp_ms])
+        start = snapshot.parent_snapshot_id
+    return rows
+
+
 @_procedure("fast_forward", "Move a branch to the head of a ref that descends from it.",
             (Param("branch", "string", None), Param("to", "string", None)),
             "branch_updated string, previous_ref bigint, updated_ref bigint")

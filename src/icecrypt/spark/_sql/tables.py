@@ -74,7 +74,8 @@ def _load_table(bridge: Any, request: dict[str, Any]) -> Any:
     selection = _catalogs.resolve(catalog, identifier(request["identifier"]), request.get("version"),
                                   None if timestamp is None else int(timestamp))
     table = _load(catalog, selection.identifier)
-    return _ddl.describe(name, table, selection)
+    selection, wap = _catalogs.audit_publish(table, selection, request.get("wap_branch"), request.get("wap_id"))
+    return _ddl.describe(name, table, selection, wap=wap)
 
 
 @method("create_table")

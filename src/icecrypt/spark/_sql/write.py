@@ -87,6 +87,8 @@ class PendingWrite:
     spec: Any
     schema: Any
     sort_order_id: int
+    #: spark.wap.id: the append is staged with it (catalogs.audit_publish)
+    wap_id: str | None = None
     #: mode replace: {"command", "data_files" (the scan's, as the manifests record them),
     #: "snapshot_id" (where the scan read them)}
     replaced: dict[str, Any] | None = None
@@ -227,7 +229,7 @@ def _plan(bridge: Any, pending: PendingWrite, secret: bytes | None) -> dict[str,
 
 def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[str, Any]], branch: str | None,
           start_snapshot_id: int | None, stage: Stage | None = None,
-          replaced: dict[str, Any] | None = None) -> dict[str, Any]:
+          replaced: dict[str, Any] | None = None, wap_id: str | None = None) -> dict[str, Any]:
     from icecrypt.spark._native import _spark_path
     from icecrypt.table.files.write_data import table_sort_order
 
@@ -239,6 +241,10 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
         if replaced.get("command") not in _COMMANDS or not isinstance(replaced.get("data_files"), list):
             raise ValueError(f"{what}: malformed replacing write {sorted(replaced)}")
         start_snapshot_id = replaced.get("snapshot_id")
+    if wap_id is not None and mode != "append":
+        raise NotImplementedError(f"{what}: spark.wap.id stages appends (INSERT INTO, writeTo().append()); a {mode} "
+                                  "write cannot be staged here: unset spark.wap.id, or write to a branch "
+                                  "(spark.wap.branch)")
     why = _why_not_writable(table)
     if why is not None:
         raise NotImplementedError(f"{what}: Spark's Parquet writer cannot write this table: {why}")
@@ -254,7 +260,7 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
         write_id=uuid.uuid4().hex, what=what, table=table, stage=stage, mode=mode, row_filter=row_filter,
         branch=branch, start_snapshot_id=start_snapshot_id, secret=os.urandom(32) if table.encrypted else None,
         key_length=key_length, root=root, recorded_root=recorded_root, spec=table.spec, schema=table.schema,
-        sort_order_id=order.order_id if order is not None else 0, replaced=replaced,
+        sort_order_id=order.order_id if order is not None else 0, replaced=replaced, wap_id=wap_id,
     )  # fmt: skip
     plan = _plan(bridge, pending, pending.secret)
     with bridge.lock:
@@ -277,7 +283,7 @@ def _begin_write(bridge: Any, request: dict[str, Any]) -> Any:
                      start_snapshot_id=None, stage=stage)
     table, what, branch = writable_table(catalog, ref)
     return begin(bridge, table, what, mode=mode, filters=filters, branch=branch,
-                 start_snapshot_id=ref.get("snapshot_id"), replaced=request.get("replaced"))
+                 start_snapshot_id=ref.get("snapshot_id"), replaced=request.get("replaced"), wap_id=ref.get("wap_id"))
 
 
 def writable_table(catalog: Any, ref: dict[str, Any], *, same_spec: bool = True) -> tuple[Any, str, str | None]:
@@ -410,6 +416,10 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
                 append_files(table, records)
             stage.written = True
             stage.data_files.extend(r["file_path"] for r in records)
+        elif pending.mode == "append" and pending.wap_id is not None:
+            if streaming:
+                raise ValueError(f"{pending.what}: spark.wap.id stages batch appends, not streaming micro-batches")
+            append_files(table, records, wap_id=pending.wap_id)
         elif pending.mode == "append":
             append_files(table, records, branch=branch, **streaming)
         elif pending.mode == "overwrite":

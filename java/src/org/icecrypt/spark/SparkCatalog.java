@@ -225,6 +225,15 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
         if (timestampMicros != null) {
             request.put("timestamp", timestampMicros.longValue());
         }
+        // Iceberg's write-audit-publish session settings (the driver applies them to tables
+        // with write.wap.enabled=true, as Iceberg's runtime does)
+        org.apache.spark.sql.internal.SQLConf conf = org.apache.spark.sql.internal.SQLConf.get();
+        for (String[] setting : new String[][] {{"spark.wap.branch", "wap_branch"}, {"spark.wap.id", "wap_id"}}) {
+            String value = conf.getConfString(setting[0], null);
+            if (value != null) {
+                request.put(setting[1], value);
+            }
+        }
         JsonNode description;
         try {
             description = context.call("load_table", request);
