@@ -49,6 +49,7 @@ LONGEST_FIRST = (
     "tests/spark_cluster/test_connect.py",
     "tests/spark_cluster/test_key_transport.py",
     "tests/spark/test_streaming.py",
+    "tests/spark_sql/test_sql_iceberg_docs.py",
     "tests/test_imports.py",
     "tests/spark/test_spark_merge.py",
     "tests/arrow/test_exit.py",
