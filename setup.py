@@ -25,6 +25,7 @@ import sysconfig
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -93,9 +94,8 @@ def openssl_options():
 
 
 def extensions(limited):
-    options = openssl_options()
-    include_dirs = [os.path.join(ROOT, "include")] + options.pop("include_dirs", [])
-    define_macros = options.pop("define_macros", [])
+    include_dirs = [os.path.join(ROOT, "include")]
+    define_macros = []
     if limited:
         major, minor = LIMITED_API_VERSION
         define_macros += [("Py_LIMITED_API", f"0x{major:02X}{minor:02X}0000"), ("CYTHON_LIMITED_API", "1")]
@@ -109,9 +109,22 @@ def extensions(limited):
         extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
                             "-Werror=implicit-function-declaration"],
         py_limited_api=limited,
-        **options,
     )
     return cythonize([ext], compiler_directives={"language_level": "3"})
+
+
+class build_ext_with_openssl(build_ext):
+    """build_ext, with OpenSSL's options (openssl_options: the pinned build, fetched and
+    built into the cache the first time) found when the extension is built, not when this
+    file is read: pip reads the project's metadata before it installs the dependencies, and
+    that should not wait for an OpenSSL build (`make -j2` runs one beside pip)."""
+
+    def run(self):
+        options = openssl_options()
+        for ext in self.extensions:
+            for key, values in options.items():
+                getattr(ext, key).extend(values)
+        super().run()
 
 
 JAR = os.path.join("src", "icecrypt", "spark", "icecrypt-spark.jar")
@@ -137,7 +150,7 @@ class build_py_with_jar(build_py):
 
 LIMITED_API = limited_api()
 setup(
-    cmdclass={"build_py": build_py_with_jar},
+    cmdclass={"build_py": build_py_with_jar, "build_ext": build_ext_with_openssl},
     ext_modules=extensions(LIMITED_API),
     options={"bdist_wheel": {"py_limited_api": "cp%d%d" % LIMITED_API_VERSION}} if LIMITED_API else {},
 )
