@@ -469,8 +469,23 @@ def test_procedures(cat):
     cat.sql(f"CALL {{c}}.system.rewrite_manifests('{t}')")
     _same(cat, t, "id, name", [(0, "n0"), (1, "n1"), (2, "n2"), (3, "n3")])
     assert cat.rows(f"CALL {{c}}.system.remove_orphan_files(table => '{t}', dry_run => true)") == []
-    refs = cat.table(t).metadata["refs"]
-    kept = {refs["main"]["snapshot-id"], refs["audit-branch"]["snapshot-id"]}
+    # the page's expire_snapshots: by age keeping the last 100 (positional), then one by id
+    table = cat.table(t)
+    refs = table.metadata["refs"]
+    heads = {refs["main"]["snapshot-id"], refs["audit-branch"]["snapshot-id"]}
+    by_id = {s.snapshot_id: s for s in table.snapshots()}
+    lines = set()
+    for head in heads:
+        while head in by_id:
+            lines.add(head)
+            head = by_id[head].parent_snapshot_id
+    cat.sql(f"CALL {{c}}.system.expire_snapshots('{t}', TIMESTAMP '2999-06-30 00:00:00.000', 100)")
+    assert {s.snapshot_id for s in cat.table(t).snapshots()} == lines  # every ancestor of a branch head
+    one = min(lines - heads, key=lambda i: by_id[i].sequence_number)
+    cat.sql(f"CALL {{c}}.system.expire_snapshots(table => '{t}', snapshot_ids => ARRAY({one}))")
+    assert {s.snapshot_id for s in cat.table(t).snapshots()} == lines - {one}
+    _same(cat, t, "id, name", [(0, "n0"), (1, "n1"), (2, "n2"), (3, "n3")])
+    kept = heads
     cat.sql(f"CALL {{c}}.system.expire_snapshots('{t}', TIMESTAMP '2999-06-30 00:00:00.000')")
     assert {s.snapshot_id for s in cat.table(t).snapshots()} == kept  # the heads of main and the branch
     _same(cat, t, "id, name", [(0, "n0"), (1, "n1"), (2, "n2"), (3, "n3")])

@@ -235,7 +235,7 @@ _REFUSALS = [
     ("rollback_to_snapshot('db.missing', 1)", "table db.missing does not exist"),
     ("rollback_to_snapshot('{t}', 12345)", "snapshot 12345 is not in the table"),
     ("set_current_snapshot('{t}', {first}, 'main')", "either snapshot_id or ref"),
-    ("expire_snapshots(table => '{t}', retain_last => 1)", "argument retain_last is not supported"),
+    ("expire_snapshots(table => '{t}', max_concurrent_deletes => 4)", "argument max_concurrent_deletes is not supported"),
     ("remove_orphan_files(table => '{t}', prefix_listing => true)", "argument prefix_listing is not supported"),
     ("remove_orphan_files(table => '{t}', older_than => current_timestamp())", "at least 24 hours"),
     ("rewrite_data_files(table => '{t}', options => map('partial-progress.enabled', 'true'))",
@@ -245,6 +245,8 @@ _REFUSALS = [
     ("fast_forward('{t}', 'main', 'nowhere')", "no ref 'nowhere'"),
     ("verify('{t}.branch_main')", "give the table itself"),
     ("rollback_to_snapshot('{t}.snapshots', 1)", "give the table itself"),
+    ("expire_snapshots(table => '{t}', retain_last => 0)", "at least 1"),
+    ("expire_snapshots(table => '{t}', snapshot_ids => array(12345))", "no such snapshot"),
 ]
 #: the ones run on the plaintext table too (the rest is the same code either way)
 _PLAIN = (4, 6, 9)

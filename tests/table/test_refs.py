@@ -240,3 +240,22 @@ def test_expiry_keeps_what_refs_retain(table):
     assert {s.snapshot_id for s in table.snapshots()} == {c, d}
     reloaded = EncryptedTable.load(table.location, kms=table.kms_client)
     assert rows(reloaded, snapshot_id=c) == [0, 1, 2] and reloaded.verify().ok
+
+
+def test_expiry_retain_last_and_snapshot_ids(table):
+    """Java's ``retainLast`` (the branches' default number of ancestors kept) and
+    ``expireSnapshotId`` (removed whatever their age; never a ref's head)."""
+    a, b, c = table.ids
+    d = table.append(pa.table({"id": [3]}, schema=SCHEMA))
+    far_future = 4_102_444_800_000
+    with pytest.raises(ValueError, match="at least 1"):
+        table.expire_snapshots(far_future, retain_last=0)
+    with pytest.raises(ValueError, match=f"cannot expire snapshot {d}: still referenced by refs"):
+        table.expire_snapshots(0, snapshot_ids=[d])
+    with pytest.raises(ValueError, match="no such snapshot"):
+        table.expire_snapshots(0, snapshot_ids=[12345])
+    assert {s.snapshot_id for s in table.snapshots()} == {a, b, c, d}  # refused: nothing went
+    assert sorted(table.expire_snapshots(0, snapshot_ids=[b])) == [b]  # by id, though not old
+    assert sorted(table.expire_snapshots(far_future, retain_last=2)) == [a]  # main keeps d and c
+    assert {s.snapshot_id for s in table.snapshots()} == {c, d}
+    assert rows(table) == [0, 1, 2, 3] and table.verify().ok

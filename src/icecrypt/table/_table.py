@@ -643,14 +643,16 @@ class EncryptedTable:
 
         return _rowlevel.dynamic_partition_overwrite(self, data, isolation_level=isolation_level, branch=branch)
 
-    def expire_snapshots(self, older_than_ms: int) -> Any:
+    def expire_snapshots(self, older_than_ms: int, *, retain_last: int | None = None,
+                         snapshot_ids: Any = ()) -> Any:
         """Remove snapshots older than ``older_than_ms`` (never the current one, a ref's
-        head, or what a branch's ``min-snapshots-to-keep`` / ``max-snapshot-age-ms``
-        keeps; refs past their ``max-ref-age-ms`` go, as in Java) and the files and keys
-        only they needed."""
+        head, or what a branch's ``min-snapshots-to-keep`` -- ``retain_last`` for a
+        branch that sets none -- or ``max-snapshot-age-ms`` keeps; refs past their
+        ``max-ref-age-ms`` go, as in Java), and the snapshots ``snapshot_ids`` names
+        (never a ref's head), and the files and keys only they needed."""
         from icecrypt.table.ops import write as _write
 
-        return _write.expire_snapshots(self, older_than_ms)
+        return _write.expire_snapshots(self, older_than_ms, retain_last=retain_last, snapshot_ids=snapshot_ids)
 
     def rotate_keys(self, *, new_kek: bool = True, new_master_key_id: str | None = None, new_kms: Any = None) -> dict[str, Any]:
         """Commit a new KEK and/or re-wrap every KEK under KMS master key

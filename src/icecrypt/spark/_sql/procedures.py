@@ -220,9 +220,9 @@ def _gone(table: Any, location: str) -> bool:
 
 @_procedure("expire_snapshots",
             "Remove snapshots older than a time (as the refs' retention allows) and the files only they needed.",
-            (Param("older_than", "timestamp"), Param("retain_last", "int", supported=False),
+            (Param("older_than", "timestamp"), Param("retain_last", "int"),
              Param("max_concurrent_deletes", "int", supported=False), Param("stream_results", "boolean", supported=False),
-             Param("snapshot_ids", "array<bigint>", supported=False),
+             Param("snapshot_ids", "array<bigint>"),
              Param("clean_expired_metadata", "boolean", supported=False)),
             "deleted_data_files_count bigint, deleted_position_delete_files_count bigint, "
             "deleted_equality_delete_files_count bigint, deleted_manifest_files_count bigint, "
@@ -234,7 +234,8 @@ def _expire_snapshots(table: Any, args: dict[str, Any]) -> list[list[Any]]:
         older_than = _now_ms() - (int(max_age) if max_age is not None else 5 * _DAY_MS)
     # the counts are what the table reached before and its storage no longer holds
     before = _expirable_files(table)
-    removed = table.expire_snapshots(older_than)
+    removed = table.expire_snapshots(older_than, retain_last=args["retain_last"],
+                                     snapshot_ids=args["snapshot_ids"] or ())
     if not removed:
         return [[0, 0, 0, 0, 0, 0]]
     counts = {kind: sum(1 for location in paths if _gone(table, location)) for kind, paths in before.items()}

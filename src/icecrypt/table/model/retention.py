@@ -13,7 +13,7 @@ decides it (pure: no IO).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from icecrypt.table.model.changes import MAIN_BRANCH, ancestors, now_ms
@@ -34,11 +34,18 @@ def _int_property(properties: Mapping[str, str], name: str, default: int) -> int
         raise ValueError(f"table property {name} = {raw!r} is not an integer") from None
 
 
-def plan_expiry(base: Mapping[str, Any], older_than_ms: int, *, now: int | None = None) -> tuple[set[int], list[str]]:
-    """``(ids of the snapshots to remove, names of the refs to remove)``."""
+def plan_expiry(base: Mapping[str, Any], older_than_ms: int, *, now: int | None = None,
+                retain_last: int | None = None, snapshot_ids: Iterable[int] = ()) -> tuple[set[int], list[str]]:
+    """``(ids of the snapshots to remove, names of the refs to remove)``.  ``retain_last``
+    (Java's ``retainLast``) replaces the table's ``min-snapshots-to-keep`` default for the
+    branches that set none; ``snapshot_ids`` (Java's ``expireSnapshotId``) are removed
+    whatever their age, and a ValueError names one that a kept ref points to or that the
+    table does not have."""
     now = now_ms() if now is None else now
     properties = base.get("properties") or {}
-    default_min = _int_property(properties, MIN_SNAPSHOTS_TO_KEEP, 1)
+    if retain_last is not None and retain_last < 1:
+        raise ValueError(f"the number of snapshots to retain must be at least 1, not {retain_last}")
+    default_min = retain_last if retain_last is not None else _int_property(properties, MIN_SNAPSHOTS_TO_KEEP, 1)
     default_ref_age = _int_property(properties, MAX_REF_AGE_MS, 2**63 - 1)
     snapshots = base.get("snapshots") or []
     by_id = {s["snapshot-id"]: s for s in snapshots}
@@ -58,6 +65,13 @@ def plan_expiry(base: Mapping[str, Any], older_than_ms: int, *, now: int | None 
             removed_refs.append(name)
 
     keep = {ref["snapshot-id"] for ref in kept_refs.values()}
+    explicit = {int(i) for i in snapshot_ids}
+    for snapshot_id in sorted(explicit):
+        if snapshot_id not in by_id:
+            raise ValueError(f"cannot expire snapshot {snapshot_id}: the table has no such snapshot")
+        if snapshot_id in keep:
+            names = sorted(n for n, r in kept_refs.items() if r["snapshot-id"] == snapshot_id)
+            raise ValueError(f"cannot expire snapshot {snapshot_id}: still referenced by refs {names}")
     reached: set[int] = set()
     for ref in kept_refs.values():
         if ref.get("type") != "branch":
@@ -78,4 +92,4 @@ def plan_expiry(base: Mapping[str, Any], older_than_ms: int, *, now: int | None 
     for snapshot in snapshots:
         if snapshot["snapshot-id"] not in reached and snapshot["timestamp-ms"] >= older_than_ms:
             keep.add(snapshot["snapshot-id"])
-    return set(by_id) - keep, removed_refs
+    return (set(by_id) - keep) | explicit, removed_refs

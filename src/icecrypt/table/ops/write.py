@@ -1244,13 +1244,15 @@ def _referenced_files(
     return found
 
 
-def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
+def expire_snapshots(table: Any, older_than_ms: int, *, retain_last: int | None = None,
+                     snapshot_ids: Any = ()) -> list[int]:
     """Remove the snapshots committed before ``older_than_ms`` (ms since the epoch),
     except the current one, every branch or tag head and what the refs' retention keeps
-    (``min-snapshots-to-keep``, ``max-snapshot-age-ms``; refs older than their
-    ``max-ref-age-ms`` are removed), as Java decides it (``_retention``); then delete
-    the files and ``encryption-keys`` entries only they needed.  Returns the removed
-    snapshot ids.
+    (``min-snapshots-to-keep``, or ``retain_last`` for a branch that sets none;
+    ``max-snapshot-age-ms``; refs older than their ``max-ref-age-ms`` are removed), and
+    the snapshots ``snapshot_ids`` names, as Java decides it (``retention.plan_expiry``);
+    then delete the files and ``encryption-keys`` entries only they needed.  Returns the
+    removed snapshot ids.
 
     Files are deleted after the commit, and only those no remaining snapshot lists as
     live; keys go as :func:`icecrypt.keys.manager.removable_keys` decides (a KEK stays
@@ -1264,7 +1266,8 @@ def expire_snapshots(table: Any, older_than_ms: int) -> list[int]:
     def build(base_location: str, base: dict[str, Any]) -> _model.Change | None:
         check_unambiguous(target.store, target.filesystem, base_location, base)  # it deletes files
         # refs and their retention decide, as in Java (_retention); expired refs go too
-        expired_ids, expired_refs = plan_expiry(base, older_than_ms)
+        expired_ids, expired_refs = plan_expiry(base, older_than_ms, retain_last=retain_last,
+                                                snapshot_ids=snapshot_ids)
         if not expired_ids and not expired_refs:
             return None
         manager = target.manager(base, check_kek=False)  # a metadata-only commit: wraps nothing
