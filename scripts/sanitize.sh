@@ -39,8 +39,8 @@
 # links the uninstrumented one instead (faster on a cold cache, and still report-free).
 #
 # `sanitize.sh --prepare` only builds that instrumented OpenSSL into the cache and exits
-# (.ci/run starts it, niced, beside the test suite, whose two workers leave cores idle while
-# they wait on JVMs and servers).
+# (.ci/run starts it at nice 19 beside the test suite, so that it takes only the CPU the suite
+# leaves).
 #
 # Environment: SANITIZE_BUILDS="asan tsan leak", SANITIZE_KEEP=1 (keep the work directory),
 # SANITIZE_TIMEOUT, SANITIZE_WORKERS, SANITIZE_TSAN_OPENSSL=instrumented|pinned,
