@@ -20,7 +20,7 @@ import datetime
 import time
 
 import pytest
-from conftest import MASTER
+from conftest import MASTER, magic
 
 pytestmark = pytest.mark.spark
 
@@ -52,8 +52,6 @@ def _naive(value):
 
 def _sealed(cat, name: str) -> None:
     from pathlib import Path
-
-    from conftest import magic
 
     root = Path(cat.table(name).location.removeprefix("file:"))
     files = [p for p in root.rglob("*") if p.is_file() and not p.name.endswith((".metadata.json", ".text"))]
