@@ -156,16 +156,13 @@ def _publish_changes(table: Any, args: dict[str, Any]) -> list[list[Any]]:
             (Param("snapshot_id", "bigint"),),
             "snapshot_id bigint, timestamp bigint", changes=False)
 def _ancestors_of(table: Any, args: dict[str, Any]) -> list[list[Any]]:
-    snapshots = {s.snapshot_id: s for s in table.snapshots()}
+    from icecrypt.table.model.changes import ancestors
+
+    by_id = {s["snapshot-id"]: s for s in table.metadata.get("snapshots") or ()}
     start = args["snapshot_id"] if args["snapshot_id"] is not None else table.current_snapshot_id
-    if start is not None and start not in snapshots:
+    if start is not None and start not in by_id:
         raise ValueError(f"no snapshot {start}")
-    rows: list[list[Any]] = []
-    while start in snapshots and len(rows) < len(snapshots):  # (a parent expired ends the walk)
-        snapshot = snapshots[start]
-        rows.append([snapshot.snapshot_id, snapshot.timestamp_ms])
-        start = snapshot.parent_snapshot_id
-    return rows
+    return [[s["snapshot-id"], s["timestamp-ms"]] for s in ancestors(by_id, start)]
 
 
 @_procedure("fast_forward", "Move a branch to the head of a ref that descends from it.",
