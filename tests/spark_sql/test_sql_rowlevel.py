@@ -165,3 +165,90 @@ def test_rewritten_files_come_back_whole_when_the_condition_matches_one_row_grou
     del model[2000]
     _check(cat, name, model)
     _sealed(cat, name)
+
+
+def _live_files(cat, name: str) -> set[str]:
+    return {t.file.path for t in cat.table(name).scan().plan_files()}
+
+
+def test_statements_rewrite_only_the_files_holding_matched_rows(cat):
+    """Spark's group filter on _file (the copy-on-write scan is runtime-filterable, as
+    Iceberg's): a MERGE, UPDATE or DELETE with no filter on the table's columns reads and
+    replaces the files holding rows its condition matches, and no other; the other files
+    stay in the table as they were.  A MERGE with WHEN NOT MATCHED BY SOURCE changes rows
+    no source row matches, so it still rewrites every file."""
+    name = "db.rl_runtime"
+    cat.sql(f"CREATE TABLE {{c}}.{name} (id bigint, cat string, v double) USING iceberg "
+            f"TBLPROPERTIES ('encryption.key-id'='{MASTER}')")
+    model = {}
+    for start in range(0, 50, 10):  # five inserts: ten files of five rows (one a Spark task)
+        rows = {i: (i, "abc"[i % 3], float(i)) for i in range(start, start + 10)}
+        cat.sql(f"INSERT INTO {{c}}.{name} VALUES " + ", ".join(f"({i}, '{c}', {v})" for i, c, v in rows.values()))
+        model.update(rows)
+    files = _live_files(cat, name)
+    assert len(files) >= 5
+
+    # _file: the data file of each row, as the table records it
+    by_file = dict(cat.rows(f"SELECT _file, count(*) FROM {{c}}.{name} GROUP BY _file"))
+    assert set(by_file) == files and sum(by_file.values()) == 50
+    holder = {i: f for f in files for (i,) in cat.rows(f"SELECT id FROM {{c}}.{name} WHERE _file = '{f}'")}
+    assert sorted(holder) == sorted(model)
+
+    # a MERGE whose source matches rows of two files (its ON condition: the source's keys only)
+    cat.sql("CREATE OR REPLACE TEMP VIEW src_rt AS SELECT * FROM VALUES (3L, 'x', -1.0), (27L, 'x', -2.0), "
+            "(99L, 'n', 9.0) AS s(id, cat, v)")
+    cat.sql(f"""MERGE INTO {{c}}.{name} t USING src_rt s ON t.id = s.id
+                WHEN MATCHED THEN UPDATE SET t.v = s.v WHEN NOT MATCHED THEN INSERT *""")
+    model[3], model[27], model[99] = (3, "a", -1.0), (27, "a", -2.0), (99, "n", 9.0)
+    _check(cat, name, model)
+    after = _live_files(cat, name)
+    assert files - after == {holder[3], holder[27]}, "the MERGE replaced files without matched rows"
+    summary = cat.table(name).current_snapshot().summary
+    assert summary["deleted-data-files"] == "2", summary
+
+    # an UPDATE with a condition that has no Iceberg form (a subquery): the files holding id 41 only
+    files = after
+    holder = {i: f for f in files for (i,) in cat.rows(f"SELECT id FROM {{c}}.{name} WHERE _file = '{f}'")}
+    cat.sql(f"UPDATE {{c}}.{name} SET v = 0.5 WHERE id IN (SELECT 41)")
+    model[41] = (41, model[41][1], 0.5)
+    _check(cat, name, model)
+    after = _live_files(cat, name)
+    assert files - after == {holder[41]}
+
+    # the same for a copy-on-write DELETE
+    files, gone = after, holder[12]
+    cat.sql(f"DELETE FROM {{c}}.{name} WHERE length(cat) = 1 AND id = 12")
+    del model[12]
+    _check(cat, name, model)
+    assert files - _live_files(cat, name) == {gone}
+
+    # WHEN NOT MATCHED BY SOURCE reaches rows of every file: every file is rewritten
+    files = _live_files(cat, name)
+    cat.sql(f"""MERGE INTO {{c}}.{name} t USING src_rt s ON t.id = s.id
+                WHEN MATCHED THEN UPDATE SET t.v = 1.0
+                WHEN NOT MATCHED BY SOURCE AND t.id % 10 = 0 THEN UPDATE SET t.v = -9.0""")
+    model = {i: (i, c, 1.0 if i in (3, 27, 99) else -9.0 if i % 10 == 0 else v) for i, (_, c, v) in model.items()}
+    _check(cat, name, model)
+    assert not files & _live_files(cat, name)
+    _sealed(cat, name)
+
+
+def test_the_files_reported_at_commit_must_be_of_those_planned():
+    """What the JVM reports replacing at commit is checked against what the write began
+    with: the same command and snapshot, and only files the scan planned."""
+    from types import SimpleNamespace
+
+    from icecrypt.spark._sql.write import _replaced_as_read
+
+    planned = {"command": "merge", "snapshot_id": 7, "data_files": ["a", "b", "c"]}
+    pending = SimpleNamespace(mode="replace", replaced=planned, what="table db.t")
+    assert _replaced_as_read(pending, None) == ["a", "b", "c"]
+    assert _replaced_as_read(pending, {**planned, "data_files": ["c", "a", "a"]}) == ["c", "a"]
+    assert _replaced_as_read(pending, {**planned, "data_files": []}) == []
+    with pytest.raises(ValueError, match="reports replacing x, which its scan did not plan"):
+        _replaced_as_read(pending, {**planned, "data_files": ["a", "x"]})
+    for other in ({"command": "update"}, {"snapshot_id": 8}, {"data_files": "a"}):
+        with pytest.raises(ValueError, match="not the one it began with"):
+            _replaced_as_read(pending, {**planned, **other})
+    with pytest.raises(ValueError, match="only a replacing write"):
+        _replaced_as_read(SimpleNamespace(mode="append", replaced=None, what="table db.t"), planned)

@@ -383,11 +383,13 @@ def _epoch_check(pending: PendingWrite, query_id: str, epoch: int, files: bool) 
 
 
 def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | None = None,
-           epoch: int | None = None) -> None:
+           epoch: int | None = None, read: dict[str, Any] | None = None) -> None:
     """Commit the reported files.  With ``query_id`` and ``epoch`` (a streaming micro-batch)
     the snapshot's summary records them and the commit is skipped -- the files deleted --
     when the branch already holds that epoch of that query (Spark replays the epoch whose
-    commit its checkpoint did not record)."""
+    commit its checkpoint did not record).  ``read``: a copy-on-write's scan as it ran
+    (the files Spark's runtime filter kept of those planned at ``begin``): those are the
+    files replaced."""
     from icecrypt.errors import SnapshotIntegrityError
     from icecrypt.spark._common import file_error
     from icecrypt.spark._stream import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, EpochAlreadyCommitted
@@ -396,6 +398,7 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
 
     try:
         records = _records(pending, files)
+        replaced = _replaced_as_read(pending, read)
     except BaseException:
         _remove(pending, [f[0] for f in files])
         raise
@@ -425,8 +428,7 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
         elif pending.mode == "overwrite":
             overwrite_files(table, records, branch=branch, **streaming)
         elif pending.mode == "replace":
-            replaced = pending.replaced
-            merge_files(table, records, removed=list(replaced["data_files"]), kind=replaced["command"],
+            merge_files(table, records, removed=replaced, kind=pending.replaced["command"],
                         branch=branch, start_snapshot_id=pending.start_snapshot_id)
         elif pending.mode == "overwrite_filter":
             overwrite_files_by_filter(table, records, pending.row_filter, branch=branch,
@@ -444,12 +446,34 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
         raise file_error(exc, f"{pending.what}: committing the write") from exc
 
 
+def _replaced_as_read(pending: PendingWrite, read: dict[str, Any] | None) -> list[str]:
+    """The data files a copy-on-write replaces: those its scan read, which must be of the
+    files planned when the write began, for the same command and snapshot (what the JVM
+    reports is checked, never taken on trust: a file the scan did not plan is refused)."""
+    if pending.mode != "replace":
+        if read is not None:
+            raise ValueError(f"{pending.what}: only a replacing write names the files it replaces")
+        return []
+    planned = pending.replaced
+    if read is None:
+        return list(planned["data_files"])
+    if (read.get("command") != planned["command"] or read.get("snapshot_id") != planned.get("snapshot_id")
+            or not isinstance(read.get("data_files"), list)):  # fmt: skip
+        raise ValueError(f"{pending.what}: the {planned['command']}'s scan at commit is not the one it began with; "
+                         "nothing was committed")
+    unplanned = set(read["data_files"]) - set(planned["data_files"])
+    if unplanned:
+        raise ValueError(f"{pending.what}: the {planned['command']} reports replacing {sorted(unplanned)[0]}, which "
+                         "its scan did not plan; nothing was committed")
+    return list(dict.fromkeys(read["data_files"]))
+
+
 @method("commit_write")
 def _commit_write(bridge: Any, request: dict[str, Any]) -> Any:
     pending = _take(bridge, request["write_id"])
     epoch = request.get("epoch")
     commit(pending, request.get("files") or [], query_id=request.get("query_id"),
-           epoch=None if epoch is None else int(epoch))
+           epoch=None if epoch is None else int(epoch), read=request.get("replaced"))
     return True
 
 

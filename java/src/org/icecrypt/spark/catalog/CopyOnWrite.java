@@ -7,6 +7,8 @@
  * rows inside a file (Scans.Builder with wholeFiles) -- computes every row those files
  * hold after the statement (updated, merged, deleted or kept), and writes them with the
  * operation's write (Spark's Parquet writer, a fresh key per file, as INSERT writes).
+ * Spark's group filter first finds the files holding rows the statement's condition matches
+ * (Scans.CopyOnWriteScan, on _file), so only those are read and rewritten.
  * The driver then commits, in one snapshot, the new files in place of the ones the scan
  * read (icecrypt.table.ops.rowlevel.merge_files), validating the commits since the
  * scan's snapshot as Iceberg validates a concurrent commit under the table's
@@ -17,10 +19,11 @@ package org.icecrypt.spark.catalog;
 
 import java.util.Locale;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
+import org.apache.spark.sql.connector.expressions.Expressions;
+import org.apache.spark.sql.connector.expressions.NamedReference;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
 import org.apache.spark.sql.connector.write.RowLevelOperation;
@@ -47,6 +50,13 @@ final class CopyOnWrite implements RowLevelOperation {
         return "icecrypt copy-on-write " + command.name().toLowerCase(Locale.ROOT) + " of " + table.name();
     }
 
+    /** _file, which the scan's runtime filter is on (none when a data column has that name). */
+    @Override
+    public NamedReference[] requiredMetadataAttributes() {
+        return table.isFileColumn(Scans.FILE_COLUMN)
+            ? new NamedReference[] {Expressions.column(Scans.FILE_COLUMN)} : new NamedReference[0];
+    }
+
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
         return new Scans.Builder(table, options, true, built -> scan = built);
@@ -67,8 +77,8 @@ final class CopyOnWrite implements RowLevelOperation {
             throw new IllegalStateException("icecrypt catalog: table " + table.name() + ": the "
                 + command.name() + " wrote before its scan was planned");
         }
-        for (JsonNode file : read.plan.path("data_files")) {
-            files.add(file.asText());
+        for (String file : read.dataFiles()) {  // the files it read: a runtime filter may have kept fewer
+            files.add(file);
         }
         out.set("snapshot_id", read.plan.get("snapshot_id"));
         return out;

@@ -13,6 +13,8 @@
  * time travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
  * description never holds a key: properties are the table's own and Iceberg's shown
  * ones (format, provider, location, current-snapshot-id, format-version, ...).
+ * Metadata column: _file, the data file a row was read from (its location as the table
+ * records it), as in Iceberg; a data column of that name hides it.
  */
 package org.icecrypt.spark.catalog;
 
@@ -26,7 +28,9 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
+import org.apache.spark.sql.connector.catalog.MetadataColumn;
 import org.apache.spark.sql.connector.catalog.SupportsDeleteV2;
+import org.apache.spark.sql.connector.catalog.SupportsMetadataColumns;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.catalog.SupportsRowLevelOperations;
 import org.apache.spark.sql.connector.catalog.SupportsWrite;
@@ -47,7 +51,8 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, SupportsRowLevelOperations {
+public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, SupportsRowLevelOperations,
+        SupportsMetadataColumns {
     final CatalogContext catalog;
     final JsonNode description;
     final StructType schema;
@@ -76,6 +81,36 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
     @Override
     public Map<String, String> properties() {
         return properties;
+    }
+
+    @Override
+    public MetadataColumn[] metadataColumns() {
+        return new MetadataColumn[] {new MetadataColumn() {
+            @Override
+            public String name() {
+                return Scans.FILE_COLUMN;
+            }
+
+            @Override
+            public DataType dataType() {
+                return org.apache.spark.sql.types.DataTypes.StringType;
+            }
+
+            @Override
+            public boolean isNullable() {
+                return false;
+            }
+
+            @Override
+            public String comment() {
+                return "Path of the file in which a row is stored";
+            }
+        }};
+    }
+
+    /** Whether {@code name}, asked of a scan, is the metadata column _file (no data column has that name). */
+    boolean isFileColumn(String name) {
+        return Scans.FILE_COLUMN.equals(name) && !java.util.Arrays.asList(schema.fieldNames()).contains(name);
     }
 
     boolean timeTravel() {

@@ -20,13 +20,19 @@
  * Spark after the scan: pruning only ever drops files and row groups that cannot match.
  *
  * The scan keeps what it planned (files, snapshot) for row-level operations to build on.
+ *
+ * The metadata column _file (IcebergTable.metadataColumns) is each file's location as the
+ * table records it, given to Spark's reader as a partition value of the file.  The scan
+ * of a copy-on-write operation is runtime-filterable on it (CopyOnWriteScan): Spark's
+ * group filter (RowLevelOperationRuntimeGroupFiltering) first finds the files that hold
+ * rows the statement's condition matches, and the operation then reads and replaces
+ * those files only, as Iceberg's copy-on-write scan does.
  */
 package org.icecrypt.spark.catalog;
 
 import java.io.Serializable;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Collections;
 import java.util.HashMap;
 import java.util.HashSet;
 import java.util.List;
@@ -43,6 +49,9 @@ import org.apache.hadoop.fs.Path;
 import org.apache.spark.paths.SparkPath;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.connector.expressions.Expressions;
+import org.apache.spark.sql.connector.expressions.Literal;
 import org.apache.spark.sql.connector.expressions.NamedReference;
 import org.apache.spark.sql.connector.expressions.filter.Predicate;
 import org.apache.spark.sql.connector.read.Batch;
@@ -54,6 +63,7 @@ import org.apache.spark.sql.connector.read.Statistics;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.connector.read.SupportsPushDownV2Filters;
 import org.apache.spark.sql.connector.read.SupportsReportStatistics;
+import org.apache.spark.sql.connector.read.SupportsRuntimeV2Filtering;
 import org.apache.spark.sql.execution.datasources.FileFormat$;
 import org.apache.spark.sql.execution.datasources.PartitionedFile;
 import org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat;
@@ -62,10 +72,12 @@ import org.apache.spark.sql.internal.connector.PredicateUtils;
 import org.apache.spark.sql.sources.Filter;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.MapType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+import org.apache.spark.unsafe.types.UTF8String;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 import org.icecrypt.spark.LiveRows;
@@ -83,6 +95,8 @@ final class Scans {
     static final String DECRYPTION_CLASS = "org.icecrypt.spark.FileDecryption";
     static final String KEYS_PROPERTY = "icecrypt.secret.file-keys";
     static final String READ_ID_PROPERTY = "icecrypt.read-id";
+    /** The metadata column of a row's data file (its location as the table records it). */
+    static final String FILE_COLUMN = "_file";
 
     private Scans() {
     }
@@ -146,8 +160,18 @@ final class Scans {
                     + options.keySet().iterator().next() + " is not supported (select branches, tags and snapshots "
                     + "with the table identifier or VERSION/TIMESTAMP AS OF)");
             }
-            StructType annotated = annotate(required, table.readSchema, "");
-            IcebergScan scan = IcebergScan.plan(table, pushed.toArray(new Predicate[0]), required, annotated,
+            StructType data = new StructType();
+            boolean file = false;
+            for (StructField field : required.fields()) {
+                if (table.isFileColumn(field.name())) {
+                    file = true;
+                } else {
+                    data = data.add(field);
+                }
+            }
+            StructType annotated = annotate(data, table.readSchema, "");
+            StructType readSchema = file ? data.add(FILE_COLUMN, DataTypes.StringType, false) : data;
+            IcebergScan scan = IcebergScan.plan(table, pushed.toArray(new Predicate[0]), readSchema, annotated,
                                                 wholeFiles);
             if (built != null) {
                 built.accept(scan);
@@ -192,18 +216,19 @@ final class Scans {
     }
 
     /** A planned scan: the files, the snapshot, how to read them. */
-    static final class IcebergScan implements Scan, Batch, SupportsReportStatistics {
+    static class IcebergScan implements Scan, Batch, SupportsReportStatistics {
         final IcebergTable table;
         final Predicate[] predicates;
-        final StructType readSchema;  // what Spark gets
-        final StructType annotated;  // the same, with field ids
+        final StructType readSchema;  // what Spark gets (the data columns, then _file when asked for)
+        final StructType annotated;  // the data columns, with field ids
         final JsonNode plan;  // the driver's answer (no key in it)
         final boolean wholeFiles;  // rows are never filtered inside a file (copy-on-write)
         private final String keys;  // the file keys, null for a plaintext table
         private InputPartition[] partitions;
         private PartitionReaderFactory factory;
+        private Set<String> kept;  // the data files a runtime filter kept (null: every planned file)
 
-        private IcebergScan(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
+        IcebergScan(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
                             JsonNode plan, String keys, boolean wholeFiles) {
             this.wholeFiles = wholeFiles;
             this.table = table;
@@ -226,7 +251,7 @@ final class Scans {
                 }
             }
             ArrayNode columns = request.putArray("columns");
-            for (StructField field : readSchema.fields()) {
+            for (StructField field : annotated.fields()) {
                 columns.add(field.name());
             }
             return of(table, predicates, readSchema, annotated, table.catalog.callUnchecked("plan_scan", request),
@@ -238,7 +263,45 @@ final class Scans {
                               JsonNode plan, boolean wholeFiles) {
             String keys = plan.path("encrypted").asBoolean() && plan.path("files").size() > 0
                 ? Keys.take(plan.path("read_id").asText()) : null;
-            return new IcebergScan(table, predicates, readSchema, annotated, plan, keys, wholeFiles);
+            if (wholeFiles) {
+                return new CopyOnWriteScan(table, predicates, readSchema, annotated, plan, keys);
+            }
+            return new IcebergScan(table, predicates, readSchema, annotated, plan, keys, false);
+        }
+
+        /** Whether Spark gets the _file column. */
+        boolean readsFile() {
+            return readSchema.length() > annotated.length();
+        }
+
+        /** Reads only the planned data files in {@code locations} from now on (a runtime filter). */
+        synchronized void keep(Set<String> locations) {
+            kept = locations;
+            partitions = null;
+        }
+
+        /** The planned data files this scan reads, as the table records them (a runtime filter applied). */
+        synchronized List<String> dataFiles() {
+            List<String> out = new ArrayList<>();
+            for (JsonNode file : plan.path("data_files")) {
+                if (kept == null || kept.contains(file.asText())) {
+                    out.add(file.asText());
+                }
+            }
+            return out;
+        }
+
+        /** The planned files ([Spark path, size, rows, has deletes]) with their locations, as read. */
+        private synchronized List<JsonNode[]> readFiles() {
+            List<JsonNode[]> out = new ArrayList<>();
+            JsonNode files = plan.path("files");
+            JsonNode locations = plan.path("data_files");
+            for (int i = 0; i < files.size(); i++) {
+                if (kept == null || kept.contains(locations.get(i).asText())) {
+                    out.add(new JsonNode[] {files.get(i), locations.get(i)});
+                }
+            }
+            return out;
         }
 
         /** A stream of the table's appends (no read option given). */
@@ -285,22 +348,24 @@ final class Scans {
             long maxBytes = conf.filesMaxPartitionBytes();
             long openCost = conf.filesOpenCostInBytes();
             long total = 0;
-            JsonNode files = plan.path("files");
-            for (JsonNode file : files) {
-                total += file.get(1).asLong() + openCost;
+            List<JsonNode[]> files = readFiles();
+            for (JsonNode[] file : files) {
+                total += file[0].get(1).asLong() + openCost;
             }
             int parallelism = Math.max(1, session.sparkContext().defaultParallelism());
             if (conf.filesMinPartitionNum().isDefined()) {
                 parallelism = Math.max(1, ((Number) conf.filesMinPartitionNum().get()).intValue());
             }
             long split = Math.min(maxBytes, Math.max(openCost, total / parallelism));
-            List<Object[]> pieces = new ArrayList<>();  // path, start, length, size, live
-            for (JsonNode file : files) {
-                String path = file.get(0).asText();
-                long size = file.get(1).asLong();
-                boolean live = file.get(3).asBoolean();
+            List<Object[]> pieces = new ArrayList<>();  // path, start, length, size, live, _file or null
+            boolean readsFile = readsFile();
+            for (JsonNode[] file : files) {
+                String path = file[0].get(0).asText();
+                long size = file[0].get(1).asLong();
+                boolean live = file[0].get(3).asBoolean();
+                String location = readsFile ? file[1].asText() : null;
                 for (long start = 0; start < size || (start == 0 && size == 0); start += split) {
-                    pieces.add(new Object[] {path, start, Math.min(split, size - start), size, live});
+                    pieces.add(new Object[] {path, start, Math.min(split, size - start), size, live, location});
                     if (size == 0) {
                         break;
                     }
@@ -346,7 +411,10 @@ final class Scans {
                 session.conf().set(FIELD_ID_IGNORE_MISSING, "false");
             }
             ParquetFileFormat format = new ParquetFileFormat();
-            boolean columnar = format.supportBatch(session, annotated);
+            // _file: a partition value of each file, appended to the data columns by the reader
+            StructType partition = readsFile()
+                ? new StructType().add(FILE_COLUMN, DataTypes.StringType, false) : new StructType();
+            boolean columnar = format.supportBatch(session, annotated.merge(partition, false));
             Map<String, String> options = new HashMap<>();
             options.put(FileFormat$.MODULE$.OPTION_RETURNING_BATCH(), String.valueOf(columnar));
             Configuration conf = format.getHadoopConf(session, scalaMap(options));
@@ -357,15 +425,14 @@ final class Scans {
             }
             scala.collection.immutable.Seq<Filter> filters = parquetFilters();
             StructType full = table.readSchema;
-            StructType empty = new StructType();
             Function1<PartitionedFile, Iterator<InternalRow>> plain = format.buildReaderWithPartitionValues(
-                session, full, empty, annotated, filters, scalaMap(options), new Configuration(conf));
+                session, full, partition, annotated, filters, scalaMap(options), new Configuration(conf));
             Function1<PartitionedFile, Iterator<InternalRow>> live = null;
             String deletes = plan.path("deletes").asText("");
             if (!deletes.isEmpty()) {
                 Map<String, String> liveOptions = new HashMap<>(options);
                 liveOptions.put(LiveRows.DELETES, deletes);
-                live = new LiveRows().buildReaderWithPartitionValues(session, full, empty, annotated, filters,
+                live = new LiveRows().buildReaderWithPartitionValues(session, full, partition, annotated, filters,
                     scalaMap(liveOptions), new Configuration(conf));
             }
             return new ReaderFactory(plain, live, columnar);
@@ -397,9 +464,9 @@ final class Scans {
         public Statistics estimateStatistics() {
             long bytes = 0;
             long rows = 0;
-            for (JsonNode file : plan.path("files")) {
-                bytes += file.get(1).asLong();
-                rows += file.get(2).asLong();
+            for (JsonNode[] file : readFiles()) {
+                bytes += file[0].get(1).asLong();
+                rows += file[0].get(2).asLong();
             }
             final long size = bytes;
             final long count = rows;
@@ -415,14 +482,54 @@ final class Scans {
                 }
             };
         }
+    }
 
-        /** The data files the scan reads (Spark paths), for operations that rewrite them. */
-        List<String> files() {
-            List<String> out = new ArrayList<>();
-            for (JsonNode file : plan.path("files")) {
-                out.add(file.get(0).asText());
+    /**
+     * The scan of a copy-on-write operation: whole files, and runtime-filterable on _file.
+     * Spark passes the files its group filter found as {@code _file IN (...)}; the scan then
+     * reads those files only, and the operation replaces those only.  Spark may filter twice
+     * (an UPDATE with a subquery reads the same scan on both sides of a union): a filter
+     * that keeps more files than the last one is ignored, as Iceberg does.
+     */
+    static final class CopyOnWriteScan extends IcebergScan implements SupportsRuntimeV2Filtering {
+        CopyOnWriteScan(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
+                        JsonNode plan, String keys) {
+            super(table, predicates, readSchema, annotated, plan, keys, true);
+        }
+
+        @Override
+        public NamedReference[] filterAttributes() {
+            return readsFile() ? new NamedReference[] {Expressions.column(FILE_COLUMN)} : new NamedReference[0];
+        }
+
+        @Override
+        public void filter(Predicate[] predicates) {
+            for (Predicate predicate : predicates) {
+                Set<String> locations = fileLocations(predicate);
+                if (locations != null && locations.size() < dataFiles().size()) {
+                    keep(locations);
+                }
             }
-            return Collections.unmodifiableList(out);
+        }
+
+        /** The locations of {@code _file IN (...)}; null for any other predicate. */
+        private static Set<String> fileLocations(Predicate predicate) {
+            org.apache.spark.sql.connector.expressions.Expression[] children = predicate.children();
+            if (!"IN".equals(predicate.name()) || children.length == 0 || !(children[0] instanceof NamedReference)
+                    || !Arrays.equals(((NamedReference) children[0]).fieldNames(), new String[] {FILE_COLUMN})) {
+                return null;
+            }
+            Set<String> out = new HashSet<>();
+            for (int i = 1; i < children.length; i++) {
+                if (!(children[i] instanceof Literal)) {
+                    return null;
+                }
+                Object value = ((Literal<?>) children[i]).value();
+                if (value != null) {
+                    out.add(value.toString());
+                }
+            }
+            return out;
         }
     }
 
@@ -447,7 +554,9 @@ final class Scans {
             scala.collection.immutable.Map<String, Object> none = scala.collection.immutable.Map$.MODULE$.empty();
             for (int i = 0; i < files.length; i++) {
                 Object[] piece = pieces.get(i);
-                files[i] = new PartitionedFile(InternalRow.empty(), SparkPath.fromPath(new Path((String) piece[0])),
+                InternalRow values = piece[5] == null ? InternalRow.empty()
+                    : new GenericInternalRow(new Object[] {UTF8String.fromString((String) piece[5])});
+                files[i] = new PartitionedFile(values, SparkPath.fromPath(new Path((String) piece[0])),
                     (Long) piece[1], (Long) piece[2], new String[0], 0L, (Long) piece[3], none);
                 live[i] = (Boolean) piece[4];
             }

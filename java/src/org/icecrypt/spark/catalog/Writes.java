@@ -108,8 +108,10 @@ final class Writes {
 
         /**
          * The write of a copy-on-write row-level operation (CopyOnWrite): its files replace
-         * the ones the operation's scan read; {@code replaced} answers, when the job starts,
-         * which (the scan's files and snapshot, and the command).
+         * the ones the operation's scan read; {@code replaced} answers which (the scan's files
+         * and snapshot, and the command): when the job starts (the files planned) and again
+         * at its commit (the files read: Spark's runtime filter, applied as the job runs,
+         * may have kept fewer).
          */
         Builder(IcebergTable table, LogicalWriteInfo info, java.util.function.Supplier<ObjectNode> replaced) {
             this(table, info);
@@ -274,7 +276,7 @@ final class Writes {
             String secret = plan.path("encrypted").asBoolean() ? Keys.take(writeId) : null;
             StructType schema = (StructType) DataType.fromJson(plan.get("schema").toString());
             check(schema, info.schema(), table.name());
-            return new IcebergBatchWrite(table, plan, writeId, schema, secret);
+            return new IcebergBatchWrite(table, plan, writeId, schema, secret, replaced);
         }
     }
 
@@ -369,13 +371,16 @@ final class Writes {
         private final String writeId;
         private final StructType schema;
         private final String secret;
+        private final java.util.function.Supplier<ObjectNode> replaced;  // null unless a copy-on-write
 
-        IcebergBatchWrite(IcebergTable table, JsonNode plan, String writeId, StructType schema, String secret) {
+        IcebergBatchWrite(IcebergTable table, JsonNode plan, String writeId, StructType schema, String secret,
+                          java.util.function.Supplier<ObjectNode> replaced) {
             this.table = table;
             this.plan = plan;
             this.writeId = writeId;
             this.schema = schema;
             this.secret = secret;
+            this.replaced = replaced;
         }
 
         @Override
@@ -448,7 +453,11 @@ final class Writes {
 
         @Override
         public void commit(WriterCommitMessage[] messages) {
-            table.catalog.callUnchecked("commit_write", request(messages));
+            ObjectNode request = request(messages);
+            if (replaced != null) {
+                request.set("replaced", replaced.get());  // the files the scan read, now that it has run
+            }
+            table.catalog.callUnchecked("commit_write", request);
         }
 
         @Override
