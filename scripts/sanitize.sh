@@ -38,9 +38,11 @@
 # libcrypto, so scripts/sanitizers/tsan.supp has no entries.  SANITIZE_TSAN_OPENSSL=pinned
 # links the uninstrumented one instead (faster on a cold cache, and still report-free).
 #
-# `sanitize.sh --prepare` only builds that instrumented OpenSSL into the cache and exits
-# (.ci/run starts it at nice 19 beside the test suite, so that it takes only the CPU the suite
-# leaves).
+# `sanitize.sh --prepare` only builds: that instrumented OpenSSL, and the ASan and TSan
+# builds of the extension, into the cache, and exits (.ci/run starts it at nice 19 beside the
+# test suite, so that it takes only the CPU the suite leaves).  A prepared build is kept under
+# a key of everything it is made of (the package's sources, the flags, the OpenSSL); a run
+# whose sources differ builds afresh, so a prepared build never stands in for other code.
 #
 # Environment: SANITIZE_BUILDS="asan tsan leak", SANITIZE_KEEP=1 (keep the work directory),
 # SANITIZE_TIMEOUT, SANITIZE_WORKERS, SANITIZE_TSAN_OPENSSL=instrumented|pinned,
@@ -92,12 +94,18 @@ tsan_openssl() {
     echo "$prefix"
 }
 
-if [[ ${1:-} == --prepare ]]; then
-    s=$(date +%s)
-    tsan_openssl >/dev/null
-    log "instrumented OpenSSL ready in $(($(date +%s) - s))s"
-    exit 0
-fi
+# prepare <name> <flags> <OpenSSL prefix>: build it and keep it in the cache (the older
+# prepared builds of that name are removed).
+prepare() {
+    local ready stage
+    ready=$(prepared_dir "$@")
+    [[ -f $ready/.done ]] && return 0
+    build "$@" || return 1
+    rm -rf "$(dirname "$ready")/sanitize-$1-"*
+    stage=$(mktemp -d "$ready.XXXXXX")
+    cp -a "$WORK/$1/." "$stage/" && touch "$stage/.done" || { rm -rf "$stage"; return 1; }
+    mv -T "$stage" "$ready" 2>/dev/null || rm -rf "$stage"
+}
 
 UBSAN_EXIT=99
 
@@ -107,11 +115,32 @@ BENIGN='starting new threads after multi-threaded fork is not supported|Continui
 BENIGN+='|^==[0-9]+==Running thread [0-9]+ was not suspended. False leaks are possible.$'
 BENIGN+='|^-+$|^Suppressions used:|^ +count +bytes +template|^ +[0-9]+ +[0-9]+ +[a-z_]+$|^$'
 
+ASAN_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+TSAN_FLAGS="-fsanitize=thread"
+
+# prepared_dir <name> <flags> <OpenSSL prefix>: where --prepare keeps that build in the cache,
+# named by a digest of the flags, the OpenSSL and every source file the build copies.
+prepared_dir() {
+    local key
+    key=$( {
+        printf '%s\n' "$2" "$3"
+        cd "$ROOT" && find setup.py pyproject.toml include src -type f ! -name '*.so' ! -name '_gcm.c' \
+            ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+    } | sha256sum | cut -c1-16)
+    echo "${SANITIZE_CACHE:-$(dirname "$OPENSSL_PREFIX")}/sanitize-$1-$key"
+}
+
 # build <name> <flags> <OpenSSL prefix>: the extension, built with <flags>, in
 # $WORK/<name>/src (a copy of the package; setup.py's -O3 comes after CFLAGS, so the code
-# checked is the optimised code that ships).
+# checked is the optimised code that ships), or the same build --prepare made of the same
+# sources.
 build() {
-    local name=$1 flags=$2 dir=$WORK/$1
+    local name=$1 flags=$2 dir=$WORK/$1 ready
+    ready=$(prepared_dir "$@")
+    if [[ -f $ready/.done ]]; then
+        mkdir -p "$dir" && cp -a "$ready/." "$dir/" && rm -f "$dir/.done" &&
+            { log "$name: using the build prepared in $ready"; return 0; }
+    fi
     mkdir -p "$dir"
     cp -a "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT/include" "$ROOT/src" "$dir/"
     rm -f "$dir"/src/icecrypt/_gcm*.so "$dir"/src/icecrypt/_gcm.c   # Cython regenerates it
@@ -220,6 +249,16 @@ run() {
     ((rc == 0 && n == 0))
 }
 
+if [[ ${1:-} == --prepare ]]; then
+    s=$(date +%s)
+    ossl=$(tsan_openssl)
+    log "instrumented OpenSSL ready in $(($(date +%s) - s))s"
+    prepare asan "$ASAN_FLAGS" "$OPENSSL_PREFIX"
+    prepare tsan "$TSAN_FLAGS" "$ossl"
+    log "asan and tsan builds ready in $(($(date +%s) - s))s"
+    exit 0
+fi
+
 status=0
 t0=$(date +%s)
 for b in $BUILDS; do
@@ -233,7 +272,7 @@ for b in $BUILDS; do
         # pointers) could not tell icecrypt's allocations from CPython's for a suppression.
         OPTS="detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=1"
         OPTS+=":check_initialization_order=1:strict_string_checks=1:detect_invalid_pointer_pairs=1"
-        build asan "-fsanitize=address,undefined -fno-sanitize-recover=undefined" "$OPENSSL_PREFIX" ||
+        build asan "$ASAN_FLAGS" "$OPENSSL_PREFIX" ||
             { status=1; continue; }
         canary asan "overflow(8)" "signed_overflow(1)" || { status=1; continue; }
         echo "sanitize: asan build and canaries $(($(date +%s) - s))s"
@@ -249,7 +288,7 @@ for b in $BUILDS; do
         else
             ossl=$(tsan_openssl) || { status=1; continue; }
         fi
-        build tsan "-fsanitize=thread" "$ossl" || { status=1; continue; }
+        build tsan "$TSAN_FLAGS" "$ossl" || { status=1; continue; }
         canary tsan "race()" || { status=1; continue; }
         echo "sanitize: tsan build (OpenSSL: $ossl) and canary $(($(date +%s) - s))s"
         run tsan ICECRYPT_THREADS=4 -- tests/ags1 || status=1
