@@ -11,6 +11,7 @@ METADATA_TABLES = (
     "manifests",
     "all_manifests",
     "entries",
+    "all_entries",
     "files",
     "data_files",
     "delete_files",

@@ -227,8 +227,8 @@ def test_queries(cat):
                          order by made_current_at""")
     assert [(r.snapshot_id, r.operation, r.is_current_ancestor) for r in joined] == [
         (s1.snapshot_id, "append", True), (s2.snapshot_id, "append", True)]
-    for name in ["metadata_log_entries", "entries", "files", "manifests", "partitions", "all_data_files",
-                 "all_delete_files", "all_manifests", "refs"]:
+    for name in ["metadata_log_entries", "entries", "all_entries", "files", "manifests", "partitions",
+                 "all_data_files", "all_delete_files", "all_manifests", "refs"]:
         got = cat.spark.table(f"{cat.name}.{orders}.{name}").count()
         assert got == table.inspect.table(name).num_rows, name
     assert {r.name for r in cat.sql(f"SELECT * FROM {{c}}.{orders}.refs")} == {"main", "audit_branch", "first_load"}

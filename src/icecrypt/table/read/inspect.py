@@ -351,6 +351,22 @@ class InspectTable:
         """Every entry of every manifest of a snapshot, DELETED ones included: ``status``
         (0 existing, 1 added, 2 deleted), the snapshot and sequence numbers it has (the
         inherited ones filled in), ``data_file`` and ``readable_metrics``."""
+        return self._entry_table(self._entries(snapshot_id, include_deleted=True))
+
+    def all_entries(self) -> pa.Table:
+        """``entries`` of every manifest of every snapshot, each manifest read once (as
+        Iceberg's ``all_entries``): entries only older snapshots still reach, too."""
+        return self._entry_table(self._all_entries())
+
+    def _all_entries(self) -> Iterator[ManifestEntry]:
+        seen: set[str] = set()
+        for snapshot in self._table.snapshots():
+            for manifest in self._table.manifests(snapshot):
+                if manifest.path not in seen:
+                    seen.add(manifest.path)
+                    yield from self._checked(manifest, self._read(manifest, include_deleted=True))
+
+    def _entry_table(self, entries: Iterator[ManifestEntry]) -> pa.Table:
         files = self._file_fields()
         schema = pa.schema([
             pa.field("status", pa.int8(), nullable=False),
@@ -361,7 +377,7 @@ class InspectTable:
             files[-1],
         ])  # fmt: skip
         rows = []
-        for entry in self._entries(snapshot_id, include_deleted=True):
+        for entry in entries:
             data_file = self._file_row(entry)
             metrics = data_file.pop("readable_metrics")
             rows.append({
