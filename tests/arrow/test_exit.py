@@ -31,6 +31,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -47,21 +48,18 @@ from icecrypt.kms.memory import MemoryKms
 RUNS = 50
 ROWS = 400_000
 
-# The child loads the pickled filesystem (as a Spark executor would), reads the whole
-# dataset with threads, and exits.
-CHILD = f"""
-import atexit, pickle, sys
-import pyarrow.dataset as ds
-import icecrypt.arrow
-if sys.argv[2] == "no-guard":
+# What a child does: unregister the exit hook when asked, load the pickled filesystem (as a
+# Spark executor would), read the whole dataset with threads.  Its end is the exit.
+IMPORTS = "import atexit, os, pickle, sys\nimport pyarrow.dataset as ds\nimport icecrypt.arrow\n"
+READ = f"""
+if guard == "no-guard":
     atexit.unregister(icecrypt.arrow._quiesce_at_exit)
-root = sys.argv[1]
 with open(root + "/fs.pickle", "rb") as f:
     fs = pickle.load(f)
 table = ds.dataset(root + "/ds", filesystem=fs, format="parquet", partitioning="hive").to_table(use_threads=True)
 assert table.num_rows == {ROWS}, table.num_rows
 """
-
+CHILD = IMPORTS + "root, guard = sys.argv[1], sys.argv[2]\n" + READ
 
 def make_dataset(root: Path) -> None:
     """A hive-partitioned Parquet dataset of several files, and the pickled filesystem."""
@@ -75,10 +73,8 @@ def make_dataset(root: Path) -> None:
 # The forking server: imports what the child imports, then forks a child per line read.  The
 # child runs the read as the spawned child does and raises SystemExit, which unwinds to the
 # top level: the interpreter then finalizes and exits as a script does at its end.
-SERVER = f"""
-import os, pickle, sys
-import pyarrow.dataset as ds
-import icecrypt.arrow
+SERVER = IMPORTS + """
+root = sys.argv[1]
 print("ready", flush=True)
 for line in sys.stdin:
     guard, err = line.split()
@@ -87,20 +83,12 @@ for line in sys.stdin:
         fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
-        if guard == "no-guard":
-            import atexit
-            atexit.unregister(icecrypt.arrow._quiesce_at_exit)
-        root = sys.argv[1]
-        with open(root + "/fs.pickle", "rb") as f:
-            fs = pickle.load(f)
-        table = ds.dataset(root + "/ds", filesystem=fs, format="parquet", partitioning="hive").to_table(use_threads=True)
-        assert table.num_rows == {ROWS}, table.num_rows
+""" + textwrap.indent(READ, " " * 8) + """
         del table, fs
         raise SystemExit(0)
     _, status = os.waitpid(pid, 0)
     print(os.waitstatus_to_exitcode(status), flush=True)
 """
-
 
 def _outcome(returncode: int, stderr: str) -> str:
     if returncode == 0 and not stderr.strip():
