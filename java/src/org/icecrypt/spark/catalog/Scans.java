@@ -77,8 +77,8 @@ import org.apache.spark.sql.types.MapType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
-import org.apache.spark.unsafe.types.UTF8String;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
+import org.apache.spark.unsafe.types.UTF8String;
 
 import org.icecrypt.spark.LiveRows;
 
@@ -229,7 +229,7 @@ final class Scans {
         private Set<String> kept;  // the data files a runtime filter kept (null: every planned file)
 
         IcebergScan(IcebergTable table, Predicate[] predicates, StructType readSchema, StructType annotated,
-                            JsonNode plan, String keys, boolean wholeFiles) {
+                    JsonNode plan, String keys, boolean wholeFiles) {
             this.wholeFiles = wholeFiles;
             this.table = table;
             this.predicates = predicates;
