@@ -334,7 +334,7 @@ def test_tampered_manifest_is_refused(golden_copy):
         byte = f.read(1)
         f.seek(40)
         f.write(bytes([byte[0] ^ 1]))
-    for name in ("files", "entries", "partitions", "data_files"):
+    for name in ("files", "entries", "all_entries", "partitions", "data_files", "all_files"):
         with pytest.raises((DecryptionError, FormatError)):
             table.inspect.table(name)
     assert table.inspect.snapshots().num_rows == 2  # what does not read the manifest still works

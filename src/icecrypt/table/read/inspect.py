@@ -359,12 +359,8 @@ class InspectTable:
         return self._entry_table(self._all_entries())
 
     def _all_entries(self) -> Iterator[ManifestEntry]:
-        seen: set[str] = set()
-        for snapshot in self._table.snapshots():
-            for manifest in self._table.manifests(snapshot):
-                if manifest.path not in seen:
-                    seen.add(manifest.path)
-                    yield from self._checked(manifest, self._read(manifest, include_deleted=True))
+        for manifest in self._manifests_once(self._table.snapshots()):
+            yield from self._checked(manifest, self._read(manifest, include_deleted=True))
 
     def _entry_table(self, entries: Iterator[ManifestEntry]) -> pa.Table:
         files = self._file_fields()
@@ -551,18 +547,23 @@ class InspectTable:
     def _all_files(self, contents: tuple[int, ...]) -> pa.Table:
         return self._file_table(self._table.snapshots(), contents)
 
-    def _file_table(self, snapshots: list[Snapshot], contents: tuple[int, ...]) -> pa.Table:
-        """The live files of the given snapshots' manifests (each manifest read once)."""
+    def _manifests_once(self, snapshots: list[Snapshot]) -> Iterator[ManifestFile]:
+        """The manifests of the given snapshots, each once (a manifest several snapshots
+        share is read once)."""
         seen: set[str] = set()
-        rows = []
         for snapshot in snapshots:
             for manifest in self._table.manifests(snapshot):
-                if manifest.path in seen:
-                    continue
-                seen.add(manifest.path)
-                for entry in self._checked(manifest, self._read(manifest)):
-                    if entry.file.content in contents:
-                        rows.append(self._file_row(entry))
+                if manifest.path not in seen:
+                    seen.add(manifest.path)
+                    yield manifest
+
+    def _file_table(self, snapshots: list[Snapshot], contents: tuple[int, ...]) -> pa.Table:
+        """The live files of the given snapshots' manifests (each manifest read once)."""
+        rows = []
+        for manifest in self._manifests_once(snapshots):
+            for entry in self._checked(manifest, self._read(manifest)):
+                if entry.file.content in contents:
+                    rows.append(self._file_row(entry))
         return _table_from_rows(rows, pa.schema(self._file_fields()))
 
     def _metric_columns(self) -> list[tuple[str, int, Any]]:

@@ -281,12 +281,10 @@ final class Scans {
         }
 
         /** The planned data files this scan reads, as the table records them (a runtime filter applied). */
-        synchronized List<String> dataFiles() {
+        List<String> dataFiles() {
             List<String> out = new ArrayList<>();
-            for (JsonNode file : plan.path("data_files")) {
-                if (kept == null || kept.contains(file.asText())) {
-                    out.add(file.asText());
-                }
+            for (JsonNode[] file : readFiles()) {
+                out.add(file[1].asText());
             }
             return out;
         }
