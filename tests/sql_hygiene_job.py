@@ -1,7 +1,7 @@
 """A Spark application for tests/test_secrets_hygiene.py: Spark SQL through icecrypt's
 catalog (``org.icecrypt.spark.SparkCatalog``) on an encrypted table -- CREATE, INSERT,
-SELECT, UPDATE, MERGE INTO, a copy-on-write DELETE, CALL rewrite_data_files, the files
-metadata table -- with the UI on, an uncompressed event log and the JVM's log at DEBUG.
+SELECT, UPDATE, MERGE INTO, a DELETE, each copy-on-write and merge-on-read, CALL
+rewrite_data_files, the files metadata table -- with the UI on, an uncompressed event log and the JVM's log at DEBUG.
 Writes what Spark shows to OUT/: ``explain.txt`` (every explain mode of a query, and
 EXPLAIN of an UPDATE and a MERGE), ``rest.json`` (the UI's REST answers) and
 ``control.txt`` (every value the driver handed the JVM's ``Keys``: the scans' file keys
@@ -36,6 +36,13 @@ STATEMENTS = [
     "MERGE INTO enc.db.t t USING (SELECT id, 'v9' AS s FROM range(95, 105)) src ON t.id = src.id "
     "WHEN MATCHED THEN UPDATE SET t.s = src.s WHEN NOT MATCHED THEN INSERT *",
     "DELETE FROM enc.db.t WHERE id IN (SELECT id FROM range(10, 12))",
+    # merge-on-read from here (the EXPLAINs below too): row ids in the plans, deletion vectors
+    "ALTER TABLE enc.db.t SET TBLPROPERTIES ('write.update.mode'='merge-on-read', "
+    "'write.merge.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')",
+    "UPDATE enc.db.t SET id = id + 2000 WHERE id IN (SELECT id FROM range(20, 23))",
+    "MERGE INTO enc.db.t t USING (SELECT id, 'v8' AS s FROM range(30, 33)) src ON t.id = src.id "
+    "WHEN MATCHED THEN UPDATE SET t.s = src.s",
+    "DELETE FROM enc.db.t WHERE id IN (SELECT id FROM range(40, 42))",
     "CALL enc.system.rewrite_data_files(table => 'db.t')",
     "SELECT file_path, key_metadata FROM enc.db.t.files",
     "SELECT count(*), sum(id) FROM enc.db.t",

@@ -248,7 +248,6 @@ def test_no_key_in_logs_outputs_errors_and_plans(tmp_path, capfd, spark):
             evidence.add("verify after spark", t.verify())
 
             # --- failure drills
-            from icecrypt import ags1
             from icecrypt.errors import KmsError
 
             # a file the Python writer wrote first: the middle of a small file of Spark's
@@ -405,7 +404,8 @@ def test_sql_catalog_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     write's secret (a key per file is derived from it in the executors): a Spark
     application (tests/sql_hygiene_job.py, its own JVM with the UI, an event log and DEBUG
     logs) creates an encrypted table, inserts, queries, UPDATEs, MERGEs, DELETEs with a
-    subquery (copy-on-write), compacts with CALL and reads the files metadata table; no
+    subquery (copy-on-write, then merge-on-read), compacts with CALL and reads the files
+    metadata table; no
     DEK, write secret, KEK or master key shows in any explain mode (EXPLAIN of the UPDATE
     and MERGE too), the UI's REST answers, the event log, or the driver's and executors'
     logs and output.  The DEKs are found in what the scans handed over (the search works
@@ -423,10 +423,11 @@ def test_sql_catalog_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     proc = subprocess.run([sys.executable, job, str(warehouse), str(keystore), str(out)], capture_output=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # 100 rows; UPDATE moved 0-4 to 1000-1004; MERGE: 95-99 moved to v9, 100-104 inserted; DELETE 10, 11
-    assert b"SELECT [(103, " in proc.stdout, proc.stdout[-2000:]
+    # 100 rows; UPDATE moved 0-4 to 1000-1004; MERGE: 95-99 moved to v9, 100-104 inserted; DELETE 10, 11;
+    # merge-on-read: UPDATE moved 20-22, MERGE changed 30-32, DELETE 40, 41
+    assert b"SELECT [(101, " in proc.stdout, proc.stdout[-2000:]
     evidence, explain, rest, _ = _job_evidence(proc, out)
-    assert "icecrypt" in explain and "ReplaceData" in explain
+    assert "icecrypt" in explain and "WriteDelta" in explain  # the EXPLAINs ran on the merge-on-read table
     assert "BatchScan" in rest["sql?details=true&planDescription=true"]  # the catalog's scans, with their plans
 
     table = open_catalog("enc", {"type": "sql", "warehouse": str(warehouse), "encryption.kms-type": "local",
@@ -435,7 +436,7 @@ def test_sql_catalog_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     masters = master_keys(str(keystore))
     lines = (out / "control.txt").read_text().splitlines()
     secrets = {f"write secret {i}": base64.b64decode(line) for i, line in enumerate(lines) if len(line) == 44}
-    assert len(secrets) >= 4 and len(deks) >= 10 and keks and masters  # INSERT, UPDATE, MERGE, DELETE at least
+    assert len(secrets) >= 6 and len(deks) >= 10 and keks and masters  # INSERT, UPDATEs, MERGEs, DELETE at least
     hits = find({**deks, **keks, **masters, **secrets}, evidence.text)
     assert not hits, "\n".join(hits[:20])
     handed = {"scans' file keys": "\n".join(line for line in lines if len(line) != 44).encode()}

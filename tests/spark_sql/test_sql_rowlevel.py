@@ -39,19 +39,36 @@ def _sealed(cat, name: str) -> None:
             assert magic(path) in (b"PARE", b"AGS1"), path
 
 
-@pytest.mark.parametrize("partitioned", [True, False], ids=["partitioned", "unpartitioned"])
-@pytest.mark.parametrize("encrypted", [True, False], ids=["encrypted", "plaintext"])
-def test_update_merge_delete_against_model(cat, new_catalog, encrypted, partitioned):
+MOR = "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read', 'write.delete.mode'='merge-on-read'"
+
+
+#: each of encrypted / plaintext, partitioned / not, copy-on-write / merge-on-read is in two
+#: of the four cases
+@pytest.mark.parametrize(("encrypted", "partitioned", "mode"), [
+    (True, True, "copy-on-write"), (True, False, "merge-on-read"),
+    (False, True, "merge-on-read"), (False, False, "copy-on-write"),
+], ids=["encrypted-partitioned-cow", "encrypted-unpartitioned-mor", "plaintext-partitioned-mor",
+        "plaintext-unpartitioned-cow"])
+def test_update_merge_delete_against_model(cat, new_catalog, encrypted, partitioned, mode):
     name = f"db.rl_{'enc' if encrypted else 'plain'}_{'p' if partitioned else 'u'}"
     model = {i: (i, "abc"[i % 3], float(i)) for i in range(30)}
-    _create(cat, name, encrypted, partitioned, model)
+    mor = mode == "merge-on-read"
+    _create(cat, name, encrypted, partitioned, model, MOR if mor else "")
     _check(cat, name, model)
+    # merge-on-read removes a data file only when every row of it is deleted
+    files = _live_files(cat, name)
+    whole = {f: n for f, n, m in cat.rows(f"SELECT _file, count(*), count_if(id BETWEEN 3 AND 6 OR cat = 'c') "
+                                          f"FROM {{c}}.{name} GROUP BY _file") if n == m}
 
     # UPDATE with a condition inside files, and one with a subquery (no Iceberg form)
     cat.sql(f"UPDATE {{c}}.{name} SET v = v * 10 WHERE id BETWEEN 3 AND 6 OR cat = 'c'")
     model = {i: (i, c, v * 10 if 3 <= i <= 6 or c == "c" else v) for i, (_, c, v) in model.items()}
     _check(cat, name, model)
-    assert cat.table(name).current_snapshot().summary["operation"] == "overwrite"
+    summary = cat.table(name).current_snapshot().summary
+    assert summary["operation"] == "overwrite"
+    if mor:  # the 13 updated rows' positions deleted, their new values in new files; no file rewritten
+        assert files - _live_files(cat, name) == set(whole)
+        assert int(summary.get("added-position-deletes", 0)) + sum(whole.values()) == 13, summary
     cat.sql(f"UPDATE {{c}}.{name} SET cat = upper(cat) WHERE id IN (SELECT 1 UNION SELECT 2)")
     model = {i: (i, c.upper() if i in (1, 2) else c, v) for i, (_, c, v) in model.items()}
     _check(cat, name, model)
@@ -92,6 +109,9 @@ def test_update_merge_delete_against_model(cat, new_catalog, encrypted, partitio
     cat.sql(f"UPDATE {{c}}.{name} SET v = 0 WHERE id > 100000")
     _check(cat, name, model)
     assert cat.table(name).metadata_location == before
+    if mor:
+        deletes = [f["file_format"] for f in cat.table(name).inspect.delete_files().to_pylist()]
+        assert deletes and set(deletes) == {"PUFFIN"}, deletes  # deletion vectors (format 3)
     if encrypted:
         _sealed(cat, name)
 
@@ -111,16 +131,96 @@ def test_the_commit_replaces_exactly_the_files_the_scan_read(cat):
     assert all("cat=a" in p for p in after - before)
 
 
-def test_merge_on_read_tables_are_rewritten_copy_on_write(cat):
+def _summary(cat, name: str) -> dict[str, int]:
+    summary = cat.table(name).current_snapshot().summary
+    return {k: int(summary.get(k, 0)) for k in ("added-data-files", "deleted-data-files", "added-position-deletes",
+                                                 "added-delete-files", "removed-delete-files")}
+
+
+def _deleted_rows(cat, name: str) -> int:
+    """The rows the table's live delete files delete."""
+    return sum(d["record_count"] for d in cat.table(name).inspect.delete_files().to_pylist())
+
+
+def test_merge_on_read_statements_delete_positions_and_rewrite_no_file(cat):
+    """A table whose write.<command>.mode is merge-on-read: UPDATE, MERGE INTO and a DELETE
+    with a subquery (Spark's WriteDelta, catalog/MergeOnRead) delete the changed rows by
+    their position (_file, _pos) and write only the new rows; no data file is rewritten.
+    Positions join the file's existing deletion vector (here one DELETE's own path made)."""
+    name = "db.rl_mor"
     model = {i: (i, "ab"[i % 2], float(i)) for i in range(12)}
-    _create(cat, "db.rl_mor", True, False, model,
-            "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read', 'write.delete.mode'='merge-on-read'")
-    cat.sql("DELETE FROM {c}.db.rl_mor WHERE id = 3")  # a deletion vector (DELETE's own path)
+    _create(cat, name, True, False, model, MOR)
+    files = _live_files(cat, name)
+    holder = dict(cat.rows(f"SELECT id, _file FROM {{c}}.{name}"))
+    cat.sql(f"DELETE FROM {{c}}.{name} WHERE id = 3")  # a deletion vector (DELETE's own path)
     del model[3]
-    cat.sql("UPDATE {c}.db.rl_mor SET v = 99 WHERE id IN (SELECT 5)")
+    positions = cat.rows(f"SELECT id, _pos FROM {{c}}.{name} WHERE _file = '{holder[5]}' ORDER BY _pos")
+    assert [i for i, _ in positions] == sorted(i for i in model if holder[i] == holder[5])
+
+    cat.sql(f"UPDATE {{c}}.{name} SET v = 99 WHERE id IN (SELECT 5)")
     model[5] = (5, "b", 99.0)
-    _check(cat, "db.rl_mor", model)  # the deleted row stays deleted in the rewritten file
-    _sealed(cat, "db.rl_mor")
+    _check(cat, name, model)  # the deleted row stays deleted: its position is in the new vector too
+    joined = int(holder[3] == holder[5])  # the new vector replaces the file's old one, and holds its position
+    assert _summary(cat, name) == {"added-data-files": 1, "deleted-data-files": 0, "added-position-deletes": 1 + joined,
+                                   "added-delete-files": 1, "removed-delete-files": joined}
+    assert files <= _live_files(cat, name)
+
+    cat.sql(f"""MERGE INTO {{c}}.{name} t USING (SELECT * FROM VALUES (0L, 'x', -1.0), (1L, 'x', -2.0),
+                (50L, 'n', 5.0) AS s(id, cat, v)) s ON t.id = s.id
+                WHEN MATCHED AND s.v = -2.0 THEN DELETE
+                WHEN MATCHED THEN UPDATE SET t.v = s.v
+                WHEN NOT MATCHED THEN INSERT *""")
+    del model[1]
+    model[0], model[50] = (0, "a", -1.0), (50, "n", 5.0)
+    _check(cat, name, model)
+    summary = _summary(cat, name)
+    assert summary["deleted-data-files"] == 0 and summary["added-data-files"] >= 1, summary
+    assert files <= _live_files(cat, name)
+    assert _deleted_rows(cat, name) == 4  # 3, 5, 0 and 1 of the first files
+
+    cat.sql(f"DELETE FROM {{c}}.{name} WHERE length(cat) = 1 AND id IN (SELECT 7 UNION SELECT 8)")
+    del model[7], model[8]
+    _check(cat, name, model)
+    summary = _summary(cat, name)
+    assert summary["added-data-files"] == 0 and summary["deleted-data-files"] == 0, summary
+    assert files <= _live_files(cat, name)
+    assert _deleted_rows(cat, name) == 6
+    deletes = cat.table(name).inspect.delete_files().to_pylist()
+    assert deletes and {d["file_format"] for d in deletes} == {"PUFFIN"}
+    _sealed(cat, name)
+
+
+def test_a_merge_on_read_statement_racing_a_delete_of_its_rows_fails_and_leaves_nothing(cat):
+    """Another writer deletes a row of the file a merge-on-read UPDATE deletes positions in,
+    while the UPDATE runs (a Python UDF in the job, through icecrypt's API): the UPDATE's
+    commit is a conflict (its vector and the other's would each miss the other's rows), the
+    table keeps the other writer's delete only, and the UPDATE leaves no file."""
+    from pyspark.sql.functions import udf
+
+    name = "db.rl_mor_race"
+    model = {i: (i, "a", float(i)) for i in range(6)}
+    _create(cat, name, True, False, model, MOR)
+    options, catalog_name = dict(cat.options), cat.name
+
+    @udf("double")
+    def meanwhile(v):
+        from icecrypt.spark._sql.catalogs import open_catalog
+
+        open_catalog(catalog_name, options).load_table(("db", "rl_mor_race")).delete("id = 1 OR id = 4")
+        return v
+
+    cat.spark.udf.register("meanwhile_mor", meanwhile)
+    before = data_files(cat.warehouse)
+    with pytest.raises(Exception, match="(?i)conflict|concurrent|since"):
+        cat.sql(f"UPDATE {{c}}.{name} SET v = meanwhile_mor(v) + 100 WHERE id IN (SELECT 0 UNION SELECT 2 "
+                "UNION SELECT 3 UNION SELECT 5)")
+    del model[1], model[4]
+    _check(cat, name, model)
+    table = cat.table(name)
+    kept = {table.fs_path(p) for p in _live_files(cat, name)}
+    kept |= {table.fs_path(d["file_path"]) for d in table.inspect.delete_files().to_pylist()}
+    new = {str(p) for p in data_files(cat.warehouse)} - {str(p) for p in before}
+    assert all(p in kept or "/metadata/" in p or p.endswith(".db") for p in new), sorted(new)
 
 
 def test_failing_statements_leave_the_table_as_it_was(cat):
@@ -234,21 +334,38 @@ def test_statements_rewrite_only_the_files_holding_matched_rows(cat):
 
 
 def test_the_files_reported_at_commit_must_be_of_those_planned():
-    """What the JVM reports replacing at commit is checked against what the write began
-    with: the same command and snapshot, and only files the scan planned."""
+    """What the JVM reports at commit is checked against what the write began with: the
+    same command and snapshot, and only files the scan planned (the files a copy-on-write
+    replaces, the files whose rows a merge-on-read deletes)."""
     from types import SimpleNamespace
 
-    from icecrypt.spark._sql.write import _replaced_as_read
+    from icecrypt.spark._sql.write import _deleted_as_read, _replaced_as_read
 
     planned = {"command": "merge", "snapshot_id": 7, "data_files": ["a", "b", "c"]}
     pending = SimpleNamespace(mode="replace", replaced=planned, what="table db.t")
     assert _replaced_as_read(pending, None) == ["a", "b", "c"]
     assert _replaced_as_read(pending, {**planned, "data_files": ["c", "a", "a"]}) == ["c", "a"]
     assert _replaced_as_read(pending, {**planned, "data_files": []}) == []
-    with pytest.raises(ValueError, match="reports replacing x, which its scan did not plan"):
+    with pytest.raises(ValueError, match="reports reading x, which its scan did not plan"):
         _replaced_as_read(pending, {**planned, "data_files": ["a", "x"]})
     for other in ({"command": "update"}, {"snapshot_id": 8}, {"data_files": "a"}):
         with pytest.raises(ValueError, match="not the one it began with"):
             _replaced_as_read(pending, {**planned, **other})
-    with pytest.raises(ValueError, match="only a replacing write"):
+    with pytest.raises(ValueError, match="only a row-level write"):
         _replaced_as_read(SimpleNamespace(mode="append", replaced=None, what="table db.t"), planned)
+    with pytest.raises(ValueError, match="only a merge-on-read write deletes rows"):
+        _deleted_as_read(pending, planned, {"a": [1]})
+
+    delta = SimpleNamespace(mode="delta", replaced=planned, what="table db.t")
+    assert _replaced_as_read(delta, planned) == []  # a merge-on-read replaces no file
+    assert _deleted_as_read(delta, planned, {"a": [0, 5], "c": [2]}) == {"a": [0, 5], "c": [2]}
+    assert _deleted_as_read(delta, planned, None) == {}
+    with pytest.raises(ValueError, match="reports deleting rows of x, which its scan did not read"):
+        _deleted_as_read(delta, planned, {"a": [1], "x": [0]})
+    with pytest.raises(ValueError, match="reports deleting rows of b, which its scan did not read"):
+        _deleted_as_read(delta, {**planned, "data_files": ["a"]}, {"b": [0]})  # read fewer than planned
+    for bad in ("1", [1.5], [True], ["2"]):
+        with pytest.raises(ValueError, match="malformed row positions for a"):
+            _deleted_as_read(delta, planned, {"a": bad})
+    with pytest.raises(ValueError, match="not the one it began with"):
+        _deleted_as_read(delta, {**planned, "snapshot_id": 8}, {"a": [1]})

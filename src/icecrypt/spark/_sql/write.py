@@ -52,8 +52,11 @@ from icecrypt.spark._sql.filters import to_filter
 from icecrypt.spark._sql.staging import Transaction
 
 #: replace: the files of a copy-on-write UPDATE / MERGE / DELETE (Spark's rewrite), which
-#: take the place of the files the statement's scan read
-_MODES = ("append", "overwrite", "overwrite_filter", "dynamic", "replace")
+#: take the place of the files the statement's scan read; delta: a merge-on-read one's new
+#: files and the row positions it deleted in files the scan read
+_MODES = ("append", "overwrite", "overwrite_filter", "dynamic", "replace", "delta")
+#: the modes of row-level operations, which name what their scan read
+_ROW_LEVEL = ("replace", "delta")
 _COMMANDS = ("update", "merge", "delete")
 
 
@@ -89,8 +92,8 @@ class PendingWrite:
     sort_order_id: int
     #: spark.wap.id: the append is staged with it (catalogs.audit_publish)
     wap_id: str | None = None
-    #: mode replace: {"command", "data_files" (the scan's, as the manifests record them),
-    #: "snapshot_id" (where the scan read them)}
+    #: modes replace and delta: {"command", "data_files" (the scan's, as the manifests
+    #: record them), "snapshot_id" (where the scan read them)}
     replaced: dict[str, Any] | None = None
 
 
@@ -235,8 +238,8 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
 
     if mode not in _MODES:
         raise ValueError(f"{what}: unknown write mode {mode!r}")
-    if (mode == "replace") != (replaced is not None):
-        raise ValueError(f"{what}: a replacing write names the files it replaces, and only it")
+    if (mode in _ROW_LEVEL) != (replaced is not None):
+        raise ValueError(f"{what}: a row-level write names the files its scan read, and only it")
     if replaced is not None:
         if replaced.get("command") not in _COMMANDS or not isinstance(replaced.get("data_files"), list):
             raise ValueError(f"{what}: malformed replacing write {sorted(replaced)}")
@@ -383,13 +386,15 @@ def _epoch_check(pending: PendingWrite, query_id: str, epoch: int, files: bool) 
 
 
 def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | None = None,
-           epoch: int | None = None, read: dict[str, Any] | None = None) -> None:
+           epoch: int | None = None, read: dict[str, Any] | None = None,
+           deletes: dict[str, Any] | None = None) -> None:
     """Commit the reported files.  With ``query_id`` and ``epoch`` (a streaming micro-batch)
     the snapshot's summary records them and the commit is skipped -- the files deleted --
     when the branch already holds that epoch of that query (Spark replays the epoch whose
     commit its checkpoint did not record).  ``read``: a copy-on-write's scan as it ran
     (the files Spark's runtime filter kept of those planned at ``begin``): those are the
-    files replaced."""
+    files replaced.  ``deletes``: a merge-on-read's deleted rows, data file -> positions,
+    in files its scan read."""
     from icecrypt.errors import SnapshotIntegrityError
     from icecrypt.spark._common import file_error
     from icecrypt.spark._stream import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, EpochAlreadyCommitted
@@ -399,6 +404,7 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
     try:
         records = _records(pending, files)
         replaced = _replaced_as_read(pending, read)
+        deleted = _deleted_as_read(pending, read, deletes)
     except BaseException:
         _remove(pending, [f[0] for f in files])
         raise
@@ -430,6 +436,9 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
         elif pending.mode == "replace":
             merge_files(table, records, removed=replaced, kind=pending.replaced["command"],
                         branch=branch, start_snapshot_id=pending.start_snapshot_id)
+        elif pending.mode == "delta":
+            merge_files(table, records, deleted_positions=deleted, kind=pending.replaced["command"],
+                        branch=branch, start_snapshot_id=pending.start_snapshot_id)
         elif pending.mode == "overwrite_filter":
             overwrite_files_by_filter(table, records, pending.row_filter, branch=branch,
                                       start_snapshot_id=pending.start_snapshot_id)
@@ -446,13 +455,13 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
         raise file_error(exc, f"{pending.what}: committing the write") from exc
 
 
-def _replaced_as_read(pending: PendingWrite, read: dict[str, Any] | None) -> list[str]:
-    """The data files a copy-on-write replaces: those its scan read, which must be of the
-    files planned when the write began, for the same command and snapshot (what the JVM
-    reports is checked, never taken on trust: a file the scan did not plan is refused)."""
-    if pending.mode != "replace":
+def _as_read(pending: PendingWrite, read: dict[str, Any] | None) -> list[str]:
+    """The data files a row-level operation's scan read, which must be of the files planned
+    when the write began, for the same command and snapshot (what the JVM reports is
+    checked, never taken on trust: a file the scan did not plan is refused)."""
+    if pending.mode not in _ROW_LEVEL:
         if read is not None:
-            raise ValueError(f"{pending.what}: only a replacing write names the files it replaces")
+            raise ValueError(f"{pending.what}: only a row-level write names the files its scan read")
         return []
     planned = pending.replaced
     if read is None:
@@ -463,9 +472,35 @@ def _replaced_as_read(pending: PendingWrite, read: dict[str, Any] | None) -> lis
                          "nothing was committed")
     unplanned = set(read["data_files"]) - set(planned["data_files"])
     if unplanned:
-        raise ValueError(f"{pending.what}: the {planned['command']} reports replacing {sorted(unplanned)[0]}, which "
+        raise ValueError(f"{pending.what}: the {planned['command']} reports reading {sorted(unplanned)[0]}, which "
                          "its scan did not plan; nothing was committed")
     return list(dict.fromkeys(read["data_files"]))
+
+
+def _replaced_as_read(pending: PendingWrite, read: dict[str, Any] | None) -> list[str]:
+    """The data files a copy-on-write replaces: those its scan read (:func:`_as_read`)."""
+    files = _as_read(pending, read)
+    return files if pending.mode == "replace" else []
+
+
+def _deleted_as_read(pending: PendingWrite, read: dict[str, Any] | None,
+                     deletes: dict[str, Any] | None) -> dict[str, list[int]]:
+    """A merge-on-read's deleted positions (data file -> row positions), each file one its
+    scan read (:func:`_as_read`); merge_files checks the positions against the file's rows."""
+    if pending.mode != "delta":
+        if deletes:
+            raise ValueError(f"{pending.what}: only a merge-on-read write deletes rows by position")
+        return {}
+    scanned = set(_as_read(pending, read))
+    out: dict[str, list[int]] = {}
+    for path, positions in (deletes or {}).items():
+        if path not in scanned:
+            raise ValueError(f"{pending.what}: the {pending.replaced['command']} reports deleting rows of {path}, "
+                             "which its scan did not read; nothing was committed")
+        if not isinstance(positions, list) or not all(type(p) is int for p in positions):
+            raise ValueError(f"{pending.what}: malformed row positions for {path}; nothing was committed")
+        out[path] = positions
+    return out
 
 
 @method("commit_write")
@@ -473,7 +508,8 @@ def _commit_write(bridge: Any, request: dict[str, Any]) -> Any:
     pending = _take(bridge, request["write_id"])
     epoch = request.get("epoch")
     commit(pending, request.get("files") or [], query_id=request.get("query_id"),
-           epoch=None if epoch is None else int(epoch), read=request.get("replaced"))
+           epoch=None if epoch is None else int(epoch), read=request.get("replaced"),
+           deletes=request.get("deletes"))
     return True
 
 

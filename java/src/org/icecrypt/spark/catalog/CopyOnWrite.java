@@ -17,37 +17,16 @@
  */
 package org.icecrypt.spark.catalog;
 
-import java.util.Locale;
-
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
-
 import org.apache.spark.sql.connector.expressions.Expressions;
 import org.apache.spark.sql.connector.expressions.NamedReference;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
-import org.apache.spark.sql.connector.write.RowLevelOperation;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-final class CopyOnWrite implements RowLevelOperation {
-    private final IcebergTable table;
-    private final Command command;
-    private volatile Scans.IcebergScan scan;  // the last scan Spark built for the statement
-
+final class CopyOnWrite extends RowLevel {
     CopyOnWrite(IcebergTable table, Command command) {
-        this.table = table;
-        this.command = command;
-    }
-
-    @Override
-    public Command command() {
-        return command;
-    }
-
-    @Override
-    public String description() {
-        return "icecrypt copy-on-write " + command.name().toLowerCase(Locale.ROOT) + " of " + table.name();
+        super(table, command, "copy-on-write");
     }
 
     /** _file, which the scan's runtime filter is on (none when a data column has that name). */
@@ -62,25 +41,9 @@ final class CopyOnWrite implements RowLevelOperation {
         return new Scans.Builder(table, options, true, built -> scan = built);
     }
 
+    /** The write replaces the files the scan read (RowLevel.read), at its snapshot. */
     @Override
     public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
-        return new Writes.Builder(table, info, this::replaced);
-    }
-
-    /** What the write's files replace: the files the scan read, at its snapshot. */
-    private ObjectNode replaced() {
-        ObjectNode out = CatalogContext.JSON.createObjectNode();
-        out.put("command", command.name().toLowerCase(Locale.ROOT));
-        ArrayNode files = out.putArray("data_files");
-        Scans.IcebergScan read = scan;
-        if (read == null) {
-            throw new IllegalStateException("icecrypt catalog: table " + table.name() + ": the "
-                + command.name() + " wrote before its scan was planned");
-        }
-        for (String file : read.dataFiles()) {  // the files it read: a runtime filter may have kept fewer
-            files.add(file);
-        }
-        out.set("snapshot_id", read.plan.get("snapshot_id"));
-        return out;
+        return new Writes.Builder(table, info, this::read);
     }
 }

@@ -7,14 +7,16 @@
  * by filter, dynamic by partition) of the branch (Writes); DELETE FROM with a condition
  * that has an Iceberg row filter form, carried out by the driver's row-level delete in
  * the table's write.delete.mode (SupportsDeleteV2; _sql/delete.py); UPDATE, MERGE INTO and
- * other DELETEs as copy-on-write row-level operations (CopyOnWrite).  Structured
+ * other DELETEs as row-level operations, copy-on-write (CopyOnWrite) or merge-on-read
+ * (MergeOnRead) as the table's write.<command>.mode says.  Structured
  * Streaming: micro-batch reads of its appends (Streams) and writes committed once per
  * query and epoch (Writes.IcebergStreamingWrite).  A table loaded with
  * time travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
  * description never holds a key: properties are the table's own and Iceberg's shown
  * ones (format, provider, location, current-snapshot-id, format-version, ...).
- * Metadata column: _file, the data file a row was read from (its location as the table
- * records it), as in Iceberg; a data column of that name hides it.
+ * Metadata columns, as in Iceberg: _file, the data file a row was read from (its location
+ * as the table records it), and _pos, the row's position in that file; a data column of
+ * the same name hides one.
  */
 package org.icecrypt.spark.catalog;
 
@@ -44,10 +46,12 @@ import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.expressions.filter.Predicate;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.RowLevelOperation;
 import org.apache.spark.sql.connector.write.RowLevelOperationBuilder;
 import org.apache.spark.sql.connector.write.RowLevelOperationInfo;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
@@ -85,15 +89,22 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
     @Override
     public MetadataColumn[] metadataColumns() {
-        return new MetadataColumn[] {new MetadataColumn() {
+        return new MetadataColumn[] {
+            metadataColumn(Scans.FILE_COLUMN, DataTypes.StringType, "Path of the file in which a row is stored"),
+            metadataColumn(Scans.POS_COLUMN, DataTypes.LongType, "Ordinal position of a row in the source data file"),
+        };
+    }
+
+    private static MetadataColumn metadataColumn(String name, DataType type, String comment) {
+        return new MetadataColumn() {
             @Override
             public String name() {
-                return Scans.FILE_COLUMN;
+                return name;
             }
 
             @Override
             public DataType dataType() {
-                return org.apache.spark.sql.types.DataTypes.StringType;
+                return type;
             }
 
             @Override
@@ -103,14 +114,19 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
             @Override
             public String comment() {
-                return "Path of the file in which a row is stored";
+                return comment;
             }
-        }};
+        };
     }
 
     /** Whether {@code name}, asked of a scan, is the metadata column _file (no data column has that name). */
     boolean isFileColumn(String name) {
         return Scans.FILE_COLUMN.equals(name) && !java.util.Arrays.asList(schema.fieldNames()).contains(name);
+    }
+
+    /** Whether {@code name}, asked of a scan, is the metadata column _pos (no data column has that name). */
+    boolean isPosColumn(String name) {
+        return Scans.POS_COLUMN.equals(name) && !java.util.Arrays.asList(schema.fieldNames()).contains(name);
     }
 
     boolean timeTravel() {
@@ -223,7 +239,11 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         return new Writes.Builder(this, info);
     }
 
-    /** UPDATE, MERGE INTO, and DELETE FROM whose condition has no row filter form: copy-on-write (CopyOnWrite). */
+    /**
+     * UPDATE, MERGE INTO, and DELETE FROM whose condition has no row filter form: as the
+     * table's write.<command>.mode says, merge-on-read (MergeOnRead: deleted rows become
+     * deletes of their positions) or copy-on-write (CopyOnWrite: their files are rewritten).
+     */
     @Override
     public RowLevelOperationBuilder newRowLevelOperationBuilder(RowLevelOperationInfo info) {
         if (timeTravel()) {
@@ -234,7 +254,13 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
             throw new IllegalArgumentException("icecrypt catalog: table " + name() + ": option "
                 + info.options().keySet().iterator().next() + " is not supported for " + info.command());
         }
-        return () -> new CopyOnWrite(this, info.command());
+        RowLevelOperation.Command command = info.command();
+        String mode = properties.get("write." + command.name().toLowerCase(java.util.Locale.ROOT) + ".mode");
+        // merge-on-read needs both row id columns (a data column named _file or _pos hides one)
+        if ("merge-on-read".equals(mode) && isFileColumn(Scans.FILE_COLUMN) && isPosColumn(Scans.POS_COLUMN)) {
+            return () -> new MergeOnRead(this, command);
+        }
+        return () -> new CopyOnWrite(this, command);
     }
 
     /** Whether every predicate has an Iceberg row filter form (else Spark refuses the DELETE, naming it). */

@@ -97,6 +97,10 @@ final class Scans {
     static final String READ_ID_PROPERTY = "icecrypt.read-id";
     /** The metadata column of a row's data file (its location as the table records it). */
     static final String FILE_COLUMN = "_file";
+    /** The metadata column of a row's position in its data file. */
+    static final String POS_COLUMN = "_pos";
+    /** Where Spark's Parquet reader puts a row's position (in the schema it is asked to read). */
+    static final String ROW_INDEX = ParquetFileFormat.ROW_INDEX_TEMPORARY_COLUMN_NAME();
 
     private Scans() {
     }
@@ -162,15 +166,20 @@ final class Scans {
             }
             StructType data = new StructType();
             boolean file = false;
+            boolean pos = false;
             for (StructField field : required.fields()) {
                 if (table.isFileColumn(field.name())) {
                     file = true;
+                } else if (table.isPosColumn(field.name())) {
+                    pos = true;
                 } else {
                     data = data.add(field);
                 }
             }
             StructType annotated = annotate(data, table.readSchema, "");
-            StructType readSchema = file ? data.add(FILE_COLUMN, DataTypes.StringType, false) : data;
+            // the reader's layout: the data columns, the row index, then the partition value _file
+            StructType readSchema = pos ? data.add(POS_COLUMN, DataTypes.LongType, false) : data;
+            readSchema = file ? readSchema.add(FILE_COLUMN, DataTypes.StringType, false) : readSchema;
             IcebergScan scan = IcebergScan.plan(table, pushed.toArray(new Predicate[0]), readSchema, annotated,
                                                 wholeFiles);
             if (built != null) {
@@ -219,7 +228,7 @@ final class Scans {
     static class IcebergScan implements Scan, Batch, SupportsReportStatistics {
         final IcebergTable table;
         final Predicate[] predicates;
-        final StructType readSchema;  // what Spark gets (the data columns, then _file when asked for)
+        final StructType readSchema;  // what Spark gets (the data columns, then _pos and _file when asked for)
         final StructType annotated;  // the data columns, with field ids
         final JsonNode plan;  // the driver's answer (no key in it)
         final boolean wholeFiles;  // rows are never filtered inside a file (copy-on-write)
@@ -271,7 +280,16 @@ final class Scans {
 
         /** Whether Spark gets the _file column. */
         boolean readsFile() {
-            return readSchema.length() > annotated.length();
+            return readsMetadata(FILE_COLUMN);
+        }
+
+        /** Whether Spark gets the _pos column (the reader's row index). */
+        boolean readsPos() {
+            return readsMetadata(POS_COLUMN);
+        }
+
+        private boolean readsMetadata(String column) {
+            return readSchema.getFieldIndex(column).isDefined() && annotated.getFieldIndex(column).isEmpty();
         }
 
         /** Reads only the planned data files in {@code locations} from now on (a runtime filter). */
@@ -412,7 +430,11 @@ final class Scans {
             // _file: a partition value of each file, appended to the data columns by the reader
             StructType partition = readsFile()
                 ? new StructType().add(FILE_COLUMN, DataTypes.StringType, false) : new StructType();
-            boolean columnar = format.supportBatch(session, annotated.merge(partition, false));
+            // _pos: the row index Spark's reader fills in, after the data columns (nullable: a
+            // column Spark's reader requires must be in the file)
+            StructType required = readsPos()
+                ? annotated.add(ROW_INDEX, DataTypes.LongType, true) : annotated;
+            boolean columnar = format.supportBatch(session, required.merge(partition, false));
             Map<String, String> options = new HashMap<>();
             options.put(FileFormat$.MODULE$.OPTION_RETURNING_BATCH(), String.valueOf(columnar));
             Configuration conf = format.getHadoopConf(session, scalaMap(options));
@@ -424,13 +446,13 @@ final class Scans {
             scala.collection.immutable.Seq<Filter> filters = parquetFilters();
             StructType full = table.readSchema;
             Function1<PartitionedFile, Iterator<InternalRow>> plain = format.buildReaderWithPartitionValues(
-                session, full, partition, annotated, filters, scalaMap(options), new Configuration(conf));
+                session, full, partition, required, filters, scalaMap(options), new Configuration(conf));
             Function1<PartitionedFile, Iterator<InternalRow>> live = null;
             String deletes = plan.path("deletes").asText("");
             if (!deletes.isEmpty()) {
                 Map<String, String> liveOptions = new HashMap<>(options);
                 liveOptions.put(LiveRows.DELETES, deletes);
-                live = new LiveRows().buildReaderWithPartitionValues(session, full, partition, annotated, filters,
+                live = new LiveRows().buildReaderWithPartitionValues(session, full, partition, required, filters,
                     scalaMap(liveOptions), new Configuration(conf));
             }
             return new ReaderFactory(plain, live, columnar);

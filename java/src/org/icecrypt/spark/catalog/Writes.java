@@ -167,7 +167,7 @@ final class Writes {
     }
 
     /** A planned write: its mode and, when run, its batch write. */
-    static final class IcebergWrite implements Write, RequiresDistributionAndOrdering {
+    static class IcebergWrite implements Write, RequiresDistributionAndOrdering {
         private final IcebergTable table;
         private final LogicalWriteInfo info;
         private final String mode;
@@ -183,6 +183,11 @@ final class Writes {
             this.replaced = replaced;
         }
 
+        /** Whether the write has rows to write (a merge-on-read DELETE only deletes positions). */
+        boolean writesRows() {
+            return !("delta".equals(mode) && info.schema().isEmpty());
+        }
+
         private String distributionMode() {
             String configured = table.properties().get("write.distribution-mode");
             boolean partitioned = table.partitioning().length > 0;
@@ -195,7 +200,7 @@ final class Writes {
         @Override
         public Distribution requiredDistribution() {
             String distribution = distributionMode();
-            SortOrder[] ordering = table.writeOrdering();
+            SortOrder[] ordering = requiredOrdering();
             if (ordering.length == 0) {
                 return Distributions.unspecified();
             }
@@ -215,7 +220,7 @@ final class Writes {
 
         @Override
         public SortOrder[] requiredOrdering() {
-            return table.writeOrdering();
+            return writesRows() ? table.writeOrdering() : new SortOrder[0];
         }
 
         @Override
@@ -275,7 +280,9 @@ final class Writes {
             String writeId = plan.path("write_id").asText();
             String secret = plan.path("encrypted").asBoolean() ? Keys.take(writeId) : null;
             StructType schema = (StructType) DataType.fromJson(plan.get("schema").toString());
-            check(schema, info.schema(), table.name());
+            if (writesRows()) {
+                check(schema, info.schema(), table.name());
+            }
             return new IcebergBatchWrite(table, plan, writeId, schema, secret, replaced);
         }
     }
@@ -371,7 +378,7 @@ final class Writes {
         private final String writeId;
         private final StructType schema;
         private final String secret;
-        private final java.util.function.Supplier<ObjectNode> replaced;  // null unless a copy-on-write
+        private final java.util.function.Supplier<ObjectNode> replaced;  // null unless a row-level operation
 
         IcebergBatchWrite(IcebergTable table, JsonNode plan, String writeId, StructType schema, String secret,
                           java.util.function.Supplier<ObjectNode> replaced) {
@@ -384,7 +391,7 @@ final class Writes {
         }
 
         @Override
-        public DataWriterFactory createBatchWriterFactory(PhysicalWriteInfo info) {
+        public WriterFactory createBatchWriterFactory(PhysicalWriteInfo info) {
             SparkSession session = SparkSession.active();
             ParquetFileFormat format = new ParquetFileFormat();
             Map<String, String> options = new HashMap<>();
@@ -443,10 +450,25 @@ final class Writes {
             ObjectNode request = table.catalog.request();
             request.put("write_id", writeId);
             ArrayNode files = request.putArray("files");
+            Map<String, List<long[]>> deletes = new java.util.TreeMap<>();
             for (WriterCommitMessage message : messages) {
                 if (message instanceof WrittenFiles) {
-                    ((WrittenFiles) message).addTo(files);
+                    WrittenFiles written = (WrittenFiles) message;
+                    written.addTo(files);
+                    written.deletes.forEach((file, positions) ->
+                        deletes.computeIfAbsent(file, f -> new ArrayList<>()).add(positions));
                 }
+            }
+            if (!deletes.isEmpty()) {  // a merge-on-read's deleted rows: positions per data file
+                ObjectNode out = request.putObject("deletes");
+                deletes.forEach((file, parts) -> {
+                    ArrayNode positions = out.putArray(file);
+                    for (long[] part : parts) {
+                        for (long position : part) {
+                            positions.add(position);
+                        }
+                    }
+                });
             }
             return request;
         }
@@ -471,9 +493,13 @@ final class Writes {
         }
     }
 
-    /** What a task wrote: per file its path under the data directory, size, records, partition values. */
+    /**
+     * What a task wrote: per file its path under the data directory, size, records, partition
+     * values; and for a merge-on-read (MergeOnRead) the row positions it deleted, per data file.
+     */
     static final class WrittenFiles implements WriterCommitMessage {
         private static final long serialVersionUID = 1L;
+        final Map<String, long[]> deletes = new HashMap<>();
         final List<String> paths = new ArrayList<>();
         final List<Long> sizes = new ArrayList<>();
         final List<Long> records = new ArrayList<>();
@@ -517,7 +543,7 @@ final class Writes {
         }
 
         @Override
-        public DataWriter<InternalRow> createWriter(int partitionId, long taskId) {
+        public FileWriter createWriter(int partitionId, long taskId) {
             Configuration configuration = new Configuration(conf.value().value());
             TaskAttemptID attempt = new TaskAttemptID(new TaskID(new JobID("icecrypt", 0), TaskType.MAP, partitionId),
                                                       (int) (taskId & Integer.MAX_VALUE));
