@@ -189,6 +189,14 @@ def test_merge_on_read_statements_delete_positions_and_rewrite_no_file(cat):
     assert deletes and {d["file_format"] for d in deletes} == {"PUFFIN"}
     _sealed(cat, name)
 
+    # a mode that is neither: the statement fails naming it, the table stays as it was
+    cat.sql(f"ALTER TABLE {{c}}.{name} SET TBLPROPERTIES ('write.update.mode'='sometimes')")
+    version = cat.table(name).metadata_location
+    with pytest.raises(Exception, match="write.update.mode is sometimes, not copy-on-write or merge-on-read"):
+        cat.sql(f"UPDATE {{c}}.{name} SET v = 0 WHERE id IN (SELECT 2)")
+    assert cat.table(name).metadata_location == version
+    _check(cat, name, model)
+
 
 def test_a_merge_on_read_statement_racing_a_delete_of_its_rows_fails_and_leaves_nothing(cat):
     """Another writer deletes a row of the file a merge-on-read UPDATE deletes positions in,
@@ -369,3 +377,54 @@ def test_the_files_reported_at_commit_must_be_of_those_planned():
             _deleted_as_read(delta, planned, {"a": bad})
     with pytest.raises(ValueError, match="not the one it began with"):
         _deleted_as_read(delta, {**planned, "snapshot_id": 8}, {"a": [1]})
+
+
+def _lineage(cat, name: str) -> dict[int, tuple[int, int]]:
+    """id -> (_row_id, _last_updated_sequence_number), read through SQL, checked equal to
+    what icecrypt's table API reads."""
+    got = dict((i, (r, s)) for i, r, s in
+               cat.rows(f"SELECT id, _row_id, _last_updated_sequence_number FROM {{c}}.{name}"))
+    rows = cat.table(name).scan(columns=["id", "_row_id", "_last_updated_sequence_number"]).to_arrow().to_pylist()
+    assert got == {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows}
+    assert None not in {v for pair in got.values() for v in pair}
+    assert len({r for r, _ in got.values()}) == len(got), "two rows with one _row_id"
+    return got
+
+
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_rows_keep_their_lineage_through_update_merge_and_delete(cat, mode):
+    """Row lineage (format 3) as Iceberg's runtime keeps it: a row copied into a rewritten
+    file or updated keeps its _row_id; an updated row's _last_updated_sequence_number is
+    the statement's commit's, a copied row's stays; an inserted row gets a new id.  Spark
+    reads the lineage columns with the rows (metadata columns the operation requires) and
+    the new files store them under their reserved field ids, as Iceberg Java's do."""
+    name = f"db.rl_lineage_{mode[:4].replace('-', '')}"
+    model = {i: (i, "ab"[i % 2], float(i)) for i in range(10)}
+    _create(cat, name, True, False, model, MOR if mode == "merge-on-read" else "")
+    before = _lineage(cat, name)
+
+    def changed(statement: str, updated: set[int], inserted: set[int] = frozenset(), deleted: set[int] = frozenset()):
+        nonlocal before
+        cat.sql(statement)
+        after = _lineage(cat, name)
+        sequence = cat.table(name).current_snapshot().sequence_number
+        assert set(after) == (set(before) - deleted) | inserted
+        for i, (row_id, seq) in after.items():
+            if i in inserted:
+                assert row_id not in {r for r, _ in before.values()} and seq == sequence, (i, row_id, seq)
+            elif i in updated:
+                assert (row_id, seq) == (before[i][0], sequence), (i, before[i], row_id, seq)
+            else:
+                assert (row_id, seq) == before[i], (i, before[i], row_id, seq)
+        before = after
+
+    changed(f"UPDATE {{c}}.{name} SET v = -1 WHERE id IN (SELECT 3)", {3})
+    changed(f"""MERGE INTO {{c}}.{name} t USING (SELECT * FROM VALUES (5L, 'x', 0.5), (100L, 'n', 1.0)
+                AS s(id, cat, v)) s ON t.id = s.id
+                WHEN MATCHED THEN UPDATE SET t.v = s.v WHEN NOT MATCHED THEN INSERT *""", {5}, {100})
+    changed(f"DELETE FROM {{c}}.{name} WHERE length(cat) = 1 AND id IN (SELECT 7)", set(), deleted={7})
+    changed(f"UPDATE {{c}}.{name} SET v = v + 1 WHERE id IN (SELECT 3 UNION SELECT 100)", {3, 100})
+    model.update({3: (3, "b", 0.0), 5: (5, "b", 0.5), 100: (100, "n", 2.0)})
+    del model[7]
+    _check(cat, name, model)
+    _sealed(cat, name)

@@ -154,7 +154,8 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
                                           "Spark's Parquet reader gives (files with deletes cannot be read)")
             deleted_by_path[spark_path] = (file.record_count, deleted)
         files[spark_path] = file
-        entries.append([spark_path, file.file_size_in_bytes, file.record_count, deleted is not None])
+        entries.append([spark_path, file.file_size_in_bytes, file.record_count, deleted is not None,
+                        group[0].first_row_id, file.sequence_number])
     read_id = uuid.uuid4().hex
     if table.encrypted and files:
         push_keys(read_id, _file_keys(files))

@@ -312,13 +312,19 @@ def _records(pending: PendingWrite, files: list[list[Any]]) -> list[dict[str, An
     """The manifest records of the reported files (footers read and authenticated here)."""
     import pyarrow.parquet as pq
 
+    from pyiceberg.schema import Schema
+
     from icecrypt.parquet import open_file
     from icecrypt.spark._native_write import _drop_nan_bounds, file_key
     from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan, data_file_record
+    from icecrypt.table.model.metadata_columns import LINEAGE
 
     table = pending.table
     schema = pending.schema
     stats_plan = _statistics_plan(schema, table.properties)
+    # a row-level operation's files store the rows' lineage after the columns (Iceberg's layout)
+    lineage_schema = Schema(*schema.fields, *LINEAGE, schema_id=schema.schema_id)
+    lineage_plan = _statistics_plan(lineage_schema, table.properties)
     partition_fields = pending.spec.partition_type(schema).fields
     records = []
     for relative, size, rows, values in files:
@@ -339,12 +345,25 @@ def _records(pending: PendingWrite, files: list[list[Any]]) -> list[dict[str, An
         if metadata.num_rows != rows:
             raise ValueError(f"{pending.what}: written file {path} holds {metadata.num_rows} rows, the writer "
                              f"reported {rows}")
-        stats = _parquet_stats(metadata, {}, schema, stats_plan)
+        stored = _stored_lineage(metadata)
+        if stored and (pending.mode not in _ROW_LEVEL or table.format_version < 3):
+            raise ValueError(f"{pending.what}: written file {path} stores row lineage, which only a row-level "
+                             "operation on a table with row lineage writes (refused)")
+        stats = _parquet_stats(metadata, {}, lineage_schema if stored else schema,
+                               lineage_plan if stored else stats_plan)
         _drop_nan_bounds(stats, schema)
         partition = {f.name: _decode(v, f.field_type) for f, v in zip(partition_fields, values, strict=True)}
         records.append(data_file_record(f"{pending.recorded_root}/{relative}", "PARQUET", partition, rows, size, key,
                                         stats, pending.sort_order_id))
     return records
+
+
+def _stored_lineage(metadata: Any) -> bool:
+    """Whether a written file stores the lineage columns (by their reserved field ids)."""
+    from icecrypt.table.model.metadata_columns import LINEAGE
+
+    ids = {str(f.field_id).encode() for f in LINEAGE}
+    return any((f.metadata or {}).get(b"PARQUET:field_id") in ids for f in metadata.schema.to_arrow_schema())
 
 
 def _remove(pending: PendingWrite, relatives: list[str]) -> None:

@@ -29,11 +29,15 @@ final class CopyOnWrite extends RowLevel {
         super(table, command, "copy-on-write");
     }
 
-    /** _file, which the scan's runtime filter is on (none when a data column has that name). */
+    /**
+     * _file, which the scan's runtime filter is on (none when a data column has that name),
+     * and the row lineage columns, which the rewritten rows keep (RowLevel.lineageAttributes).
+     */
     @Override
     public NamedReference[] requiredMetadataAttributes() {
-        return table.isFileColumn(Scans.FILE_COLUMN)
+        NamedReference[] file = table.isFileColumn(Scans.FILE_COLUMN)
             ? new NamedReference[] {Expressions.column(Scans.FILE_COLUMN)} : new NamedReference[0];
+        return withLineage(file);
     }
 
     @Override

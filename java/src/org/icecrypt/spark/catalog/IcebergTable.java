@@ -15,8 +15,9 @@
  * description never holds a key: properties are the table's own and Iceberg's shown
  * ones (format, provider, location, current-snapshot-id, format-version, ...).
  * Metadata columns, as in Iceberg: _file, the data file a row was read from (its location
- * as the table records it), and _pos, the row's position in that file; a data column of
- * the same name hides one.
+ * as the table records it), _pos, the row's position in that file, and with row lineage
+ * (format version 3) _row_id and _last_updated_sequence_number; a data column of the same
+ * name hides one.
  */
 package org.icecrypt.spark.catalog;
 
@@ -39,6 +40,7 @@ import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.expressions.Expression;
 import org.apache.spark.sql.connector.expressions.Expressions;
+import org.apache.spark.sql.connector.expressions.NamedReference;
 import org.apache.spark.sql.connector.expressions.NullOrdering;
 import org.apache.spark.sql.connector.expressions.SortDirection;
 import org.apache.spark.sql.connector.expressions.SortOrder;
@@ -89,13 +91,24 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
     @Override
     public MetadataColumn[] metadataColumns() {
-        return new MetadataColumn[] {
-            metadataColumn(Scans.FILE_COLUMN, DataTypes.StringType, "Path of the file in which a row is stored"),
-            metadataColumn(Scans.POS_COLUMN, DataTypes.LongType, "Ordinal position of a row in the source data file"),
-        };
+        List<MetadataColumn> out = new ArrayList<>();
+        out.add(metadataColumn(Scans.FILE_COLUMN, DataTypes.StringType, false,
+                               "Path of the file in which a row is stored", null));
+        out.add(metadataColumn(Scans.POS_COLUMN, DataTypes.LongType, false,
+                               "Ordinal position of a row in the source data file", null));
+        if (lineage()) {
+            // as Iceberg: an updated or reinserted row keeps its id; its sequence number is the new commit's
+            out.add(metadataColumn(Scans.ROW_ID_COLUMN, DataTypes.LongType, true, "Implicit row ID that is "
+                + "automatically assigned", new boolean[] {true, true, false}));
+            out.add(metadataColumn(Scans.SEQUENCE_COLUMN, DataTypes.LongType, true, "Sequence number when the row "
+                + "was last updated", new boolean[] {false, false, false}));
+        }
+        return out.toArray(new MetadataColumn[0]);
     }
 
-    private static MetadataColumn metadataColumn(String name, DataType type, String comment) {
+    /** {@code preserve}: on reinsert, update, delete (Spark's defaults when null). */
+    private static MetadataColumn metadataColumn(String name, DataType type, boolean nullable, String comment,
+                                                 boolean[] preserve) {
         return new MetadataColumn() {
             @Override
             public String name() {
@@ -109,24 +122,65 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
             @Override
             public boolean isNullable() {
-                return false;
+                return nullable;
             }
 
             @Override
             public String comment() {
                 return comment;
             }
+
+            @Override
+            public String metadataInJSON() {
+                if (preserve == null) {
+                    return null;
+                }
+                return new org.apache.spark.sql.types.MetadataBuilder()
+                    .putBoolean(MetadataColumn.PRESERVE_ON_REINSERT, preserve[0])
+                    .putBoolean(MetadataColumn.PRESERVE_ON_UPDATE, preserve[1])
+                    .putBoolean(MetadataColumn.PRESERVE_ON_DELETE, preserve[2]).build().json();
+            }
         };
+    }
+
+    /** Whether the table has row lineage (format version 3): the metadata columns _row_id and its sequence number. */
+    boolean lineage() {
+        try {
+            return Integer.parseInt(properties.getOrDefault("format-version", "2").trim()) >= 3;
+        } catch (NumberFormatException e) {
+            return false;
+        }
+    }
+
+    /** Whether {@code name}, asked of a scan, is one of the metadata columns (no data column has that name). */
+    boolean isMetadataColumn(String name) {
+        if (java.util.Arrays.asList(schema.fieldNames()).contains(name)) {
+            return false;
+        }
+        for (MetadataColumn column : metadataColumns()) {
+            if (column.name().equals(name)) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /** Whether {@code name}, asked of a scan, is the metadata column _file (no data column has that name). */
     boolean isFileColumn(String name) {
-        return Scans.FILE_COLUMN.equals(name) && !java.util.Arrays.asList(schema.fieldNames()).contains(name);
+        return Scans.FILE_COLUMN.equals(name) && isMetadataColumn(name);
     }
 
     /** Whether {@code name}, asked of a scan, is the metadata column _pos (no data column has that name). */
     boolean isPosColumn(String name) {
-        return Scans.POS_COLUMN.equals(name) && !java.util.Arrays.asList(schema.fieldNames()).contains(name);
+        return Scans.POS_COLUMN.equals(name) && isMetadataColumn(name);
+    }
+
+    /** The row lineage columns a row-level operation carries (none without lineage, or when a data column hides one). */
+    NamedReference[] lineageColumns() {
+        if (!isMetadataColumn(Scans.ROW_ID_COLUMN) || !isMetadataColumn(Scans.SEQUENCE_COLUMN)) {
+            return new NamedReference[0];
+        }
+        return new NamedReference[] {Expressions.column(Scans.ROW_ID_COLUMN), Expressions.column(Scans.SEQUENCE_COLUMN)};
     }
 
     boolean timeTravel() {
@@ -255,7 +309,12 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
                 + info.options().keySet().iterator().next() + " is not supported for " + info.command());
         }
         RowLevelOperation.Command command = info.command();
-        String mode = properties.get("write." + command.name().toLowerCase(java.util.Locale.ROOT) + ".mode");
+        String property = "write." + command.name().toLowerCase(java.util.Locale.ROOT) + ".mode";
+        String mode = properties.getOrDefault(property, "copy-on-write").trim().toLowerCase(java.util.Locale.ROOT);
+        if (!"copy-on-write".equals(mode) && !"merge-on-read".equals(mode)) {
+            throw new IllegalArgumentException("icecrypt catalog: table " + name() + ": " + property + " is "
+                + properties.get(property) + ", not copy-on-write or merge-on-read");
+        }
         // merge-on-read needs both row id columns (a data column named _file or _pos hides one)
         if ("merge-on-read".equals(mode) && isFileColumn(Scans.FILE_COLUMN) && isPosColumn(Scans.POS_COLUMN)) {
             return () -> new MergeOnRead(this, command);

@@ -53,6 +53,12 @@ final class MergeOnRead extends RowLevel implements SupportsDelta {
         return new NamedReference[] {Expressions.column(Scans.FILE_COLUMN), Expressions.column(Scans.POS_COLUMN)};
     }
 
+    /** The row lineage columns, which an updated row keeps (RowLevel.withLineage). */
+    @Override
+    public NamedReference[] requiredMetadataAttributes() {
+        return withLineage(new NamedReference[0]);
+    }
+
     @Override
     public boolean representUpdateAsDeleteAndInsert() {
         return true;
@@ -156,6 +162,12 @@ final class MergeOnRead extends RowLevel implements SupportsDelta {
         @Override
         public void insert(InternalRow row) throws IOException {
             files.write(row);
+        }
+
+        /** An updated row written again: with its lineage (its _row_id kept; Spark dropped its sequence number). */
+        @Override
+        public void reinsert(InternalRow metadata, InternalRow row) throws IOException {
+            files.write(metadata, row);
         }
 
         @Override

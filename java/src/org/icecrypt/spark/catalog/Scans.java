@@ -22,7 +22,9 @@
  * The scan keeps what it planned (files, snapshot) for row-level operations to build on.
  *
  * The metadata column _file (IcebergTable.metadataColumns) is each file's location as the
- * table records it, given to Spark's reader as a partition value of the file.  The scan
+ * table records it, given to Spark's reader as a partition value of the file; _pos is the
+ * row index Spark's reader gives, and the row lineage columns are computed from what the
+ * file stores (Lineage).  The scan
  * of a copy-on-write operation is runtime-filterable on it (CopyOnWriteScan): Spark's
  * group filter (RowLevelOperationRuntimeGroupFiltering) first finds the files that hold
  * rows the statement's condition matches, and the operation then reads and replaces
@@ -99,6 +101,12 @@ final class Scans {
     static final String FILE_COLUMN = "_file";
     /** The metadata column of a row's position in its data file. */
     static final String POS_COLUMN = "_pos";
+    /** The row lineage metadata columns (format version 3), as Iceberg names them. */
+    static final String ROW_ID_COLUMN = "_row_id";
+    static final String SEQUENCE_COLUMN = "_last_updated_sequence_number";
+    /** Their reserved Iceberg field ids: how they are stored in a data file (Lineage). */
+    static final int ROW_ID_FIELD_ID = 2147483540;
+    static final int SEQUENCE_FIELD_ID = 2147483539;
     /** Where Spark's Parquet reader puts a row's position (in the schema it is asked to read). */
     static final String ROW_INDEX = ParquetFileFormat.ROW_INDEX_TEMPORARY_COLUMN_NAME();
 
@@ -165,21 +173,28 @@ final class Scans {
                     + "with the table identifier or VERSION/TIMESTAMP AS OF)");
             }
             StructType data = new StructType();
-            boolean file = false;
-            boolean pos = false;
+            Set<String> metadata = new HashSet<>();
             for (StructField field : required.fields()) {
-                if (table.isFileColumn(field.name())) {
-                    file = true;
-                } else if (table.isPosColumn(field.name())) {
-                    pos = true;
+                if (table.isMetadataColumn(field.name())) {
+                    metadata.add(field.name());
                 } else {
                     data = data.add(field);
                 }
             }
             StructType annotated = annotate(data, table.readSchema, "");
-            // the reader's layout: the data columns, the row index, then the partition value _file
-            StructType readSchema = pos ? data.add(POS_COLUMN, DataTypes.LongType, false) : data;
-            readSchema = file ? readSchema.add(FILE_COLUMN, DataTypes.StringType, false) : readSchema;
+            // the data columns, then the metadata columns asked for in this order (see Lineage)
+            StructType readSchema = data;
+            if (metadata.contains(POS_COLUMN)) {
+                readSchema = readSchema.add(POS_COLUMN, DataTypes.LongType, false);
+            }
+            if (metadata.contains(FILE_COLUMN)) {
+                readSchema = readSchema.add(FILE_COLUMN, DataTypes.StringType, false);
+            }
+            for (String column : new String[] {ROW_ID_COLUMN, SEQUENCE_COLUMN}) {
+                if (metadata.contains(column)) {
+                    readSchema = readSchema.add(column, DataTypes.LongType, true);
+                }
+            }
             IcebergScan scan = IcebergScan.plan(table, pushed.toArray(new Predicate[0]), readSchema, annotated,
                                                 wholeFiles);
             if (built != null) {
@@ -288,6 +303,11 @@ final class Scans {
             return readsMetadata(POS_COLUMN);
         }
 
+        /** Whether Spark gets a row lineage column (_row_id, _last_updated_sequence_number). */
+        boolean readsLineage() {
+            return readsMetadata(ROW_ID_COLUMN) || readsMetadata(SEQUENCE_COLUMN);
+        }
+
         private boolean readsMetadata(String column) {
             return readSchema.getFieldIndex(column).isDefined() && annotated.getFieldIndex(column).isEmpty();
         }
@@ -373,15 +393,26 @@ final class Scans {
                 parallelism = Math.max(1, ((Number) conf.filesMinPartitionNum().get()).intValue());
             }
             long split = Math.min(maxBytes, Math.max(openCost, total / parallelism));
-            List<Object[]> pieces = new ArrayList<>();  // path, start, length, size, live, _file or null
+            List<Object[]> pieces = new ArrayList<>();  // path, start, length, size, live, partition values
             boolean readsFile = readsFile();
+            boolean lineage = readsLineage();
             for (JsonNode[] file : files) {
                 String path = file[0].get(0).asText();
                 long size = file[0].get(1).asLong();
                 boolean live = file[0].get(3).asBoolean();
-                String location = readsFile ? file[1].asText() : null;
+                // the partition values Spark's reader appends: _file, the first row id and data sequence number
+                List<Object> values = new ArrayList<>();
+                if (readsFile) {
+                    values.add(UTF8String.fromString(file[1].asText()));
+                }
+                if (lineage) {
+                    JsonNode first = file[0].get(4);
+                    values.add(first == null || first.isNull() ? null : first.asLong());
+                    values.add(file[0].get(5).asLong());
+                }
+                InternalRow partition = values.isEmpty() ? InternalRow.empty() : new GenericInternalRow(values.toArray());
                 for (long start = 0; start < size || (start == 0 && size == 0); start += split) {
-                    pieces.add(new Object[] {path, start, Math.min(split, size - start), size, live, location});
+                    pieces.add(new Object[] {path, start, Math.min(split, size - start), size, live, partition});
                     if (size == 0) {
                         break;
                     }
@@ -427,13 +458,9 @@ final class Scans {
                 session.conf().set(FIELD_ID_IGNORE_MISSING, "false");
             }
             ParquetFileFormat format = new ParquetFileFormat();
-            // _file: a partition value of each file, appended to the data columns by the reader
-            StructType partition = readsFile()
-                ? new StructType().add(FILE_COLUMN, DataTypes.StringType, false) : new StructType();
-            // _pos: the row index Spark's reader fills in, after the data columns (nullable: a
-            // column Spark's reader requires must be in the file)
-            StructType required = readsPos()
-                ? annotated.add(ROW_INDEX, DataTypes.LongType, true) : annotated;
+            Lineage layout = new Lineage(this);
+            StructType partition = layout.partitionSchema();
+            StructType required = layout.requiredSchema();
             boolean columnar = format.supportBatch(session, required.merge(partition, false));
             Map<String, String> options = new HashMap<>();
             options.put(FileFormat$.MODULE$.OPTION_RETURNING_BATCH(), String.valueOf(columnar));
@@ -455,7 +482,7 @@ final class Scans {
                 live = new LiveRows().buildReaderWithPartitionValues(session, full, partition, required, filters,
                     scalaMap(liveOptions), new Configuration(conf));
             }
-            return new ReaderFactory(plain, live, columnar);
+            return new ReaderFactory(plain, live, columnar, layout.needed() ? layout : null);
         }
 
         /** The pushed predicates Parquet can apply: on top-level columns no schema change renamed. */
@@ -574,9 +601,7 @@ final class Scans {
             scala.collection.immutable.Map<String, Object> none = scala.collection.immutable.Map$.MODULE$.empty();
             for (int i = 0; i < files.length; i++) {
                 Object[] piece = pieces.get(i);
-                InternalRow values = piece[5] == null ? InternalRow.empty()
-                    : new GenericInternalRow(new Object[] {UTF8String.fromString((String) piece[5])});
-                files[i] = new PartitionedFile(values, SparkPath.fromPath(new Path((String) piece[0])),
+                files[i] = new PartitionedFile((InternalRow) piece[5], SparkPath.fromPath(new Path((String) piece[0])),
                     (Long) piece[1], (Long) piece[2], new String[0], 0L, (Long) piece[3], none);
                 live[i] = (Boolean) piece[4];
             }
@@ -590,12 +615,14 @@ final class Scans {
         private final Function1<PartitionedFile, Iterator<InternalRow>> plain;
         private final Function1<PartitionedFile, Iterator<InternalRow>> live;
         private final boolean columnar;
+        private final Lineage lineage;  // null: the reader's rows are the scan's
 
         ReaderFactory(Function1<PartitionedFile, Iterator<InternalRow>> plain,
-                      Function1<PartitionedFile, Iterator<InternalRow>> live, boolean columnar) {
+                      Function1<PartitionedFile, Iterator<InternalRow>> live, boolean columnar, Lineage lineage) {
             this.plain = plain;
             this.live = live;
             this.columnar = columnar;
+            this.lineage = lineage;
         }
 
         @Override
@@ -619,7 +646,8 @@ final class Scans {
                 throw new IllegalStateException("icecrypt: " + partition.files[index].urlEncodedPath()
                     + " has deletes but the scan planned none: refused");
             }
-            return (deletes ? live : plain).apply(partition.files[index]);
+            Iterator<InternalRow> rows = (deletes ? live : plain).apply(partition.files[index]);
+            return lineage == null ? rows : lineage.apply(rows, columnar);
         }
     }
 

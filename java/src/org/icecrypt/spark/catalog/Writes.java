@@ -57,6 +57,8 @@ import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.JoinedRow;
 import org.apache.spark.sql.connector.distributions.Distribution;
 import org.apache.spark.sql.connector.distributions.Distributions;
 import org.apache.spark.sql.connector.expressions.Expression;
@@ -283,7 +285,24 @@ final class Writes {
             if (writesRows()) {
                 check(schema, info.schema(), table.name());
             }
-            return new IcebergBatchWrite(table, plan, writeId, schema, secret, replaced);
+            return new IcebergBatchWrite(table, plan, writeId, schema, secret, replaced, lineage());
+        }
+
+        /**
+         * Where the rows' metadata (a row-level operation's) holds _row_id and
+         * _last_updated_sequence_number, which the files then store; null when it has none.
+         */
+        private int[] lineage() {
+            if (!info.metadataSchema().isPresent()) {
+                return null;
+            }
+            StructType metadata = info.metadataSchema().get();
+            scala.Option<Object> rowId = metadata.getFieldIndex(Scans.ROW_ID_COLUMN);
+            scala.Option<Object> sequence = metadata.getFieldIndex(Scans.SEQUENCE_COLUMN);
+            if (rowId.isEmpty() || sequence.isEmpty()) {
+                return null;
+            }
+            return new int[] {(Integer) rowId.get(), (Integer) sequence.get()};
         }
     }
 
@@ -379,15 +398,17 @@ final class Writes {
         private final StructType schema;
         private final String secret;
         private final java.util.function.Supplier<ObjectNode> replaced;  // null unless a row-level operation
+        private final int[] lineage;  // where the rows' metadata holds their lineage; null: none written
 
         IcebergBatchWrite(IcebergTable table, JsonNode plan, String writeId, StructType schema, String secret,
-                          java.util.function.Supplier<ObjectNode> replaced) {
+                          java.util.function.Supplier<ObjectNode> replaced, int[] lineage) {
             this.table = table;
             this.plan = plan;
             this.writeId = writeId;
             this.schema = schema;
             this.secret = secret;
             this.replaced = replaced;
+            this.lineage = lineage;
         }
 
         @Override
@@ -402,7 +423,12 @@ final class Writes {
             } catch (IOException e) {
                 throw new IllegalStateException("icecrypt: cannot set up the write's Hadoop job", e);
             }
-            OutputWriterFactory outputs = format.prepareWrite(session, job, Scans.scalaMap(options), schema);
+            // with lineage, the files store each row's _row_id and _last_updated_sequence_number after
+            // its columns, under their reserved field ids (Iceberg's layout)
+            StructType fileSchema = lineage == null ? schema : schema
+                .add(Lineage.stored(Scans.ROW_ID_COLUMN, Scans.ROW_ID_FIELD_ID))
+                .add(Lineage.stored(Scans.SEQUENCE_COLUMN, Scans.SEQUENCE_FIELD_ID));
+            OutputWriterFactory outputs = format.prepareWrite(session, job, Scans.scalaMap(options), fileSchema);
             Configuration conf = job.getConfiguration();
             // Iceberg's Parquet: INT64 microsecond timestamps, standard (not legacy) lists and
             // maps, every column's field id
@@ -434,8 +460,8 @@ final class Writes {
             }
             // as Spark's file writers: a new file after spark.sql.files.maxRecordsPerFile rows (0: no limit)
             long maxRecords = org.apache.spark.sql.internal.SQLConf.get().maxRecordsPerFile();
-            return new WriterFactory(broadcast, outputs, schema, plan.path("root").asText(), writeId,
-                spec.toArray(new Transforms.Field[0]), maxRecords);
+            return new WriterFactory(broadcast, outputs, fileSchema, plan.path("root").asText(), writeId,
+                spec.toArray(new Transforms.Field[0]), maxRecords, lineage);
         }
 
         private static int[] ints(JsonNode array) {
@@ -530,9 +556,10 @@ final class Writes {
         private final String writeId;
         private final Transforms.Field[] spec;
         private final long maxRecords;
+        private final int[] lineage;
 
         WriterFactory(Broadcast<SerializableConfiguration> conf, OutputWriterFactory outputs, StructType schema,
-                      String root, String writeId, Transforms.Field[] spec, long maxRecords) {
+                      String root, String writeId, Transforms.Field[] spec, long maxRecords, int[] lineage) {
             this.conf = conf;
             this.outputs = outputs;
             this.schema = schema;
@@ -540,6 +567,7 @@ final class Writes {
             this.writeId = writeId;
             this.spec = spec;
             this.maxRecords = maxRecords;
+            this.lineage = lineage;
         }
 
         @Override
@@ -573,8 +601,28 @@ final class Writes {
             this.taskId = taskId;
         }
 
+        /** A row without lineage (an inserted row: its file's first row id gives it its id). */
         @Override
         public void write(InternalRow row) throws IOException {
+            write(null, row);
+        }
+
+        /** A row and its metadata: with lineage, its _row_id and sequence number are stored after its columns. */
+        @Override
+        public void write(InternalRow metadata, InternalRow row) throws IOException {
+            int[] lineage = factory.lineage;
+            if (lineage == null) {
+                writeRow(row);
+                return;
+            }
+            GenericInternalRow stored = new GenericInternalRow(2);
+            for (int i = 0; i < 2; i++) {
+                stored.update(i, metadata == null || metadata.isNullAt(lineage[i]) ? null : metadata.getLong(lineage[i]));
+            }
+            writeRow(new JoinedRow(row, stored));
+        }
+
+        private void writeRow(InternalRow row) throws IOException {
             Transforms.Field[] spec = factory.spec;
             Object[] values = new Object[spec.length];
             for (int i = 0; i < spec.length; i++) {

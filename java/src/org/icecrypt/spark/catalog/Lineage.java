@@ -1,0 +1,268 @@
+/*
+ * icecrypt: the metadata columns of a scan (Scans.IcebergScan) as Spark's Parquet reader
+ * gives them, and the row lineage columns computed from them.
+ *
+ * The scan's rows are its data columns, then the metadata columns asked for, in this
+ * order: _pos, _file, _row_id, _last_updated_sequence_number.  Spark's reader is asked for
+ * the data columns; with lineage, also the two lineage columns as the data file stores them
+ * (by their reserved field ids: null where the file does not store them, or stores null);
+ * with _pos or _row_id, also the row index (Scans.ROW_INDEX); and it appends the file's
+ * partition values: _file, and with lineage the file's first row id and data sequence
+ * number.  So without lineage the reader's rows are the scan's rows.  With it they are
+ * mapped: as the spec says, a row's _row_id is the stored value, else the file's first row
+ * id plus the row's position (null before the table had lineage), and its
+ * _last_updated_sequence_number the stored value, else the file's data sequence number.
+ * Batches are mapped column by column (a computed column is a view, LineageVector);
+ * rows into one reused row.
+ */
+package org.icecrypt.spark.catalog;
+
+import java.io.Serializable;
+
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.Decimal;
+import org.apache.spark.sql.types.Metadata;
+import org.apache.spark.sql.types.MetadataBuilder;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ColumnVector;
+import org.apache.spark.sql.vectorized.ColumnarArray;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+import org.apache.spark.sql.vectorized.ColumnarMap;
+import org.apache.spark.unsafe.types.UTF8String;
+
+import scala.collection.Iterator;
+
+final class Lineage implements Serializable {
+    private static final long serialVersionUID = 1L;
+    private final StructType data;  // the data columns, with field ids
+    private final boolean pos;
+    private final boolean file;
+    private final boolean rowId;
+    private final boolean sequence;
+
+    Lineage(Scans.IcebergScan scan) {
+        this.data = scan.annotated;
+        this.pos = scan.readsPos();
+        this.file = scan.readsFile();
+        this.rowId = scan.readSchema.getFieldIndex(Scans.ROW_ID_COLUMN).isDefined() && !scan.annotated
+            .getFieldIndex(Scans.ROW_ID_COLUMN).isDefined();
+        this.sequence = scan.readSchema.getFieldIndex(Scans.SEQUENCE_COLUMN).isDefined() && !scan.annotated
+            .getFieldIndex(Scans.SEQUENCE_COLUMN).isDefined();
+    }
+
+    /** Whether the reader's rows must be mapped (a lineage column is asked for). */
+    boolean needed() {
+        return rowId || sequence;
+    }
+
+    private boolean index() {
+        return pos || rowId;
+    }
+
+    /** What Spark's reader reads of each file. */
+    StructType requiredSchema() {
+        StructType out = data;
+        if (needed()) {
+            out = out.add(stored(Scans.ROW_ID_COLUMN, Scans.ROW_ID_FIELD_ID))
+                .add(stored(Scans.SEQUENCE_COLUMN, Scans.SEQUENCE_FIELD_ID));
+        }
+        // nullable: a column Spark's reader requires must be in the file
+        return index() ? out.add(Scans.ROW_INDEX, DataTypes.LongType, true) : out;
+    }
+
+    /** A lineage column as a data file stores it: a nullable long under its reserved field id. */
+    static StructField stored(String name, int id) {
+        Metadata ids = new MetadataBuilder().putLong(Scans.FIELD_ID, id).build();
+        return new StructField(name, DataTypes.LongType, true, ids);
+    }
+
+    /** The partition values each file gets (Scans.IcebergScan.planInputPartitions gives them). */
+    StructType partitionSchema() {
+        StructType out = new StructType();
+        if (file) {
+            out = out.add(Scans.FILE_COLUMN, DataTypes.StringType, false);
+        }
+        if (needed()) {
+            out = out.add("_icecrypt_first_row_id", DataTypes.LongType, true)
+                .add("_icecrypt_data_sequence_number", DataTypes.LongType, true);
+        }
+        return out;
+    }
+
+    /** The scan's rows (or batches) of the reader's. */
+    @SuppressWarnings("unchecked")
+    Iterator<InternalRow> apply(Iterator<InternalRow> raw, boolean columnar) {
+        int n = data.length();
+        int storedRowId = n;
+        int storedSequence = n + 1;
+        int rowIndex = index() ? n + 2 : -1;
+        int location = file ? n + 2 + (index() ? 1 : 0) : -1;
+        int first = n + 2 + (index() ? 1 : 0) + (file ? 1 : 0);
+        int dataSequence = first + 1;
+        int width = n + (pos ? 1 : 0) + (file ? 1 : 0) + (rowId ? 1 : 0) + (sequence ? 1 : 0);
+        if (columnar) {
+            Iterator<Object> batches = (Iterator<Object>) (Iterator<?>) raw;
+            return (Iterator<InternalRow>) (Iterator<?>) batches.map(item -> {
+                ColumnarBatch in = (ColumnarBatch) item;
+                ColumnVector[] out = new ColumnVector[width];
+                int k = 0;
+                for (int i = 0; i < n; i++) {
+                    out[k++] = in.column(i);
+                }
+                if (pos) {
+                    out[k++] = in.column(rowIndex);
+                }
+                if (file) {
+                    out[k++] = in.column(location);
+                }
+                if (rowId) {
+                    out[k++] = new LineageVector(in.column(storedRowId), in.column(first), in.column(rowIndex));
+                }
+                if (sequence) {
+                    out[k++] = new LineageVector(in.column(storedSequence), in.column(dataSequence), null);
+                }
+                return new ColumnarBatch(out, in.numRows());
+            });
+        }
+        DataType[] types = new DataType[n];
+        for (int i = 0; i < n; i++) {
+            types[i] = data.fields()[i].dataType();
+        }
+        GenericInternalRow row = new GenericInternalRow(width);
+        return raw.map(in -> {
+            int k = 0;
+            for (int i = 0; i < n; i++) {
+                row.update(k++, in.isNullAt(i) ? null : in.get(i, types[i]));
+            }
+            if (pos) {
+                row.update(k++, in.getLong(rowIndex));
+            }
+            if (file) {
+                row.update(k++, in.getUTF8String(location));
+            }
+            if (rowId) {
+                row.update(k++, !in.isNullAt(storedRowId) ? (Object) in.getLong(storedRowId)
+                    : in.isNullAt(first) ? null : (Object) (in.getLong(first) + in.getLong(rowIndex)));
+            }
+            if (sequence) {
+                row.update(k++, !in.isNullAt(storedSequence) ? (Object) in.getLong(storedSequence)
+                    : in.isNullAt(dataSequence) ? null : (Object) in.getLong(dataSequence));
+            }
+            return row;
+        });
+    }
+
+    /**
+     * A lineage column of a batch: the stored value, else {@code base} (a file's constant)
+     * plus the row's position ({@code offset}; none for the sequence number).  A view: it
+     * owns no memory.
+     */
+    static final class LineageVector extends ColumnVector {
+        private final ColumnVector stored;
+        private final ColumnVector base;
+        private final ColumnVector offset;
+
+        LineageVector(ColumnVector stored, ColumnVector base, ColumnVector offset) {
+            super(DataTypes.LongType);
+            this.stored = stored;
+            this.base = base;
+            this.offset = offset;
+        }
+
+        @Override
+        public void close() {
+            // a view: the reader closes its vectors
+        }
+
+        @Override
+        public boolean hasNull() {
+            return stored.hasNull() && base.hasNull();  // may say true of a column without nulls
+        }
+
+        @Override
+        public int numNulls() {
+            throw new UnsupportedOperationException("icecrypt: the null count of a row lineage column");
+        }
+
+        @Override
+        public boolean isNullAt(int rowId) {
+            return stored.isNullAt(rowId) && base.isNullAt(rowId);
+        }
+
+        @Override
+        public long getLong(int rowId) {
+            if (!stored.isNullAt(rowId)) {
+                return stored.getLong(rowId);
+            }
+            return offset == null ? base.getLong(rowId) : base.getLong(rowId) + offset.getLong(rowId);
+        }
+
+        private static UnsupportedOperationException notLong() {
+            return new UnsupportedOperationException("icecrypt: a row lineage column is a long");
+        }
+
+        @Override
+        public boolean getBoolean(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public byte getByte(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public short getShort(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public int getInt(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public float getFloat(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public double getDouble(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public ColumnarArray getArray(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public ColumnarMap getMap(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public Decimal getDecimal(int rowId, int precision, int scale) {
+            throw notLong();
+        }
+
+        @Override
+        public UTF8String getUTF8String(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public byte[] getBinary(int rowId) {
+            throw notLong();
+        }
+
+        @Override
+        public ColumnVector getChild(int ordinal) {
+            throw notLong();
+        }
+    }
+}
