@@ -15,7 +15,11 @@ Statements (``t`` stands for each table):
 * a 1 % ``MERGE INTO`` (``WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT
   *``: half of the source's rows update a row, half are new) on the table the INSERT just
   filled, for the two tables of icecrypt's catalog (Spark's own Parquet tables have no
-  MERGE): Spark's copy-on-write rewrite in both.
+  MERGE), three times: the updated ids from the first quarter of the table (every 50th:
+  Spark's group filter keeps the files holding them), then spread evenly over the table
+  (every 200th id: every file holds one), copy-on-write (every file rewritten) and, after
+  ``write.merge.mode`` is set to ``merge-on-read``, merge-on-read (deletion vectors and
+  the new rows only).
 
 Targets (issue 33): reads, INSERT and MERGE INTO within 1.3 x of the plaintext table of
 the same catalog; the reads are also set against Spark's own Parquet table.  Median of the rounds
@@ -109,13 +113,23 @@ def run(spark: SparkSession, rows: int, rounds: int) -> dict[str, dict[str, floa
     src = source(spark, rows).cache()
     src.count()
     src.createOrReplaceTempView("src")
-    changes = max(2, rows // 100)  # 1 %: half updates (every 50th id), half inserts (ids past the end)
-    spark.sql(f"SELECT * FROM src WHERE id % 50 = 0 LIMIT {changes // 2}").selectExpr(
-        "id", "category", "qty + 1 AS qty", "amount", "note").union(
-        spark.sql(f"SELECT id + {rows} AS id, category, qty, amount, note FROM src LIMIT {changes - changes // 2}")
-    ).cache().createOrReplaceTempView("changes")
-    merge = ("MERGE INTO {t} t USING changes s ON t.id = s.id "
+    changes = max(2, rows // 100)  # 1 %: half updates, half inserts (ids past the end)
+
+    def changes_view(view: str, updated: str, inserted_from: int) -> None:
+        spark.sql(f"SELECT * FROM src WHERE {updated} LIMIT {changes // 2}").selectExpr(
+            "id", "category", "qty + 1 AS qty", "amount", "note").union(
+            spark.sql(f"SELECT id + {inserted_from} AS id, category, qty, amount, note FROM src "
+                      f"LIMIT {changes - changes // 2}")
+        ).cache().createOrReplaceTempView(view)
+
+    changes_view("changes", "id % 50 = 0", rows)  # the first quarter of the ids (LIMIT keeps the first)
+    spread = max(2, rows // (changes // 2))
+    changes_view("spread_cow", f"id % {spread} = 1", 2 * rows)  # every file
+    changes_view("spread_mor", f"id % {spread} = 2", 3 * rows)
+    merge = ("MERGE INTO {t} t USING {s} s ON t.id = s.id "
              "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+    merges = (("MERGE 1 % (1st qtr)", "changes", None), ("MERGE 1 % spread", "spread_cow", None),
+              ("MERGE 1 % spread MoR", "spread_mor", "merge-on-read"))
     times: dict[str, dict[str, list[float]]] = {}
 
     def record(statement: str, variant: str, seconds: float, warm: bool) -> None:
@@ -133,9 +147,13 @@ def run(spark: SparkSession, rows: int, rounds: int) -> dict[str, dict[str, floa
             spark.sql(f"CREATE TABLE {scratch} ({COLUMNS}) {suffix}")
             record("INSERT", variant, timed(lambda s=scratch: spark.sql(f"INSERT INTO {s} SELECT * FROM src")), warm)
             if variant != "spark parquet":
-                record("MERGE INTO 1 %", variant, timed(lambda s=scratch: spark.sql(merge.format(t=s))), warm)
-                if not warm and spark.table(scratch).count() != rows + changes - changes // 2:
-                    raise SystemExit(f"MERGE INTO: {variant} table holds the wrong number of rows")
+                for n, (statement, view, mode) in enumerate(merges, 1):
+                    if mode is not None:
+                        spark.sql(f"ALTER TABLE {scratch} SET TBLPROPERTIES ('write.merge.mode'='{mode}')")
+                    record(statement, variant,
+                           timed(lambda t=scratch, v=view: spark.sql(merge.format(t=t, s=v))), warm)
+                    if not warm and spark.table(scratch).count() != rows + n * (changes - changes // 2):
+                        raise SystemExit(f"{statement}: {variant} table holds the wrong number of rows")
             spark.sql(f"DROP TABLE {scratch} PURGE" if variant != "spark parquet" else f"DROP TABLE {scratch}")
     for variant, (name, suffix) in TABLES.items():  # the tables the reads read: the same rows
         spark.sql(f"DROP TABLE IF EXISTS {name}")
@@ -165,7 +183,7 @@ def run(spark: SparkSession, rows: int, rounds: int) -> dict[str, dict[str, floa
 
 def report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     print(f"\nSpark SQL through icecrypt's catalog, {args.rows:,} rows, local[2], median of {args.rounds} rounds")
-    print(f"{'statement':<18} {'encrypted':>10} {'plaintext':>10} {'spark pq':>10} {'enc/plain':>10} {'enc/pq':>8}")
+    print(f"{'statement':<20} {'encrypted':>10} {'plaintext':>10} {'spark pq':>10} {'enc/plain':>10} {'enc/pq':>8}")
     ratios = {}
     for statement, by in results.items():
         enc, plain, pq = by.get("encrypted"), by.get("plaintext"), by.get("spark parquet")
@@ -173,7 +191,7 @@ def report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> No
         ratio_pq = enc / pq if enc and pq else None
         ratios[statement] = {"encrypted/plaintext": ratio, "encrypted/spark parquet": ratio_pq}
         cells = [f"{v:>9.2f}s" if v is not None else f"{'-':>10}" for v in (enc, plain, pq)]
-        print(f"{statement:<18} {' '.join(cells)} {ratio:>9.2f}x " + (f"{ratio_pq:>7.2f}x" if ratio_pq else f"{'-':>8}"))
+        print(f"{statement:<20} {' '.join(cells)} {ratio:>9.2f}x " + (f"{ratio_pq:>7.2f}x" if ratio_pq else f"{'-':>8}"))
     worst = max(r["encrypted/plaintext"] for r in ratios.values())
     print(f"worst encrypted/plaintext: {worst:.2f} x (target <= {TARGET} x): {'met' if worst <= TARGET else 'NOT met'}")
     if args.json:

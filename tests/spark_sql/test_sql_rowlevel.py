@@ -424,7 +424,10 @@ def test_rows_keep_their_lineage_through_update_merge_and_delete(cat, mode):
                 WHEN MATCHED THEN UPDATE SET t.v = s.v WHEN NOT MATCHED THEN INSERT *""", {5}, {100})
     changed(f"DELETE FROM {{c}}.{name} WHERE length(cat) = 1 AND id IN (SELECT 7)", set(), deleted={7})
     changed(f"UPDATE {{c}}.{name} SET v = v + 1 WHERE id IN (SELECT 3 UNION SELECT 100)", {3, 100})
+    # conditions on the metadata columns: a query, and a DELETE (run as a row-level operation)
+    assert cat.rows(f"SELECT id FROM {{c}}.{name} WHERE _row_id = {before[5][0]}") == [(5,)]
+    changed(f"DELETE FROM {{c}}.{name} WHERE _row_id = {before[9][0]}", set(), deleted={9})
     model.update({3: (3, "b", 0.0), 5: (5, "b", 0.5), 100: (100, "n", 2.0)})
-    del model[7]
+    del model[7], model[9]
     _check(cat, name, model)
     _sealed(cat, name)

@@ -322,12 +322,20 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         return () -> new CopyOnWrite(this, command);
     }
 
-    /** Whether every predicate has an Iceberg row filter form (else Spark refuses the DELETE, naming it). */
+    /**
+     * Whether every predicate has an Iceberg row filter form on the table's columns (else
+     * Spark runs the DELETE as a row-level operation: newRowLevelOperationBuilder).
+     */
     @Override
     public boolean canDeleteWhere(Predicate[] predicates) {
         for (Predicate predicate : predicates) {
             if (Changes.predicate(predicate) == null) {
                 return false;
+            }
+            for (NamedReference ref : predicate.references()) {  // _file, _pos, ...: a row-level DELETE
+                if (ref.fieldNames().length == 1 && isMetadataColumn(ref.fieldNames()[0])) {
+                    return false;
+                }
             }
         }
         return true;

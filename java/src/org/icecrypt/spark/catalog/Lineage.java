@@ -48,10 +48,8 @@ final class Lineage implements Serializable {
         this.data = scan.annotated;
         this.pos = scan.readsPos();
         this.file = scan.readsFile();
-        this.rowId = scan.readSchema.getFieldIndex(Scans.ROW_ID_COLUMN).isDefined() && !scan.annotated
-            .getFieldIndex(Scans.ROW_ID_COLUMN).isDefined();
-        this.sequence = scan.readSchema.getFieldIndex(Scans.SEQUENCE_COLUMN).isDefined() && !scan.annotated
-            .getFieldIndex(Scans.SEQUENCE_COLUMN).isDefined();
+        this.rowId = scan.readsMetadata(Scans.ROW_ID_COLUMN);
+        this.sequence = scan.readsMetadata(Scans.SEQUENCE_COLUMN);
     }
 
     /** Whether the reader's rows must be mapped (a lineage column is asked for). */

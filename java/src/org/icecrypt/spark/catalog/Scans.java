@@ -243,7 +243,7 @@ final class Scans {
     static class IcebergScan implements Scan, Batch, SupportsReportStatistics {
         final IcebergTable table;
         final Predicate[] predicates;
-        final StructType readSchema;  // what Spark gets (the data columns, then _pos and _file when asked for)
+        final StructType readSchema;  // what Spark gets: the data columns, then the metadata columns asked for
         final StructType annotated;  // the data columns, with field ids
         final JsonNode plan;  // the driver's answer (no key in it)
         final boolean wholeFiles;  // rows are never filtered inside a file (copy-on-write)
@@ -308,7 +308,8 @@ final class Scans {
             return readsMetadata(ROW_ID_COLUMN) || readsMetadata(SEQUENCE_COLUMN);
         }
 
-        private boolean readsMetadata(String column) {
+        /** Whether Spark gets the metadata column {@code column}. */
+        boolean readsMetadata(String column) {
             return readSchema.getFieldIndex(column).isDefined() && annotated.getFieldIndex(column).isEmpty();
         }
 

@@ -283,7 +283,7 @@ final class Writes {
             String secret = plan.path("encrypted").asBoolean() ? Keys.take(writeId) : null;
             StructType schema = (StructType) DataType.fromJson(plan.get("schema").toString());
             if (writesRows()) {
-                check(schema, info.schema(), table.name());
+                check(schema, info.schema(), table);
             }
             return new IcebergBatchWrite(table, plan, writeId, schema, secret, replaced, lineage());
         }
@@ -377,16 +377,23 @@ final class Writes {
     }
 
     /** Refuse rows that are not the table's columns (Spark resolves a write's query to them). */
-    static void check(StructType table, StructType given, String name) {
-        StructField[] want = table.fields();
+    /**
+     * The write's rows must be the table's columns.  A row-level operation whose condition
+     * names a metadata column (DELETE ... WHERE _row_id = 7) gets rows with the metadata
+     * columns after the table's: those are not written (FileWriter writes the table's).
+     */
+    static void check(StructType schema, StructType given, IcebergTable table) {
+        StructField[] want = schema.fields();
         StructField[] got = given.fields();
-        boolean same = want.length == got.length;
-        for (int i = 0; same && i < want.length; i++) {
-            same = want[i].name().equals(got[i].name()) && want[i].dataType().sameType(got[i].dataType());
+        boolean same = want.length <= got.length;
+        for (int i = 0; same && i < got.length; i++) {
+            same = i < want.length
+                ? want[i].name().equals(got[i].name()) && want[i].dataType().sameType(got[i].dataType())
+                : table.isMetadataColumn(got[i].name());
         }
         if (!same) {
-            throw new IllegalArgumentException("icecrypt catalog: table " + name + ": the write's rows ("
-                + given.simpleString() + ") are not the table's columns (" + table.simpleString() + ")");
+            throw new IllegalArgumentException("icecrypt catalog: table " + table.name() + ": the write's rows ("
+                + given.simpleString() + ") are not the table's columns (" + schema.simpleString() + ")");
         }
     }
 
@@ -609,8 +616,9 @@ final class Writes {
 
         /** A row and its metadata: with lineage, its _row_id and sequence number are stored after its columns. */
         @Override
-        public void write(InternalRow metadata, InternalRow row) throws IOException {
+        public void write(InternalRow metadata, InternalRow given) throws IOException {
             int[] lineage = factory.lineage;
+            InternalRow row = columns(given);
             if (lineage == null) {
                 writeRow(row);
                 return;
@@ -620,6 +628,20 @@ final class Writes {
                 stored.update(i, metadata == null || metadata.isNullAt(lineage[i]) ? null : metadata.getLong(lineage[i]));
             }
             writeRow(new JoinedRow(row, stored));
+        }
+
+        /** The table's columns of a row that has metadata columns after them (see check). */
+        private InternalRow columns(InternalRow row) {
+            StructField[] fields = factory.schema.fields();
+            int width = fields.length - (factory.lineage == null ? 0 : 2);
+            if (row.numFields() == width) {
+                return row;
+            }
+            GenericInternalRow out = new GenericInternalRow(width);
+            for (int i = 0; i < width; i++) {
+                out.update(i, row.isNullAt(i) ? null : row.get(i, fields[i].dataType()));
+            }
+            return out;
         }
 
         private void writeRow(InternalRow row) throws IOException {
