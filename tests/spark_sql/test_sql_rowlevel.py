@@ -250,13 +250,17 @@ def test_failing_statements_leave_the_table_as_it_was(cat):
     _check(cat, "db.rl_fail", model)
 
 
-def test_rewritten_files_come_back_whole_when_the_condition_matches_one_row_group(cat):
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_rewritten_files_come_back_whole_when_the_condition_matches_one_row_group(cat, mode):
     """A copy-on-write scan hands Parquet no row-group filter: with small row groups, a
     condition that matches rows of one group must still rewrite every row of the file (a
-    filtered scan would drop the other groups' rows from the new file: data loss)."""
-    name = "db.rl_groups"
+    filtered scan would drop the other groups' rows from the new file: data loss).  A
+    merge-on-read scan does prune row groups, and the positions of the rows it reads from a
+    later group must still be their positions in the file (a wrong _pos deletes another row)."""
+    name = f"db.rl_groups_{mode[:4].replace('-', '')}"
+    extra = f", {MOR}" if mode == "merge-on-read" else ""
     cat.sql(f"CREATE TABLE {{c}}.{name} (id bigint, cat string, v double) USING iceberg "
-            f"TBLPROPERTIES ('encryption.key-id'='{MASTER}', 'write.parquet.row-group-size-bytes'='2048')")
+            f"TBLPROPERTIES ('encryption.key-id'='{MASTER}', 'write.parquet.row-group-size-bytes'='2048'{extra})")
     cat.spark.range(4000).selectExpr("id", "'a' AS cat", "CAST(id AS double) AS v") \
         .writeTo(f"{cat.name}.{name}").append()
     model = {i: (i, "a", float(i)) for i in range(4000)}
@@ -269,9 +273,11 @@ def test_rewritten_files_come_back_whole_when_the_condition_matches_one_row_grou
                 WHEN MATCHED THEN UPDATE SET t.v = 0.5""")
     model[7] = (7, "a", 0.5)
     _check(cat, name, model)
-    cat.sql(f"DELETE FROM {{c}}.{name} WHERE id = 2000 AND length(cat) = 1")  # the copy-on-write DELETE
+    cat.sql(f"DELETE FROM {{c}}.{name} WHERE id = 2000 AND length(cat) = 1")  # the row-level DELETE
     del model[2000]
     _check(cat, name, model)
+    if mode == "merge-on-read":  # three positions deleted, no file rewritten
+        assert _deleted_rows(cat, name) == 3
     _sealed(cat, name)
 
 

@@ -376,9 +376,9 @@ final class Writes {
         }
     }
 
-    /** Refuse rows that are not the table's columns (Spark resolves a write's query to them). */
     /**
-     * The write's rows must be the table's columns.  A row-level operation whose condition
+     * The write's rows must be the table's columns (Spark resolves a write's query to them;
+     * anything else is refused).  A row-level operation whose condition
      * names a metadata column (DELETE ... WHERE _row_id = 7) gets rows with the metadata
      * columns after the table's: those are not written (FileWriter writes the table's).
      */
@@ -595,6 +595,8 @@ final class Writes {
         private final long taskId;
         private final WrittenFiles written = new WrittenFiles();
         private final List<Path> started = new ArrayList<>();
+        private final GenericInternalRow stored = new GenericInternalRow(2);  // a row's lineage
+        private final JoinedRow joined = new JoinedRow();
         private OutputWriter current;
         private Object[] currentValues;
         private String currentPath;
@@ -623,11 +625,10 @@ final class Writes {
                 writeRow(row);
                 return;
             }
-            GenericInternalRow stored = new GenericInternalRow(2);
-            for (int i = 0; i < 2; i++) {
+            for (int i = 0; i < 2; i++) {  // the writer consumes the row at once: one row object, reused
                 stored.update(i, metadata == null || metadata.isNullAt(lineage[i]) ? null : metadata.getLong(lineage[i]));
             }
-            writeRow(new JoinedRow(row, stored));
+            writeRow(joined.apply(row, stored));
         }
 
         /** The table's columns of a row that has metadata columns after them (see check). */
