@@ -31,11 +31,11 @@ final class CopyOnWrite extends RowLevel {
 
     /**
      * _file, which the scan's runtime filter is on (none when a data column has that name),
-     * and the row lineage columns, which the rewritten rows keep (RowLevel.lineageAttributes).
+     * and the row lineage columns, which the rewritten rows keep (RowLevel.withLineage).
      */
     @Override
     public NamedReference[] requiredMetadataAttributes() {
-        NamedReference[] file = table.isFileColumn(Scans.FILE_COLUMN)
+        NamedReference[] file = table.isMetadataColumn(Scans.FILE_COLUMN)
             ? new NamedReference[] {Expressions.column(Scans.FILE_COLUMN)} : new NamedReference[0];
         return withLineage(file);
     }

@@ -165,16 +165,6 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         return false;
     }
 
-    /** Whether {@code name}, asked of a scan, is the metadata column _file (no data column has that name). */
-    boolean isFileColumn(String name) {
-        return Scans.FILE_COLUMN.equals(name) && isMetadataColumn(name);
-    }
-
-    /** Whether {@code name}, asked of a scan, is the metadata column _pos (no data column has that name). */
-    boolean isPosColumn(String name) {
-        return Scans.POS_COLUMN.equals(name) && isMetadataColumn(name);
-    }
-
     /** The row lineage columns a row-level operation carries (none without lineage, or when a data column hides one). */
     NamedReference[] lineageColumns() {
         if (!isMetadataColumn(Scans.ROW_ID_COLUMN) || !isMetadataColumn(Scans.SEQUENCE_COLUMN)) {
@@ -316,7 +306,7 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
                 + properties.get(property) + ", not copy-on-write or merge-on-read");
         }
         // merge-on-read needs both row id columns (a data column named _file or _pos hides one)
-        if ("merge-on-read".equals(mode) && isFileColumn(Scans.FILE_COLUMN) && isPosColumn(Scans.POS_COLUMN)) {
+        if ("merge-on-read".equals(mode) && isMetadataColumn(Scans.FILE_COLUMN) && isMetadataColumn(Scans.POS_COLUMN)) {
             return () -> new MergeOnRead(this, command);
         }
         return () -> new CopyOnWrite(this, command);

@@ -18,6 +18,10 @@
 package org.icecrypt.spark.catalog;
 
 import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.List;
+
+import com.fasterxml.jackson.databind.JsonNode;
 
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
@@ -78,7 +82,25 @@ final class Lineage implements Serializable {
         return new StructField(name, DataTypes.LongType, true, ids);
     }
 
-    /** The partition values each file gets (Scans.IcebergScan.planInputPartitions gives them). */
+    /**
+     * The partition values of a planned file ({@code planned}: [Spark path, size, rows, has
+     * deletes, first row id, data sequence number]; {@code location}: as the table records
+     * it), as partitionSchema lays them out.
+     */
+    InternalRow partitionValues(JsonNode planned, JsonNode location) {
+        List<Object> values = new ArrayList<>();
+        if (file) {
+            values.add(UTF8String.fromString(location.asText()));
+        }
+        if (needed()) {
+            JsonNode first = planned.get(4);
+            values.add(first == null || first.isNull() ? null : first.asLong());
+            values.add(planned.get(5).asLong());
+        }
+        return values.isEmpty() ? InternalRow.empty() : new GenericInternalRow(values.toArray());
+    }
+
+    /** The partition values each file gets (partitionValues). */
     StructType partitionSchema() {
         StructType out = new StructType();
         if (file) {

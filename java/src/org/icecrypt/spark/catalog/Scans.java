@@ -51,7 +51,6 @@ import org.apache.hadoop.fs.Path;
 import org.apache.spark.paths.SparkPath;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.connector.expressions.Expressions;
 import org.apache.spark.sql.connector.expressions.Literal;
 import org.apache.spark.sql.connector.expressions.NamedReference;
@@ -80,7 +79,6 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
-import org.apache.spark.unsafe.types.UTF8String;
 
 import org.icecrypt.spark.LiveRows;
 
@@ -303,11 +301,6 @@ final class Scans {
             return readsMetadata(POS_COLUMN);
         }
 
-        /** Whether Spark gets a row lineage column (_row_id, _last_updated_sequence_number). */
-        boolean readsLineage() {
-            return readsMetadata(ROW_ID_COLUMN) || readsMetadata(SEQUENCE_COLUMN);
-        }
-
         /** Whether Spark gets the metadata column {@code column}. */
         boolean readsMetadata(String column) {
             return readSchema.getFieldIndex(column).isDefined() && annotated.getFieldIndex(column).isEmpty();
@@ -395,23 +388,12 @@ final class Scans {
             }
             long split = Math.min(maxBytes, Math.max(openCost, total / parallelism));
             List<Object[]> pieces = new ArrayList<>();  // path, start, length, size, live, partition values
-            boolean readsFile = readsFile();
-            boolean lineage = readsLineage();
+            Lineage layout = new Lineage(this);
             for (JsonNode[] file : files) {
                 String path = file[0].get(0).asText();
                 long size = file[0].get(1).asLong();
                 boolean live = file[0].get(3).asBoolean();
-                // the partition values Spark's reader appends: _file, the first row id and data sequence number
-                List<Object> values = new ArrayList<>();
-                if (readsFile) {
-                    values.add(UTF8String.fromString(file[1].asText()));
-                }
-                if (lineage) {
-                    JsonNode first = file[0].get(4);
-                    values.add(first == null || first.isNull() ? null : first.asLong());
-                    values.add(file[0].get(5).asLong());
-                }
-                InternalRow partition = values.isEmpty() ? InternalRow.empty() : new GenericInternalRow(values.toArray());
+                InternalRow partition = layout.partitionValues(file[0], file[1]);
                 for (long start = 0; start < size || (start == 0 && size == 0); start += split) {
                     pieces.add(new Object[] {path, start, Math.min(split, size - start), size, live, partition});
                     if (size == 0) {
