@@ -28,16 +28,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.io.pyarrow import (
-    MetricModeTypes,
-    MetricsMode,
-    StatsAggregator,
-    _primitive_to_physical,
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    match_metrics_mode,
-    parquet_path_to_id_mapping,
-)
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
@@ -432,6 +422,10 @@ def _statistics_plan(schema: Schema, properties: dict[str, str]) -> dict:
     inside a list or map none at all.  None for the lineage columns too: their nulls stand
     for inherited values, so counts and bounds of the stored values would mislead any
     reader that prunes on them; only their column sizes are recorded."""
+    # pyiceberg.io.pyarrow imports pyarrow.dataset, which imports pandas (~0.5 s): only
+    # where a file is written, not in every process that imports the table package.
+    from pyiceberg.io.pyarrow import MetricModeTypes, MetricsMode, compute_statistics_plan, match_metrics_mode
+
     plan = compute_statistics_plan(schema, properties)
     struct_paths = _struct_path_ids(schema)
     none = MetricsMode(MetricModeTypes.NONE)
@@ -459,7 +453,7 @@ def _nan_counts(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[int, 
     writer counts both; fields inside lists and maps get no metrics)."""
     counts = {}
     for field_id, collector in stats_plan.items():
-        if not isinstance(collector.iceberg_type, (FloatType, DoubleType)) or collector.mode.type == MetricModeTypes.NONE:
+        if not isinstance(collector.iceberg_type, (FloatType, DoubleType)) or collector.mode.type.value == "none":
             continue
         column = _sort_source(table, schema, field_id)
         counts[field_id] = int(pc.sum(pc.is_nan(column)).as_py() or 0)
@@ -468,8 +462,10 @@ def _nan_counts(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[int, 
 
 def _arrow_stats(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[str, Any]:
     """Statistics of a file written from ``table`` (Avro: no footer to read them from)."""
+    from pyiceberg.io.pyarrow import StatsAggregator, _primitive_to_physical
+
     value_counts, null_counts = {}, {}
-    aggregates: dict[int, StatsAggregator] = {}
+    aggregates: dict[int, Any] = {}
     for field in schema.fields:
         collector = stats_plan.get(field.field_id)
         if collector is None or not isinstance(field.field_type, PrimitiveType):
@@ -513,6 +509,8 @@ def _arrow_stats(table: pa.Table, schema: Schema, stats_plan: dict) -> dict[str,
 
 
 def _parquet_stats(metadata: pq.FileMetaData, nan_counts: dict[int, int], schema: Schema, stats_plan: dict) -> dict:
+    from pyiceberg.io.pyarrow import data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping
+
     stats = data_file_statistics_from_parquet_metadata(metadata, stats_plan, parquet_path_to_id_mapping(schema))
     serialized = stats.to_serialized_dict()
     return {
