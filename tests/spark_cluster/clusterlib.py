@@ -111,7 +111,8 @@ def driver_conf() -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
         "spark.task.maxFailures": "1",  # a KMS failure is reported at once, not retried 4 times
-        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",  # as every test JVM (tests/conftest.py)
+        # as every test JVM: tests/conftest.py's TEST_JVM_OPTIONS, which the master and worker get
+        "spark.executor.extraJavaOptions": os.environ.get("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1"),
     }
 
 
