@@ -142,7 +142,7 @@ def _deleted_rows(cat, name: str) -> int:
     return sum(d["record_count"] for d in cat.table(name).inspect.delete_files().to_pylist())
 
 
-def test_merge_on_read_statements_delete_positions_and_rewrite_no_file(cat):
+def test_merge_on_read_statements_delete_positions_and_rewrite_no_file(cat, monkeypatch):
     """A table whose write.<command>.mode is merge-on-read: UPDATE, MERGE INTO and a DELETE
     with a subquery (Spark's WriteDelta, catalog/MergeOnRead) delete the changed rows by
     their position (_file, _pos) and write only the new rows; no data file is rewritten.
@@ -178,7 +178,13 @@ def test_merge_on_read_statements_delete_positions_and_rewrite_no_file(cat):
     assert files <= _live_files(cat, name)
     assert _deleted_rows(cat, name) == 4  # 3, 5, 0 and 1 of the first files
 
+    from icecrypt.spark._sql import write as sql_write
+
+    planned, plan = [], sql_write._plan
+    monkeypatch.setattr(sql_write, "_plan", lambda bridge, pending, secret: (
+        planned.append((pending.mode, secret is None)), plan(bridge, pending, secret))[1])
     cat.sql(f"DELETE FROM {{c}}.{name} WHERE length(cat) = 1 AND id IN (SELECT 7 UNION SELECT 8)")
+    assert planned == [("delta", True)]  # it deletes positions only: no write secret leaves the driver
     del model[7], model[8]
     _check(cat, name, model)
     summary = _summary(cat, name)
@@ -353,36 +359,43 @@ def test_the_files_reported_at_commit_must_be_of_those_planned():
     replaces, the files whose rows a merge-on-read deletes)."""
     from types import SimpleNamespace
 
-    from icecrypt.spark._sql.write import _deleted_as_read, _replaced_as_read
+    from icecrypt.spark._sql.write import _as_read, _deleted_positions
 
     planned = {"command": "merge", "snapshot_id": 7, "data_files": ["a", "b", "c"]}
     pending = SimpleNamespace(mode="replace", replaced=planned, what="table db.t")
-    assert _replaced_as_read(pending, None) == ["a", "b", "c"]
-    assert _replaced_as_read(pending, {**planned, "data_files": ["c", "a", "a"]}) == ["c", "a"]
-    assert _replaced_as_read(pending, {**planned, "data_files": []}) == []
+    assert _as_read(pending, None) == ["a", "b", "c"]
+    assert _as_read(pending, {**planned, "data_files": ["c", "a", "a"]}) == ["c", "a"]
+    assert _as_read(pending, {**planned, "data_files": []}) == []
     with pytest.raises(ValueError, match="reports reading x, which its scan did not plan"):
-        _replaced_as_read(pending, {**planned, "data_files": ["a", "x"]})
+        _as_read(pending, {**planned, "data_files": ["a", "x"]})
     for other in ({"command": "update"}, {"snapshot_id": 8}, {"data_files": "a"}):
         with pytest.raises(ValueError, match="not the one it began with"):
-            _replaced_as_read(pending, {**planned, **other})
+            _as_read(pending, {**planned, **other})
     with pytest.raises(ValueError, match="only a row-level write"):
-        _replaced_as_read(SimpleNamespace(mode="append", replaced=None, what="table db.t"), planned)
+        _as_read(SimpleNamespace(mode="append", replaced=None, what="table db.t"), planned)
     with pytest.raises(ValueError, match="only a merge-on-read write deletes rows"):
-        _deleted_as_read(pending, planned, {"a": [1]})
+        _deleted_positions(pending, ["a", "b", "c"], {"a": [1]})
 
     delta = SimpleNamespace(mode="delta", replaced=planned, what="table db.t")
-    assert _replaced_as_read(delta, planned) == []  # a merge-on-read replaces no file
-    assert _deleted_as_read(delta, planned, {"a": [0, 5], "c": [2]}) == {"a": [0, 5], "c": [2]}
-    assert _deleted_as_read(delta, planned, None) == {}
+    scanned = _as_read(delta, planned)
+    assert _deleted_positions(delta, scanned, {"a": [0, 5], "c": [2]}) == {"a": [0, 5], "c": [2]}
+    assert _deleted_positions(delta, scanned, None) == {}
     with pytest.raises(ValueError, match="reports deleting rows of x, which its scan did not read"):
-        _deleted_as_read(delta, planned, {"a": [1], "x": [0]})
+        _deleted_positions(delta, scanned, {"a": [1], "x": [0]})
+    fewer = _as_read(delta, {**planned, "data_files": ["a"]})  # read fewer than planned
     with pytest.raises(ValueError, match="reports deleting rows of b, which its scan did not read"):
-        _deleted_as_read(delta, {**planned, "data_files": ["a"]}, {"b": [0]})  # read fewer than planned
+        _deleted_positions(delta, fewer, {"b": [0]})
+    from icecrypt.spark._sql.write import _records
+
+    keyless = SimpleNamespace(mode="delta", replaced=planned, what="table db.t", secret=None, schema=None,
+                              table=SimpleNamespace(encrypted=True, properties={}))
+    with pytest.raises(ValueError, match="planned no rows, yet reports 1 written file"):
+        _records(keyless, [["x.parquet", 10, 1, []]])
     for bad in ("1", [1.5], [True], ["2"]):
         with pytest.raises(ValueError, match="malformed row positions for a"):
-            _deleted_as_read(delta, planned, {"a": bad})
+            _deleted_positions(delta, scanned, {"a": bad})
     with pytest.raises(ValueError, match="not the one it began with"):
-        _deleted_as_read(delta, {**planned, "snapshot_id": 8}, {"a": [1]})
+        _as_read(delta, {**planned, "snapshot_id": 8})
 
 
 def _lineage(cat, name: str) -> dict[int, tuple[int, int]]:

@@ -232,7 +232,10 @@ def _plan(bridge: Any, pending: PendingWrite, secret: bytes | None) -> dict[str,
 
 def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[str, Any]], branch: str | None,
           start_snapshot_id: int | None, stage: Stage | None = None,
-          replaced: dict[str, Any] | None = None, wap_id: str | None = None) -> dict[str, Any]:
+          replaced: dict[str, Any] | None = None, wap_id: str | None = None,
+          writes_rows: bool = True) -> dict[str, Any]:
+    """Plan a write; ``writes_rows`` false (a merge-on-read that only deletes) makes no write
+    secret: its tasks write no file, and a file they report is refused at commit."""
     from icecrypt.spark._native import _spark_path
     from icecrypt.table.files.write_data import table_sort_order
 
@@ -240,6 +243,8 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
         raise ValueError(f"{what}: unknown write mode {mode!r}")
     if (mode in _ROW_LEVEL) != (replaced is not None):
         raise ValueError(f"{what}: a row-level write names the files its scan read, and only it")
+    if not writes_rows and mode != "delta":
+        raise ValueError(f"{what}: only a merge-on-read write can write no rows")
     if replaced is not None:
         if replaced.get("command") not in _COMMANDS or not isinstance(replaced.get("data_files"), list):
             raise ValueError(f"{what}: malformed replacing write {sorted(replaced)}")
@@ -259,9 +264,10 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
     row_filter = to_filter(filters, table.schema, strict=True) if mode == "overwrite_filter" else None
     order = table_sort_order(table.metadata)
     key_length = table.encryption_manager.data_key_length if table.encrypted else 0
+    secret = os.urandom(32) if table.encrypted and writes_rows else None
     pending = PendingWrite(
         write_id=uuid.uuid4().hex, what=what, table=table, stage=stage, mode=mode, row_filter=row_filter,
-        branch=branch, start_snapshot_id=start_snapshot_id, secret=os.urandom(32) if table.encrypted else None,
+        branch=branch, start_snapshot_id=start_snapshot_id, secret=secret,
         key_length=key_length, root=root, recorded_root=recorded_root, spec=table.spec, schema=table.schema,
         sort_order_id=order.order_id if order is not None else 0, replaced=replaced, wap_id=wap_id,
     )  # fmt: skip
@@ -286,7 +292,8 @@ def _begin_write(bridge: Any, request: dict[str, Any]) -> Any:
                      start_snapshot_id=None, stage=stage)
     table, what, branch = writable_table(catalog, ref)
     return begin(bridge, table, what, mode=mode, filters=filters, branch=branch,
-                 start_snapshot_id=ref.get("snapshot_id"), replaced=request.get("replaced"), wap_id=ref.get("wap_id"))
+                 start_snapshot_id=ref.get("snapshot_id"), replaced=request.get("replaced"), wap_id=ref.get("wap_id"),
+                 writes_rows=request.get("writes_rows", True) is not False)
 
 
 def writable_table(catalog: Any, ref: dict[str, Any], *, same_spec: bool = True) -> tuple[Any, str, str | None]:
@@ -320,6 +327,9 @@ def _records(pending: PendingWrite, files: list[list[Any]]) -> list[dict[str, An
     from icecrypt.table.model.metadata_columns import LINEAGE
 
     table = pending.table
+    if files and table.encrypted and pending.secret is None:
+        raise ValueError(f"{pending.what}: the write planned no rows, yet reports {len(files)} written file(s); "
+                         "nothing was committed")
     schema = pending.schema
     stats_plan = _statistics_plan(schema, table.properties)
     # a row-level operation's files store the rows' lineage after the columns (Iceberg's layout)
@@ -422,8 +432,9 @@ def commit(pending: PendingWrite, files: list[list[Any]], *, query_id: str | Non
 
     try:
         records = _records(pending, files)
-        replaced = _replaced_as_read(pending, read)
-        deleted = _deleted_as_read(pending, read, deletes)
+        scanned = _as_read(pending, read)
+        replaced = scanned if pending.mode == "replace" else []
+        deleted = _deleted_positions(pending, scanned, deletes)
     except BaseException:
         _remove(pending, [f[0] for f in files])
         raise
@@ -496,24 +507,19 @@ def _as_read(pending: PendingWrite, read: dict[str, Any] | None) -> list[str]:
     return list(dict.fromkeys(read["data_files"]))
 
 
-def _replaced_as_read(pending: PendingWrite, read: dict[str, Any] | None) -> list[str]:
-    """The data files a copy-on-write replaces: those its scan read (:func:`_as_read`)."""
-    files = _as_read(pending, read)
-    return files if pending.mode == "replace" else []
-
-
-def _deleted_as_read(pending: PendingWrite, read: dict[str, Any] | None,
-                     deletes: dict[str, Any] | None) -> dict[str, list[int]]:
+def _deleted_positions(pending: PendingWrite, scanned: list[str],
+                       deletes: dict[str, Any] | None) -> dict[str, list[int]]:
     """A merge-on-read's deleted positions (data file -> row positions), each file one its
-    scan read (:func:`_as_read`); merge_files checks the positions against the file's rows."""
+    scan read (``scanned``: :func:`_as_read`); merge_files checks the positions against the
+    file's rows."""
     if pending.mode != "delta":
         if deletes:
             raise ValueError(f"{pending.what}: only a merge-on-read write deletes rows by position")
         return {}
-    scanned = set(_as_read(pending, read))
+    read_files = set(scanned)
     out: dict[str, list[int]] = {}
     for path, positions in (deletes or {}).items():
-        if path not in scanned:
+        if path not in read_files:
             raise ValueError(f"{pending.what}: the {pending.replaced['command']} reports deleting rows of {path}, "
                              "which its scan did not read; nothing was committed")
         if not isinstance(positions, list) or not all(type(p) is int for p in positions):

@@ -271,6 +271,7 @@ final class Writes {
             ObjectNode request = table.catalog.request();
             request.set(table.refField(), table.ref());
             request.put("mode", mode);
+            request.put("writes_rows", writesRows());  // a delete-only delta gets no write secret
             ArrayNode list = request.putArray("filters");
             for (Predicate predicate : filters) {
                 list.add(Changes.predicate(predicate));
