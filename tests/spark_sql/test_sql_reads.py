@@ -273,3 +273,43 @@ def test_java_tables(golden, name):
 def test_java_avro_table_is_refused_clearly(golden):
     with pytest.raises(Exception, match="is avro: the SQL catalog reads Parquet data files only"):
         golden.sql(f"SELECT * FROM {{c}}.{TABLES_DIR.name}.enc_avro_dek16")
+
+
+def test_spec_id_and_partition_metadata_columns(cat):
+    """_spec_id and _partition, as Iceberg's Spark runtime gives them: the file's spec id
+    and its partition over every spec's fields (null where the file's spec lacks one),
+    equal to what icecrypt's table API reads; in projections, filters and aggregates."""
+    name = "db.meta_spec"
+    cat.sql(f"CREATE TABLE {{c}}.{name} (id BIGINT, cat STRING, d DATE, amt DECIMAL(10, 2), ok BOOLEAN) "
+            "USING iceberg PARTITIONED BY (bucket(4, id), cat)")
+    cat.sql(f"INSERT INTO {{c}}.{name} VALUES (1, 'a', DATE'2024-01-02', 10.25, true), "
+            "(2, 'b', DATE'2024-03-04', -3.50, false), (3, NULL, NULL, NULL, NULL)")
+    with cat.table(name).update_spec() as update:
+        update.remove_field("cat").add_field("d", "day").add_field("amt", "truncate[100]").add_identity("ok")
+    cat.sql(f"INSERT INTO {{c}}.{name} VALUES (4, 'a', DATE'2024-05-06', 123.45, true), (5, 'c', NULL, NULL, false)")
+
+    got = cat.rows(f"SELECT id, _spec_id, _partition FROM {{c}}.{name}")
+    table = cat.table(name)
+    want = sorted((r["id"], r["_spec_id"], r["_partition"]) for r in
+                  table.scan(columns=["id", "_spec_id", "_partition"]).to_arrow().to_pylist())
+    assert [(i, s, p.asDict()) for i, s, p in got] == want
+    assert {s for _, s, _ in got} == {0, 1}
+    fields = [f.name for f in cat.spark.table(f"{cat.name}.{name}").select("_partition").schema[0].dataType.fields]
+    assert fields == ["id_bucket", "cat", "d_day", "amt_trunc_100", "ok"]  # every spec's fields, by field id
+    assert cat.rows(f"SELECT id FROM {{c}}.{name} WHERE _spec_id = 1") == [(4,), (5,)]
+    assert cat.rows(f"SELECT _partition.cat, count(*) FROM {{c}}.{name} GROUP BY _partition.cat") == \
+        [(None, 3), ("a", 1), ("b", 1)]
+    # the row-based reader (Spark's vectorized one is the default) gives the same values
+    cat.spark.conf.set("spark.sql.parquet.enableVectorizedReader", "false")
+    try:
+        assert cat.rows(f"SELECT id, _spec_id, _partition FROM {{c}}.{name}") == got
+    finally:
+        cat.spark.conf.unset("spark.sql.parquet.enableVectorizedReader")
+    # with the row lineage columns (the reader's rows are mapped)
+    lineage = cat.rows(f"SELECT id, _partition, _spec_id, _row_id FROM {{c}}.{name}")
+    assert [(i, p, s) for i, p, s, _ in lineage] == [(i, p, s) for i, s, p in got]
+    # an unpartitioned table: spec 0, an empty _partition (as Iceberg gives it)
+    cat.sql(f"CREATE TABLE {{c}}.{name}_flat (id BIGINT) USING iceberg")
+    cat.sql(f"INSERT INTO {{c}}.{name}_flat VALUES (7)")
+    assert [(i, s, p.asDict()) for i, s, p in cat.rows(f"SELECT id, _spec_id, _partition FROM {{c}}.{name}_flat")] \
+        == [(7, 0, {})]

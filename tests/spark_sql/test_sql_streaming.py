@@ -168,3 +168,16 @@ def test_stream_complete_mode_replaces_the_rows(cat, tmp_path):
     want = sorted((c, sum(1 for _, k in rows if k == c)) for c in ("a", "b"))
     assert cat.rows("SELECT * FROM {c}.db.counts") == want  # the last epoch's rows only
     assert [e for _, e in _epochs(cat.table("db.counts"))] == [0, 1]
+
+
+def test_stream_gives_spec_id_and_partition(cat, tmp_path):
+    """A streaming read gives ``_spec_id`` and ``_partition`` as a batch read does."""
+    name = "db.stream_meta"
+    cat.sql(f"CREATE TABLE {{c}}.{name} ({SCHEMA}) USING iceberg PARTITIONED BY (cat)")
+    cat.sql(f"INSERT INTO {{c}}.{name} VALUES (1, 'a'), (2, 'b')")
+    query = (cat.spark.readStream.table(f"{cat.name}.{name}").selectExpr("id", "_spec_id", "_partition.cat AS p")
+             .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert sorted(tuple(r) for r in cat.spark.read.parquet(str(tmp_path / "out")).collect()) == \
+        [(1, 0, "a"), (2, 0, "b")]

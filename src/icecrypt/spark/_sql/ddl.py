@@ -181,6 +181,7 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection,
         "name": label,
         "schema": _types.spark_schema(schema),
         "read_schema": _types.read_schema(schema),
+        "partition_type": _partition_type(table, schema),
         "partitioning": partitioning(table),
         "sort_order": _sort_order(table),
         "properties": properties(table, snapshot_id),
@@ -189,6 +190,18 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection,
         "encrypted": table.encrypted,
         "ref": ref,
     }
+
+
+def _partition_type(table: Any, schema: Any) -> dict[str, Any] | None:
+    """The Spark type of the ``_partition`` metadata column (every spec's partition fields,
+    all nullable), or None when a field's type has no Spark twin the scan can give."""
+    from icecrypt.table.model.metadata_columns import partition_type
+
+    struct = partition_type(table.specs, schema)
+    if any(str(f.field_type) in ("timestamp_ns", "timestamptz_ns", "variant", "unknown")
+           or str(f.field_type).startswith(("geometry", "geography")) for f in struct.fields):
+        return None
+    return _types.spark_type(struct, ids=False)[0]
 
 
 def _ref(selection: _catalogs.Selection, snapshot_id: int | None, branch: str | None, schema_id: int | None = None,

@@ -78,10 +78,11 @@ def _live_positions(table: Any, snapshot_id: int, paths: set[str], what: str) ->
 
 
 def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]], what: str,
-               push_keys: Any, schema_id: int | None = None) -> dict[str, Any]:
+               push_keys: Any, schema_id: int | None = None, *, partition: bool = False) -> dict[str, Any]:
     """The scan's plan (see the module); ``push_keys(read_id, value)`` hands the JVM the
     planned files' keys.  ``schema_id``: the schema the statement reads with (the filters'
-    column names are its), when it is not the snapshot's."""
+    column names are its), when it is not the snapshot's.  ``partition``: the scan reads
+    ``_partition`` (each file's value is planned)."""
     from icecrypt.spark._common import file_error
 
     if snapshot_id is None:
@@ -96,14 +97,16 @@ def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]
         tasks = table.scan(snapshot_id=snapshot_id, row_filter=row_filter).plan_files()
     except Exception as exc:
         raise file_error(exc, f"{what}: planning the scan") from exc
-    return plan_tasks(table, tasks, schema, snapshot_id, what, push_keys)
+    return plan_tasks(table, tasks, schema, snapshot_id, what, push_keys, partition=partition)
 
 
 def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | None, what: str,
-               push_keys: Any) -> dict[str, Any]:
+               push_keys: Any, *, partition: bool = False) -> dict[str, Any]:
     """The plan of planned file scan tasks (their files, deletes and keys), as
     :func:`plan_files` answers; also the streaming read's micro-batches.  Equality deletes
-    are applied as of ``snapshot_id`` (None: refused)."""
+    are applied as of ``snapshot_id`` (None: refused).  Each file: [Spark path, size,
+    rows, has deletes, first row id, data sequence number, spec id] and, with
+    ``partition``, its ``_partition`` value (:func:`partition_values`)."""
     from icecrypt.spark._common import file_error
     from icecrypt.spark._native import (
         _MAX_FILTERED_POSITION,
@@ -123,6 +126,7 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
         raise NotImplementedError(f"{what}: data file {sorted(equality)[0]} has equality deletes, which a streaming "
                                   "read of the SQL catalog does not apply (stream it with icecrypt.iceberg)")
     replaced = _live_positions(table, snapshot_id, equality, what) if equality else {}
+    partition_of = _partition_encoder(table, schema, what) if partition else None
     files: dict[str, Any] = {}
     entries = []
     deleted_by_path: dict[str, tuple[int, Any]] = {}
@@ -154,8 +158,11 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
                                           "Spark's Parquet reader gives (files with deletes cannot be read)")
             deleted_by_path[spark_path] = (file.record_count, deleted)
         files[spark_path] = file
-        entries.append([spark_path, file.file_size_in_bytes, file.record_count, deleted is not None,
-                        group[0].first_row_id, file.sequence_number])
+        entry = [spark_path, file.file_size_in_bytes, file.record_count, deleted is not None,
+                 group[0].first_row_id, file.sequence_number, group[0].spec_id]
+        if partition_of is not None:
+            entry.append(partition_of(group[0]))
+        entries.append(entry)
     read_id = uuid.uuid4().hex
     if table.encrypted and files:
         push_keys(read_id, _file_keys(files))
@@ -168,6 +175,90 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
         "pushable": pushable_columns(table),
         "data_files": list(by_file),
     }
+
+
+def _partition_encoder(table: Any, schema: Any, what: str) -> Any:
+    """A function of a task: its file's ``_partition`` value, the table's partition type
+    (every spec's fields: :func:`~icecrypt.table.model.metadata_columns.partition_type`)
+    as a JSON list the JVM turns into Spark's values (``Lineage``): numbers, dates as
+    days, times and timestamps as microseconds, decimals as their unscaled digits,
+    binary as base64, a non-finite float by name, null where the file's spec lacks the
+    field."""
+    from icecrypt.table.model.metadata_columns import partition_type
+
+    fields = partition_type(table.specs, schema).fields
+    encoders = [_encoder(f.field_type, f"{what}: _partition.{f.name}") for f in fields]
+    position = {f.field_id: i for i, f in enumerate(fields)}
+
+    def encode(task: Any) -> list[Any]:
+        out: list[Any] = [None] * len(fields)
+        for field, value in zip(table.specs[task.spec_id].fields, task.partition):
+            i = position.get(field.field_id)
+            if i is not None and value is not None:
+                out[i] = encoders[i](value)
+        return out
+
+    return encode
+
+
+def _encoder(t: Any, what: str) -> Any:
+    import base64
+    import datetime
+    import decimal
+    import math
+
+    from pyiceberg.types import (
+        BinaryType,
+        BooleanType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        FixedType,
+        FloatType,
+        IntegerType,
+        LongType,
+        StringType,
+        TimestampType,
+        TimestamptzType,
+        TimeType,
+        UUIDType,
+    )
+
+    epoch = datetime.datetime(1970, 1, 1)
+
+    def micros(v: Any) -> int:
+        if isinstance(v, datetime.datetime):
+            base = epoch if v.tzinfo is None else epoch.replace(tzinfo=datetime.timezone.utc)
+            return (v - base) // datetime.timedelta(microseconds=1)
+        if isinstance(v, datetime.time):
+            return ((v.hour * 60 + v.minute) * 60 + v.second) * 1_000_000 + v.microsecond
+        return int(v)
+
+    def floating(v: Any) -> Any:
+        v = float(v)
+        return v if math.isfinite(v) else ("NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity")
+
+    if isinstance(t, BooleanType):
+        return bool
+    if isinstance(t, (IntegerType, LongType)):
+        return int
+    if isinstance(t, DateType):
+        return lambda v: (v - datetime.date(1970, 1, 1)).days if isinstance(v, datetime.date) else int(v)
+    if isinstance(t, (TimestampType, TimestamptzType, TimeType)):
+        return micros
+    if isinstance(t, (FloatType, DoubleType)):
+        return floating
+    if isinstance(t, DecimalType):
+        return lambda v: str(int(decimal.Decimal(v).scaleb(t.scale).to_integral_value()))
+    if isinstance(t, StringType):
+        return str
+    if isinstance(t, UUIDType):
+        import uuid as _uuid
+
+        return lambda v: str(v if isinstance(v, _uuid.UUID) else _uuid.UUID(bytes=bytes(v)))
+    if isinstance(t, (BinaryType, FixedType)):
+        return lambda v: base64.b64encode(bytes(v)).decode("ascii")
+    raise NotImplementedError(f"{what}: a partition field of type {t}, which Spark cannot show")
 
 
 def push_keys(bridge: Any) -> Any:
@@ -192,4 +283,4 @@ def _plan_scan(bridge: Any, request: dict[str, Any]) -> Any:
     table = catalog.load_table(ident)
     what = _catalogs.describe_identifier(catalog, ident)
     return plan_files(table, ref.get("snapshot_id"), request.get("filters") or [], what, push_keys(bridge),
-                      ref.get("schema_id"))
+                      ref.get("schema_id"), partition=request.get("partition") is True)

@@ -73,13 +73,15 @@ class _CatalogStream(IcebergStreamReader):
             raise file_error(exc, f"{self.location}: loading the table") from exc
         return self._table
 
-    def micro_batch(self, start: Any, end: Any, push_keys: Any) -> dict[str, Any]:
-        """The plan of the micro-batch from ``start`` to ``end`` (as a batch scan's)."""
+    def micro_batch(self, start: Any, end: Any, push_keys: Any, *, partition: bool = False) -> dict[str, Any]:
+        """The plan of the micro-batch from ``start`` to ``end`` (as a batch scan's;
+        ``partition``: with each file's ``_partition``)."""
         from icecrypt.spark._sql.scan import plan_tasks
 
         partitions = self.partitions(start, end)
         table = self._table
-        return plan_tasks(table, [p.task for p in partitions], table.schema, None, self.location, push_keys)
+        return plan_tasks(table, [p.task for p in partitions], table.schema, None, self.location, push_keys,
+                          partition=partition)
 
 
 def _stream(bridge: Any, request: dict[str, Any]) -> _CatalogStream:
@@ -136,7 +138,8 @@ def _stream_available_now(bridge: Any, request: dict[str, Any]) -> Any:
 def _stream_plan(bridge: Any, request: dict[str, Any]) -> Any:
     from icecrypt.spark._sql.scan import push_keys
 
-    return _stream(bridge, request).micro_batch(request["start"], request["end"], push_keys(bridge))
+    return _stream(bridge, request).micro_batch(request["start"], request["end"], push_keys(bridge),
+                                                partition=request.get("partition") is True)
 
 
 @method("stream_commit")

@@ -64,6 +64,7 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
     final StructType schema;
     final StructType readSchema;  // with field ids (parquet.field.id)
     private final Map<String, String> properties;
+    private final StructType partitionType;  // of _partition (null: the table has none Spark can show)
 
     IcebergTable(CatalogContext catalog, JsonNode description) {
         this.catalog = catalog;
@@ -71,6 +72,9 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         this.schema = (StructType) DataType.fromJson(description.get("schema").toString());
         this.readSchema = (StructType) DataType.fromJson(description.get("read_schema").toString());
         this.properties = CatalogContext.stringMap(description.get("properties"));
+        JsonNode partition = description.get("partition_type");
+        this.partitionType = partition == null || partition.isNull() ? null
+            : (StructType) DataType.fromJson(partition.toString());
     }
 
     @Override
@@ -96,6 +100,12 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
                                "Path of the file in which a row is stored", null));
         out.add(metadataColumn(Scans.POS_COLUMN, DataTypes.LongType, false,
                                "Ordinal position of a row in the source data file", null));
+        out.add(metadataColumn(Scans.SPEC_ID_COLUMN, DataTypes.IntegerType, false,
+                               "Spec ID used to track the file containing a row", null));
+        if (partitionType() != null) {
+            out.add(metadataColumn(Scans.PARTITION_COLUMN, partitionType(), true,
+                                   "Partition to which a row belongs to", null));
+        }
         if (lineage()) {
             // as Iceberg: an updated or reinserted row keeps its id; its sequence number is the new commit's
             out.add(metadataColumn(Scans.ROW_ID_COLUMN, DataTypes.LongType, true, "Implicit row ID that is "
@@ -141,6 +151,15 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
                     .putBoolean(MetadataColumn.PRESERVE_ON_DELETE, preserve[2]).build().json();
             }
         };
+    }
+
+    /**
+     * The type of the _partition metadata column: every partition spec's fields, nullable
+     * (a file written under another spec has nulls for the fields its spec lacks); null
+     * when a field has a type Spark cannot show.
+     */
+    StructType partitionType() {
+        return partitionType;
     }
 
     /** Whether the table has row lineage (format version 3): the metadata columns _row_id and its sequence number. */

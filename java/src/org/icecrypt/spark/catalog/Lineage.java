@@ -3,12 +3,13 @@
  * gives them, and the row lineage columns computed from them.
  *
  * The scan's rows are its data columns, then the metadata columns asked for, in this
- * order: _pos, _file, _row_id, _last_updated_sequence_number.  Spark's reader is asked for
- * the data columns; with lineage, also the two lineage columns as the data file stores them
- * (by their reserved field ids: null where the file does not store them, or stores null);
- * with _pos or _row_id, also the row index (Scans.ROW_INDEX); and it appends the file's
- * partition values: _file, and with lineage the file's first row id and data sequence
- * number.  So without lineage the reader's rows are the scan's rows.  With it they are
+ * order: _pos, _file, _spec_id, _partition, _row_id, _last_updated_sequence_number.
+ * Spark's reader is asked for the data columns; with lineage, also the two lineage columns
+ * as the data file stores them (by their reserved field ids: null where the file does not
+ * store them, or stores null); with _pos or _row_id, also the row index (Scans.ROW_INDEX);
+ * and it appends the file's constants as its partition values: _file, _spec_id,
+ * _partition (the driver planned them: partitionValues), and with lineage the file's
+ * first row id and data sequence number.  So without lineage the reader's rows are the scan's rows.  With it they are
  * mapped: as the spec says, a row's _row_id is the stored value, else the file's first row
  * id plus the row's position (null before the table had lineage), and its
  * _last_updated_sequence_number the stored value, else the file's data sequence number.
@@ -47,11 +48,15 @@ final class Lineage implements Serializable {
     private final boolean file;
     private final boolean rowId;
     private final boolean sequence;
+    private final boolean specId;
+    private final StructType partition;  // the type of _partition, null when it is not read
 
     Lineage(Scans.IcebergScan scan) {
         this.data = scan.annotated;
         this.pos = scan.readsPos();
         this.file = scan.readsFile();
+        this.specId = scan.readsMetadata(Scans.SPEC_ID_COLUMN);
+        this.partition = scan.readsMetadata(Scans.PARTITION_COLUMN) ? scan.table.partitionType() : null;
         this.rowId = scan.readsMetadata(Scans.ROW_ID_COLUMN);
         this.sequence = scan.readsMetadata(Scans.SEQUENCE_COLUMN);
     }
@@ -84,13 +89,25 @@ final class Lineage implements Serializable {
 
     /**
      * The partition values of a planned file ({@code planned}: [Spark path, size, rows, has
-     * deletes, first row id, data sequence number]; {@code location}: as the table records
-     * it), as partitionSchema lays them out.
+     * deletes, first row id, data sequence number, spec id, and when the scan reads it the
+     * _partition value]; {@code location}: as the table records it), as partitionSchema
+     * lays them out.
      */
     InternalRow partitionValues(JsonNode planned, JsonNode location) {
         List<Object> values = new ArrayList<>();
         if (file) {
             values.add(UTF8String.fromString(location.asText()));
+        }
+        if (specId) {
+            values.add(planned.get(6).asInt());
+        }
+        if (partition != null) {
+            JsonNode value = planned.get(7);
+            if (value == null || !value.isArray() || value.size() != partition.size()) {
+                throw new IllegalStateException("icecrypt catalog: the driver planned no _partition value for "
+                    + planned.get(0).asText());
+            }
+            values.add(partitionRow(value, partition));
         }
         if (needed()) {
             JsonNode first = planned.get(4);
@@ -100,11 +117,58 @@ final class Lineage implements Serializable {
         return values.isEmpty() ? InternalRow.empty() : new GenericInternalRow(values.toArray());
     }
 
+    /** A file's _partition value of the driver's plan (scan.py's _partition_encoder). */
+    static InternalRow partitionRow(JsonNode values, StructType type) {
+        Object[] out = new Object[type.size()];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = partitionValue(values.get(i), type.fields()[i].dataType());
+        }
+        return new GenericInternalRow(out);
+    }
+
+    private static Object partitionValue(JsonNode value, DataType type) {
+        if (value == null || value.isNull()) {
+            return null;
+        }
+        if (type.equals(DataTypes.BooleanType)) {
+            return value.asBoolean();
+        }
+        if (type.equals(DataTypes.IntegerType) || type.equals(DataTypes.DateType)) {
+            return value.asInt();
+        }
+        if (type.equals(DataTypes.LongType) || type.equals(DataTypes.TimestampType)
+                || type.equals(DataTypes.TimestampNTZType)) {
+            return value.asLong();
+        }
+        if (type.equals(DataTypes.FloatType) || type.equals(DataTypes.DoubleType)) {
+            double number = value.isTextual() ? Double.parseDouble(value.asText()) : value.asDouble();
+            return type.equals(DataTypes.FloatType) ? (Object) (float) number : (Object) number;
+        }
+        if (type.equals(DataTypes.StringType)) {
+            return UTF8String.fromString(value.asText());
+        }
+        if (type.equals(DataTypes.BinaryType)) {
+            return java.util.Base64.getDecoder().decode(value.asText());
+        }
+        if (type instanceof org.apache.spark.sql.types.DecimalType) {
+            org.apache.spark.sql.types.DecimalType decimal = (org.apache.spark.sql.types.DecimalType) type;
+            return Decimal.apply(new java.math.BigDecimal(new java.math.BigInteger(value.asText()), decimal.scale()),
+                                 decimal.precision(), decimal.scale());
+        }
+        throw new UnsupportedOperationException("icecrypt catalog: a _partition field of type " + type.simpleString());
+    }
+
     /** The partition values each file gets (partitionValues). */
     StructType partitionSchema() {
         StructType out = new StructType();
         if (file) {
             out = out.add(Scans.FILE_COLUMN, DataTypes.StringType, false);
+        }
+        if (specId) {
+            out = out.add(Scans.SPEC_ID_COLUMN, DataTypes.IntegerType, false);
+        }
+        if (partition != null) {
+            out = out.add(Scans.PARTITION_COLUMN, partition, true);
         }
         if (needed()) {
             out = out.add("_icecrypt_first_row_id", DataTypes.LongType, true)
@@ -120,10 +184,15 @@ final class Lineage implements Serializable {
         int storedRowId = n;
         int storedSequence = n + 1;
         int rowIndex = index() ? n + 2 : -1;
-        int location = file ? n + 2 + (index() ? 1 : 0) : -1;
-        int first = n + 2 + (index() ? 1 : 0) + (file ? 1 : 0);
+        int next = n + 2 + (index() ? 1 : 0);  // the file's constants (partitionSchema)
+        int location = file ? next++ : -1;
+        int spec = specId ? next++ : -1;
+        int partitionAt = partition != null ? next++ : -1;
+        int first = next;
         int dataSequence = first + 1;
-        int width = n + (pos ? 1 : 0) + (file ? 1 : 0) + (rowId ? 1 : 0) + (sequence ? 1 : 0);
+        int width = n + (pos ? 1 : 0) + (file ? 1 : 0) + (specId ? 1 : 0) + (partition != null ? 1 : 0)
+            + (rowId ? 1 : 0) + (sequence ? 1 : 0);
+        int partitionWidth = partition != null ? partition.size() : 0;
         if (columnar) {
             Iterator<Object> batches = (Iterator<Object>) (Iterator<?>) raw;
             return (Iterator<InternalRow>) (Iterator<?>) batches.map(item -> {
@@ -138,6 +207,12 @@ final class Lineage implements Serializable {
                 }
                 if (file) {
                     out[k++] = in.column(location);
+                }
+                if (specId) {
+                    out[k++] = in.column(spec);
+                }
+                if (partition != null) {
+                    out[k++] = in.column(partitionAt);
                 }
                 if (rowId) {
                     out[k++] = new LineageVector(in.column(storedRowId), in.column(first), in.column(rowIndex));
@@ -163,6 +238,12 @@ final class Lineage implements Serializable {
             }
             if (file) {
                 row.update(k++, in.getUTF8String(location));
+            }
+            if (specId) {
+                row.update(k++, in.getInt(spec));
+            }
+            if (partition != null) {
+                row.update(k++, in.isNullAt(partitionAt) ? null : in.getStruct(partitionAt, partitionWidth));
             }
             if (rowId) {
                 row.update(k++, !in.isNullAt(storedRowId) ? (Object) in.getLong(storedRowId)

@@ -99,6 +99,9 @@ final class Scans {
     static final String FILE_COLUMN = "_file";
     /** The metadata column of a row's position in its data file. */
     static final String POS_COLUMN = "_pos";
+    /** The metadata columns of a row's data file's partition spec id and partition (every spec's fields). */
+    static final String SPEC_ID_COLUMN = "_spec_id";
+    static final String PARTITION_COLUMN = "_partition";
     /** The row lineage metadata columns (format version 3), as Iceberg names them. */
     static final String ROW_ID_COLUMN = "_row_id";
     static final String SEQUENCE_COLUMN = "_last_updated_sequence_number";
@@ -188,6 +191,12 @@ final class Scans {
             if (metadata.contains(FILE_COLUMN)) {
                 readSchema = readSchema.add(FILE_COLUMN, DataTypes.StringType, false);
             }
+            if (metadata.contains(SPEC_ID_COLUMN)) {
+                readSchema = readSchema.add(SPEC_ID_COLUMN, DataTypes.IntegerType, false);
+            }
+            if (metadata.contains(PARTITION_COLUMN)) {
+                readSchema = readSchema.add(PARTITION_COLUMN, table.partitionType(), true);
+            }
             for (String column : new String[] {ROW_ID_COLUMN, SEQUENCE_COLUMN}) {
                 if (metadata.contains(column)) {
                     readSchema = readSchema.add(column, DataTypes.LongType, true);
@@ -276,6 +285,8 @@ final class Scans {
             for (StructField field : annotated.fields()) {
                 columns.add(field.name());
             }
+            request.put("partition", readSchema.getFieldIndex(PARTITION_COLUMN).isDefined()
+                && annotated.getFieldIndex(PARTITION_COLUMN).isEmpty());
             return of(table, predicates, readSchema, annotated, table.catalog.callUnchecked("plan_scan", request),
                       wholeFiles);
         }
@@ -321,7 +332,7 @@ final class Scans {
             return out;
         }
 
-        /** The planned files ([Spark path, size, rows, has deletes]) with their locations, as read. */
+        /** The planned files ([Spark path, size, rows, has deletes, ...]: Lineage) with their locations, as read. */
         private synchronized List<JsonNode[]> readFiles() {
             List<JsonNode[]> out = new ArrayList<>();
             JsonNode files = plan.path("files");

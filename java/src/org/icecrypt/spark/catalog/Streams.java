@@ -188,6 +188,8 @@ final class Streams {
             ObjectNode request = request();
             request.put("start", start.json());
             request.put("end", end.json());
+            request.put("partition", readSchema.getFieldIndex(Scans.PARTITION_COLUMN).isDefined()
+                && annotated.getFieldIndex(Scans.PARTITION_COLUMN).isEmpty());
             JsonNode plan = table.catalog.callUnchecked("stream_plan", request);
             planned = Scans.IcebergScan.of(table, new Predicate[0], readSchema, annotated, plan, false);
             return planned.planInputPartitions();
