@@ -16,6 +16,7 @@ METADATA_TABLES = (
     "data_files",
     "delete_files",
     "partitions",
+    "position_deletes",
     "all_files",
     "all_data_files",
     "all_delete_files",

@@ -191,6 +191,10 @@ def test_merge_on_read_statements_delete_positions_and_rewrite_no_file(cat, monk
     assert summary["added-data-files"] == 0 and summary["deleted-data-files"] == 0, summary
     assert files <= _live_files(cat, name)
     assert _deleted_rows(cat, name) == 6
+    # the metadata table position_deletes: each deleted position, by data file (Iceberg's)
+    assert cat.rows(f"SELECT count(*), count(DISTINCT file_path, pos) FROM {{c}}.{name}.position_deletes") == [(6, 6)]
+    assert {f for (f,) in cat.rows(f"SELECT file_path FROM {{c}}.{name}.position_deletes")} == \
+        {holder[i] for i in (3, 5, 0, 1, 7, 8)}
     deletes = cat.table(name).inspect.delete_files().to_pylist()
     assert deletes and {d["file_format"] for d in deletes} == {"PUFFIN"}
     _sealed(cat, name)

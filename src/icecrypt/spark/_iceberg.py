@@ -46,7 +46,7 @@ metadata file the job started from and need no catalog access.
 
 Metadata tables: option ``metadata-table`` (``snapshots``, ``history``, ``refs``,
 ``metadata_log_entries``, ``manifests``, ``all_manifests``, ``entries``, ``all_entries``,
-``files``, ``data_files``, ``delete_files``, ``partitions``, ``all_files``, ...) reads that table of ``table.inspect``
+``files``, ``data_files``, ``delete_files``, ``partitions``, ``position_deletes``, ``all_files``, ...) reads that table of ``table.inspect``
 instead of the rows, computed on the driver (``snapshot-id`` selects the snapshot;
 ``columns`` projects; ``filter`` limits ``partitions``).
 

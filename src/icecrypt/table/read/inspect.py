@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["METADATA_TABLES", "InspectTable"]
 
 #: The ones that show one snapshot (the current one unless ``snapshot_id`` is given).
-_SNAPSHOT_TABLES = frozenset({"manifests", "entries", "files", "data_files", "delete_files", "partitions"})
+_SNAPSHOT_TABLES = frozenset({"manifests", "entries", "files", "data_files", "delete_files", "partitions",
+                              "position_deletes"})
 
 
 def _key_fingerprint(key_metadata: Any) -> str | None:
@@ -410,6 +411,72 @@ class InspectTable:
     def all_delete_files(self) -> pa.Table:
         """``all_files`` for delete files."""
         return self._all_files((POSITION_DELETES, EQUALITY_DELETES))
+
+    def position_deletes(self, snapshot_id: int | None = None) -> pa.Table:
+        """Every row position deleted by a position delete file or a deletion vector of a
+        snapshot, one row each, as Iceberg's ``position_deletes`` table: the data file
+        (``file_path``) and position (``pos``), ``row`` (null: the deleted row's values,
+        which icecrypt's and Iceberg Java's writers do not store), the data file's
+        ``partition`` (left out when no spec has a field) and ``spec_id``, the delete file
+        (``delete_file_path``) and, in format 3, a deletion vector's ``content_offset`` and
+        ``content_size_in_bytes`` (null for a position delete file).  Each delete file is
+        read and authenticated as a scan reads it, for the data files it applies to."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        from icecrypt.table.files.manifest import EQUALITY_DELETES
+        from icecrypt.table.files.read import _POSITION_DELETE_SCHEMA, _check_key, _delete_file_table, _dv_positions
+        from icecrypt.table.model.metadata_columns import partition_type
+        from icecrypt.table.read.scan import TableScan
+
+        table = self._table
+        snapshot = self._snapshot(snapshot_id)
+        schema = table.schema_for(snapshot) if snapshot is not None else table.schema
+        unified = partition_type(table.specs, schema)
+        fields = [
+            pa.field("file_path", pa.string(), nullable=False),
+            pa.field("pos", pa.int64(), nullable=False),
+            pa.field("row", pa.struct(list(schema_to_pyarrow(schema)))),
+        ]
+        if unified.fields:
+            fields.append(pa.field("partition", schema_to_pyarrow(unified), nullable=False))
+        fields += [pa.field("spec_id", pa.int32(), nullable=False), pa.field("delete_file_path", pa.string(), nullable=False)]
+        if table.format_version >= 3:
+            fields += [pa.field("content_offset", pa.int64()), pa.field("content_size_in_bytes", pa.int64())]
+        out_schema = pa.schema(fields)
+        if snapshot is None:
+            return out_schema.empty_table()
+        fs, encrypted = table.filesystem, table.encrypted
+        columns: dict[str, list[Any]] = {f.name: [] for f in fields}
+        seen: set[tuple[str, int | None]] = set()
+        names = {f.field_id: f.name for f in unified.fields}
+        for task in TableScan(table, snapshot_id=snapshot.snapshot_id).plan_files():
+            partition = {name: None for name in names.values()}
+            for field, value in zip(table.specs[task.spec_id].fields, task.partition):
+                if field.field_id in names:
+                    partition[names[field.field_id]] = _arrow_value(value)
+            for delete in task.deletes:
+                if delete.content == EQUALITY_DELETES or (delete.path, delete.content_offset) in seen:
+                    continue
+                seen.add((delete.path, delete.content_offset))
+                _check_key(delete, encrypted)
+                if delete.is_dv:
+                    positions = _dv_positions(delete, fs, encrypted).tolist()
+                    paths = [task.file.path] * len(positions)
+                else:
+                    rows = _delete_file_table(delete, fs, _POSITION_DELETE_SCHEMA, encrypted)
+                    paths, positions = rows.column("file_path").to_pylist(), rows.column("pos").to_pylist()
+                n = len(positions)
+                columns["file_path"] += paths
+                columns["pos"] += positions
+                columns["row"] += [None] * n
+                if unified.fields:
+                    columns["partition"] += [partition] * n
+                columns["spec_id"] += [task.spec_id] * n
+                columns["delete_file_path"] += [delete.path] * n
+                if "content_offset" in columns:
+                    columns["content_offset"] += [delete.content_offset if delete.is_dv else None] * n
+                    columns["content_size_in_bytes"] += [delete.content_size_in_bytes if delete.is_dv else None] * n
+        return pa.table(columns, schema=out_schema)
 
     def partitions(
         self,
