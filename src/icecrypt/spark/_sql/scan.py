@@ -106,7 +106,7 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
     :func:`plan_files` answers; also the streaming read's micro-batches.  Equality deletes
     are applied as of ``snapshot_id`` (None: refused).  Each file: [Spark path, size,
     rows, has deletes, first row id, data sequence number, spec id] and, with
-    ``partition``, its ``_partition`` value (:func:`partition_values`)."""
+    ``partition``, its ``_partition`` value (:func:`_partition_encoder`)."""
     from icecrypt.spark._common import file_error
     from icecrypt.spark._native import (
         _MAX_FILTERED_POSITION,
@@ -249,7 +249,8 @@ def _encoder(t: Any, what: str) -> Any:
     if isinstance(t, (FloatType, DoubleType)):
         return floating
     if isinstance(t, DecimalType):
-        return lambda v: str(int(decimal.Decimal(v).scaleb(t.scale).to_integral_value()))
+        exact = decimal.Context(prec=80)  # a decimal(38, s) has more digits than the default context keeps
+        return lambda v: str(int(decimal.Decimal(v).scaleb(t.scale, context=exact).to_integral_value(context=exact)))
     if isinstance(t, StringType):
         return str
     if isinstance(t, UUIDType):
