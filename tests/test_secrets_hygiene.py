@@ -329,7 +329,6 @@ def test_no_key_in_logs_outputs_errors_and_plans(tmp_path, capfd, spark):
           f"{len(evidence.pickles)} pickles; DEK hits in task pickles (expected): {len(carried)}")
 
 
-@pytest.mark.spark
 def _job_evidence(proc: subprocess.CompletedProcess, out) -> tuple[Evidence, str, dict, list]:
     """What a hygiene job (native_hygiene_job.py, sql_hygiene_job.py) showed, gathered:
     its output and DEBUG logs, OUT/explain.txt, the UI's REST answers and the event log
@@ -350,6 +349,8 @@ def _job_evidence(proc: subprocess.CompletedProcess, out) -> tuple[Evidence, str
     return evidence, explain, rest, logs
 
 
+@pytest.mark.spark  # its own Spark application (a JVM): not in make test-quick
+@pytest.mark.slow
 def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     """``icecrypt.spark.read_table`` hands Spark's Parquet reader each file's DEK and AAD
     prefix in the read's options: a Spark application (tests/native_hygiene_job.py, its
@@ -399,6 +400,8 @@ def test_native_read_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     assert not find({**keks, **masters}, control)
 
 
+@pytest.mark.spark  # its own Spark application (a JVM): not in make test-quick
+@pytest.mark.slow
 def test_sql_catalog_keys_never_in_plans_ui_event_log_or_logs(tmp_path):
     """Spark SQL through icecrypt's catalog hands the JVM each scan's file keys and each
     write's secret (a key per file is derived from it in the executors): a Spark
