@@ -195,11 +195,11 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection,
 def _partition_type(table: Any, schema: Any) -> dict[str, Any] | None:
     """The Spark type of the ``_partition`` metadata column (every spec's partition fields,
     all nullable), or None when a field's type has no Spark twin the scan can give."""
+    from icecrypt.spark._sql.scan import partition_encodable
     from icecrypt.table.model.metadata_columns import partition_type
 
     struct = partition_type(table.specs, schema)
-    if any(str(f.field_type) in ("timestamp_ns", "timestamptz_ns", "variant", "unknown")
-           or str(f.field_type).startswith(("geometry", "geography")) for f in struct.fields):
+    if not all(partition_encodable(f.field_type) for f in struct.fields):
         return None
     return _types.spark_type(struct, ids=False)[0]
 

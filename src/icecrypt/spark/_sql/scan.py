@@ -201,6 +201,15 @@ def _partition_encoder(table: Any, schema: Any, what: str) -> Any:
     return encode
 
 
+def partition_encodable(t: Any) -> bool:
+    """Whether a ``_partition`` field of type ``t`` can be planned (:func:`_encoder`)."""
+    try:
+        _encoder(t, "")
+    except NotImplementedError:
+        return False
+    return True
+
+
 def _encoder(t: Any, what: str) -> Any:
     import base64
     import datetime

@@ -425,7 +425,7 @@ class InspectTable:
 
         from icecrypt.table.files.manifest import EQUALITY_DELETES
         from icecrypt.table.files.read import _POSITION_DELETE_SCHEMA, _check_key, _delete_file_table, _dv_positions
-        from icecrypt.table.model.metadata_columns import partition_type
+        from icecrypt.table.model.metadata_columns import PARTITION_ID, PARTITION_NAME, partition_type
         from icecrypt.table.read.scan import TableScan
 
         table = self._table
@@ -448,12 +448,10 @@ class InspectTable:
         fs, encrypted = table.filesystem, table.encrypted
         columns: dict[str, list[Any]] = {f.name: [] for f in fields}
         seen: set[tuple[str, int | None]] = set()
-        names = {f.field_id: f.name for f in unified.fields}
-        for task in TableScan(table, snapshot_id=snapshot.snapshot_id).plan_files():
-            partition = {name: None for name in names.values()}
-            for field, value in zip(table.specs[task.spec_id].fields, task.partition):
-                if field.field_id in names:
-                    partition[names[field.field_id]] = _arrow_value(value)
+        # the scan plans each file's _partition value (over every spec's fields) when projected
+        scan = TableScan(table, columns=[PARTITION_NAME] if unified.fields else None, snapshot_id=snapshot.snapshot_id)
+        for task in scan.plan_files():
+            partition = {k: _arrow_value(v) for k, v in task.constants.get(PARTITION_ID, {}).items()}
             for delete in task.deletes:
                 if delete.content == EQUALITY_DELETES or (delete.path, delete.content_offset) in seen:
                     continue

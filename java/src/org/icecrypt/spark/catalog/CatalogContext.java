@@ -16,6 +16,7 @@ import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
 import org.apache.spark.sql.catalyst.analysis.NamespaceAlreadyExistsException;
+import org.apache.spark.sql.catalyst.util.GenericArrayData;
 import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
 import org.apache.spark.sql.catalyst.analysis.NonEmptyNamespaceException;
@@ -23,6 +24,21 @@ import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
 import org.apache.spark.sql.connector.catalog.Identifier;
 import org.apache.spark.sql.connector.catalog.StagedTable;
 import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.BinaryType;
+import org.apache.spark.sql.types.BooleanType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DateType;
+import org.apache.spark.sql.types.Decimal;
+import org.apache.spark.sql.types.DecimalType;
+import org.apache.spark.sql.types.DoubleType;
+import org.apache.spark.sql.types.FloatType;
+import org.apache.spark.sql.types.IntegerType;
+import org.apache.spark.sql.types.LongType;
+import org.apache.spark.sql.types.StringType;
+import org.apache.spark.sql.types.TimestampNTZType;
+import org.apache.spark.sql.types.TimestampType;
+import org.apache.spark.unsafe.types.UTF8String;
 
 import scala.Option;
 
@@ -144,6 +160,51 @@ public final class CatalogContext {
             }
         }
         return out;
+    }
+
+    /**
+     * A value the Python driver sent as JSON, as Spark holds it ({@code what} names it in the
+     * error for a type with no JSON form): strings, numbers (a non-finite float by name,
+     * dates as days, timestamps as microseconds), booleans, binary as base64, decimals as
+     * their unscaled digits, arrays.
+     */
+    static Object sparkValue(JsonNode value, DataType type, String what) {
+        if (value == null || value.isNull()) {
+            return null;
+        }
+        if (type instanceof StringType) {
+            return UTF8String.fromString(value.asText());
+        }
+        if (type instanceof LongType || type instanceof TimestampType || type instanceof TimestampNTZType) {
+            return value.asLong();
+        }
+        if (type instanceof IntegerType || type instanceof DateType) {
+            return value.asInt();
+        }
+        if (type instanceof BooleanType) {
+            return value.asBoolean();
+        }
+        if (type instanceof FloatType || type instanceof DoubleType) {
+            double number = value.isTextual() ? Double.parseDouble(value.asText()) : value.asDouble();
+            return type instanceof FloatType ? (Object) (float) number : (Object) number;
+        }
+        if (type instanceof BinaryType) {
+            return java.util.Base64.getDecoder().decode(value.asText());
+        }
+        if (type instanceof DecimalType) {
+            DecimalType decimal = (DecimalType) type;
+            return Decimal.apply(new java.math.BigDecimal(new java.math.BigInteger(value.asText()), decimal.scale()),
+                                 decimal.precision(), decimal.scale());
+        }
+        if (type instanceof ArrayType) {
+            DataType element = ((ArrayType) type).elementType();
+            Object[] items = new Object[value.size()];
+            for (int i = 0; i < items.length; i++) {
+                items[i] = sparkValue(value.get(i), element, what);
+            }
+            return new GenericArrayData(items);
+        }
+        throw new IllegalStateException("icecrypt catalog: " + what + " of type " + type.simpleString());
     }
 
     /** A failure the Python driver reported: its kind and message. */

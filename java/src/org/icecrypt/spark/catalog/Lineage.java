@@ -121,41 +121,9 @@ final class Lineage implements Serializable {
     static InternalRow partitionRow(JsonNode values, StructType type) {
         Object[] out = new Object[type.size()];
         for (int i = 0; i < out.length; i++) {
-            out[i] = partitionValue(values.get(i), type.fields()[i].dataType());
+            out[i] = CatalogContext.sparkValue(values.get(i), type.fields()[i].dataType(), "a _partition field");
         }
         return new GenericInternalRow(out);
-    }
-
-    private static Object partitionValue(JsonNode value, DataType type) {
-        if (value == null || value.isNull()) {
-            return null;
-        }
-        if (type.equals(DataTypes.BooleanType)) {
-            return value.asBoolean();
-        }
-        if (type.equals(DataTypes.IntegerType) || type.equals(DataTypes.DateType)) {
-            return value.asInt();
-        }
-        if (type.equals(DataTypes.LongType) || type.equals(DataTypes.TimestampType)
-                || type.equals(DataTypes.TimestampNTZType)) {
-            return value.asLong();
-        }
-        if (type.equals(DataTypes.FloatType) || type.equals(DataTypes.DoubleType)) {
-            double number = value.isTextual() ? Double.parseDouble(value.asText()) : value.asDouble();
-            return type.equals(DataTypes.FloatType) ? (Object) (float) number : (Object) number;
-        }
-        if (type.equals(DataTypes.StringType)) {
-            return UTF8String.fromString(value.asText());
-        }
-        if (type.equals(DataTypes.BinaryType)) {
-            return java.util.Base64.getDecoder().decode(value.asText());
-        }
-        if (type instanceof org.apache.spark.sql.types.DecimalType) {
-            org.apache.spark.sql.types.DecimalType decimal = (org.apache.spark.sql.types.DecimalType) type;
-            return Decimal.apply(new java.math.BigDecimal(new java.math.BigInteger(value.asText()), decimal.scale()),
-                                 decimal.precision(), decimal.scale());
-        }
-        throw new UnsupportedOperationException("icecrypt catalog: a _partition field of type " + type.simpleString());
     }
 
     /** The partition values each file gets (partitionValues). */

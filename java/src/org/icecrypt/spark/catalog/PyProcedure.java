@@ -24,7 +24,6 @@ import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
-import org.apache.spark.sql.catalyst.util.GenericArrayData;
 import org.apache.spark.sql.catalyst.util.MapData;
 import org.apache.spark.sql.connector.catalog.procedures.ProcedureParameter;
 import org.apache.spark.sql.connector.catalog.procedures.SimpleProcedure;
@@ -40,7 +39,6 @@ import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.types.TimestampType;
-import org.apache.spark.unsafe.types.UTF8String;
 
 public final class PyProcedure implements SimpleProcedure {
     private final CatalogContext context;
@@ -107,7 +105,7 @@ public final class PyProcedure implements SimpleProcedure {
             StructField[] fields = output.fields();
             Object[] cells = new Object[fields.length];
             for (int c = 0; c < fields.length; c++) {
-                cells[c] = fromJson(rows.get(r).get(c), fields[c].dataType());
+                cells[c] = CatalogContext.sparkValue(rows.get(r).get(c), fields[c].dataType(), "a procedure output column");
             }
             out[r] = new GenericInternalRow(cells);
         }
@@ -171,33 +169,6 @@ public final class PyProcedure implements SimpleProcedure {
             return out;
         }
         throw new IllegalStateException("icecrypt catalog: a procedure parameter of type " + type.simpleString());
-    }
-
-    private static Object fromJson(JsonNode value, DataType type) {
-        if (value == null || value.isNull()) {
-            return null;
-        }
-        if (type instanceof StringType) {
-            return UTF8String.fromString(value.asText());
-        }
-        if (type instanceof LongType || type instanceof TimestampType) {
-            return value.asLong();
-        }
-        if (type instanceof IntegerType) {
-            return value.asInt();
-        }
-        if (type instanceof BooleanType) {
-            return value.asBoolean();
-        }
-        if (type instanceof ArrayType) {
-            DataType element = ((ArrayType) type).elementType();
-            Object[] items = new Object[value.size()];
-            for (int i = 0; i < items.length; i++) {
-                items[i] = fromJson(value.get(i), element);
-            }
-            return new GenericArrayData(items);
-        }
-        throw new IllegalStateException("icecrypt catalog: a procedure output column of type " + type.simpleString());
     }
 
     /** The answered rows, as the scan Spark shows as the CALL's result. */
