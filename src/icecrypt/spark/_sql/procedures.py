@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from icecrypt.spark._sql import alter as _alter
 from icecrypt.spark._sql import catalogs as _catalogs
 from icecrypt.spark._sql.protocol import catalog_of, method
 
@@ -340,6 +341,19 @@ def _verify(table: Any, args: dict[str, Any]) -> list[list[Any]]:
     report = table.verify(args["snapshot_id"])
     return [[report.ok, len(report.snapshots), report.files_checked, report.bytes_checked, report.rows_checked,
              [str(p) for p in report.problems]]]
+
+
+# --- Iceberg's ALTER TABLE extensions ---------------------------------------------------------
+
+
+@_procedure("alter_table", "Run one of Iceberg's ALTER TABLE SQL extensions (partition fields, write order and "
+            "distribution, identifier fields, branches and tags); the session extension sends those statements here.",
+            (Param("clause", "string", None, comment="the statement after ALTER TABLE <table>, e.g. "
+                   "'ADD PARTITION FIELD days(ts)'"),),
+            "")
+def _alter_table(table: Any, args: dict[str, Any]) -> list[list[Any]]:
+    _alter.run(table, args["clause"])
+    return []
 
 
 # --- the table argument ---------------------------------------------------------------------

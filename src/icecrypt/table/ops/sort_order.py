@@ -26,6 +26,8 @@ from icecrypt.table.files.write_data import _struct_path_ids
 __all__ = ["ReplaceSortOrder", "parse_sort_order", "sort_order_json"]
 
 UNSORTED_ORDER_ID = 0
+DISTRIBUTION_MODE = "write.distribution-mode"
+DISTRIBUTION_MODES = ("none", "hash", "range")
 
 
 def _null_order(value: Any, direction: SortDirection) -> str:
@@ -158,6 +160,7 @@ class ReplaceSortOrder(_Operation):
         self._schema = _schema(self._base)
         self._case_sensitive = case_sensitive
         self._fields: list[dict[str, Any]] = []
+        self._distribution_mode: str | None = None
 
     def _term(self, column: str, transform: Any, direction: SortDirection, null_order: Any):
         if self._done:
@@ -179,6 +182,16 @@ class ReplaceSortOrder(_Operation):
         """Sort descending by ``transform(source_column_name)`` (nulls last by default)."""
         return self._term(source_column_name, transform, SortDirection.DESC, null_order)
 
+    def distribution_mode(self, mode: str):
+        """Also set ``write.distribution-mode`` (``none``, ``hash`` or ``range``), in the same
+        commit (Iceberg's ``ALTER TABLE ... WRITE ...``)."""
+        if self._done:
+            raise ValueError(f"this {self.what} was already committed; start a new one")
+        if mode not in DISTRIBUTION_MODES:
+            raise ValueError(f"write.distribution-mode is one of {', '.join(DISTRIBUTION_MODES)}, not {mode!r}")
+        self._distribution_mode = mode
+        return self
+
     def apply(self) -> dict[str, Any]:
         """The sort order this replacement makes (``metadata.json`` form), with its id."""
         return sort_order_json(self._base, self._fields)
@@ -193,4 +206,7 @@ class ReplaceSortOrder(_Operation):
             known = {o["order-id"] for o in self._base.get("sort-orders") or ()}
             updates: list[_model.TableUpdate] = [] if order["order-id"] in known else [_model.AddSortOrder(order)]
             self._updates = [*updates, _model.SetDefaultSortOrder(order["order-id"])]
+        mode = self._distribution_mode
+        if mode is not None and (self._base.get("properties") or {}).get(DISTRIBUTION_MODE) != mode:
+            self._updates.append(_model.SetProperties({DISTRIBUTION_MODE: mode}))
         return super().commit()

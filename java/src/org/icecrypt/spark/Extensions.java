@@ -1,15 +1,18 @@
 /*
  * icecrypt's Spark session extensions (spark.sql.extensions=org.icecrypt.spark.Extensions,
- * set by icecrypt.spark.configure): the NativeRouting analyzer rule.
+ * set by icecrypt.spark.configure): the NativeRouting analyzer rule, and the parser of Iceberg's
+ * ALTER TABLE extensions for the tables of icecrypt's SQL catalog (SqlExtensionsParser).
  */
 package org.icecrypt.spark;
 
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.SparkSessionExtensions;
+import org.apache.spark.sql.catalyst.parser.ParserInterface;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.catalyst.rules.Rule;
 
 import scala.runtime.AbstractFunction1;
+import scala.runtime.AbstractFunction2;
 import scala.runtime.BoxedUnit;
 
 public final class Extensions extends AbstractFunction1<SparkSessionExtensions, BoxedUnit> {
@@ -19,6 +22,12 @@ public final class Extensions extends AbstractFunction1<SparkSessionExtensions, 
             @Override
             public Rule<LogicalPlan> apply(SparkSession session) {
                 return new NativeRouting(session);
+            }
+        });
+        extensions.injectParser(new AbstractFunction2<SparkSession, ParserInterface, ParserInterface>() {
+            @Override
+            public ParserInterface apply(SparkSession session, ParserInterface delegate) {
+                return new SqlExtensionsParser(session, delegate);
             }
         });
         return BoxedUnit.UNIT;

@@ -66,7 +66,8 @@ public final class PyProcedure implements SimpleProcedure {
             }
             parameters[i] = builder.build();
         }
-        this.output = StructType.fromDDL(description.path("output").asText());
+        String output = description.path("output").asText("");
+        this.output = output.isBlank() ? new StructType() : StructType.fromDDL(output);  // blank: no result
     }
 
     @Override
