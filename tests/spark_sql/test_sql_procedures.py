@@ -281,7 +281,7 @@ def test_procedures_are_listed_and_described(guarded):
     names = {r.procedure_name for r in guarded.sql("SHOW PROCEDURES IN {c}.system")}
     assert names == {"rollback_to_snapshot", "rollback_to_timestamp", "set_current_snapshot", "cherrypick_snapshot",
                      "fast_forward", "publish_changes", "ancestors_of", "expire_snapshots", "remove_orphan_files", "rewrite_data_files",
-                     "rewrite_manifests", "rotate_keys", "rekey", "verify", "alter_table"}
+                     "rewrite_manifests", "rotate_keys", "rekey", "verify", "alter_table", "register_table"}
     text = "\n".join(r[0] for r in guarded.sql("DESCRIBE PROCEDURE {c}.system.expire_snapshots"))
     assert "older_than" in text and "retain_last" in text and "refused when given" in text
     # the namespace is case-insensitive, as in Iceberg
@@ -295,3 +295,35 @@ def test_parse_identifier():
     for bad in ("", "db..t", "db.`t", "db.t."):
         with pytest.raises(ValueError):
             parse_identifier(bad)
+
+
+def test_register_table(cat, keystore, tmp_path):
+    """register_table adds a table written elsewhere (icecrypt's Python API, encrypted) by
+    its metadata file, with Iceberg's output; SQL then reads and writes it; a missing file,
+    a taken name or a file that is not metadata registers nothing."""
+    from icecrypt.kms.local import LocalKms
+    from icecrypt.table import EncryptedTable
+
+    location = tmp_path / "outside"
+    written = EncryptedTable.create(str(location), pa.schema([pa.field("id", pa.int64()), pa.field("cat", pa.string())]),
+                                    kms=LocalKms(str(keystore)), table_key_id=MASTER)
+    written.append(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "cat": ["a", "b", "a"]}))
+    metadata = written.metadata_location
+    before = set(r[1] for r in cat.sql("SHOW TABLES IN {c}.db"))
+    for statement, reason in (
+            (f"register_table('db.registered', '{tmp_path}/nothing/v1.metadata.json')", "nothing"),
+            (f"register_table(table => 'db.registered', metadata_file => '{location}/data')", "data"),
+            ("register_table('db.registered', '')", "metadata_file")):
+        with pytest.raises(Exception, match=reason):
+            _call(cat, statement)
+        assert set(r[1] for r in cat.sql("SHOW TABLES IN {c}.db")) == before
+    out = _call(cat, f"register_table(table => 'db.registered', metadata_file => '{metadata}')")
+    assert out == [(written.current_snapshot_id, 3, 1)]
+    assert cat.rows("SELECT id, cat FROM {c}.db.registered") == [(1, "a"), (2, "b"), (3, "a")]
+    _insert(cat, "db.registered", [(4, "c")])
+    registered = cat.table("db.registered")
+    assert sorted(r["id"] for r in registered.scan().to_arrow().to_pylist()) == [1, 2, 3, 4]
+    assert registered.encrypted and registered.metadata["table-uuid"] == written.metadata["table-uuid"]
+    _sealed(cat, "db.registered")
+    with pytest.raises(Exception, match="already exists|AlreadyExists"):
+        _call(cat, f"register_table('db.registered', '{metadata}')")

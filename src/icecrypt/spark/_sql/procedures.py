@@ -62,6 +62,7 @@ class Procedure:
     output: str  # Spark DDL of the output columns
     run: Callable[[Any, dict[str, Any]], list[list[Any]]]  # (the table, the arguments) -> rows
     changes: bool = True  # may commit: Spark's cached relations are refreshed
+    new_table: bool = False  # ``table`` names a table to add: run gets (catalog, identifier)
 
 
 PROCEDURES: dict[str, Procedure] = {}
@@ -69,9 +70,10 @@ PROCEDURES: dict[str, Procedure] = {}
 _TABLE = Param("table", "string", None, comment="the table of this catalog: db.t")
 
 
-def _procedure(name: str, description: str, params: tuple[Param, ...], output: str, *, changes: bool = True):
+def _procedure(name: str, description: str, params: tuple[Param, ...], output: str, *, changes: bool = True,
+               new_table: bool = False):
     def register(run: Callable[[Any, dict[str, Any]], list[list[Any]]]) -> Callable[..., Any]:
-        PROCEDURES[name] = Procedure(name, description, (_TABLE, *params), output, run, changes)
+        PROCEDURES[name] = Procedure(name, description, (_TABLE, *params), output, run, changes, new_table)
         return run
 
     return register
@@ -343,6 +345,28 @@ def _verify(table: Any, args: dict[str, Any]) -> list[list[Any]]:
              [str(p) for p in report.problems]]]
 
 
+# --- tables ----------------------------------------------------------------------------------
+
+
+@_procedure("register_table", "Add an existing table to this catalog by its metadata file; the catalog records "
+            "the file's digest, key id and UUID, as for a table it created.",
+            (Param("metadata_file", "string", None, comment="the table's current metadata.json"),),
+            "current_snapshot_id bigint, total_records_count bigint, total_data_files_count bigint", new_table=True)
+def _register_table(target: Any, args: dict[str, Any]) -> list[list[Any]]:
+    catalog, identifier = target
+    location = args["metadata_file"]
+    if not isinstance(location, str) or not location.strip():
+        raise ValueError("argument metadata_file: the location of a metadata.json file is required")
+    if not hasattr(catalog, "register_table"):
+        raise _refused("a catalog of path tables has no register (a path table is its directory)")
+    table = catalog.register_table(identifier, location.strip())
+    current = table.current_snapshot()
+    if current is None:
+        return [[None, None, None]]
+    summary = current.summary
+    return [[current.snapshot_id, int(summary["total-records"]), int(summary["total-data-files"])]]
+
+
 # --- Iceberg's ALTER TABLE extensions ---------------------------------------------------------
 
 
@@ -394,6 +418,14 @@ def _table_of(catalog_name: str, catalog: Any, text: Any) -> tuple[tuple[str, ..
     return ident, catalog.load_table(ident)
 
 
+def _new_table_of(catalog_name: str, text: Any) -> tuple[str, ...]:
+    """The identifier the ``table`` argument gives a table to add ('db.t' or 'cat.db.t')."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("argument table: a table identifier ('db.t') is required")
+    ident = parse_identifier(text)
+    return ident[1:] if len(ident) > 2 and ident[0] == catalog_name else ident
+
+
 # --- bridge methods -------------------------------------------------------------------------
 
 
@@ -433,6 +465,10 @@ def _call(bridge: Any, request: dict[str, Any]) -> Any:
     call = f"CALL {name}.system.{procedure.name}"
     where = call
     try:
+        if procedure.new_table:
+            ident = _new_table_of(name, args.get("table"))
+            where = f"{call}: {_catalogs.describe_identifier(catalog, ident)}"
+            return {"rows": procedure.run((catalog, ident), args), "refresh": list(ident)}
         ident, table = _table_of(name, catalog, args.get("table"))
         where = f"{call}: {_catalogs.describe_identifier(catalog, ident)}"
         for param in procedure.params:
