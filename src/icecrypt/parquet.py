@@ -386,6 +386,9 @@ def _new_key_metadata(
     return StandardKeyMetadata(secrets.token_bytes(length), secrets.token_bytes(AAD_PREFIX_LENGTH))
 
 
+_WRITE_BUFFER = 1 << 20
+
+
 class _AtomicTarget:
     """The output stream of one file being written, published by :meth:`commit` and
     removed by :meth:`discard`.
@@ -415,7 +418,9 @@ class _AtomicTarget:
             self._tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(8)}.tmp")
         self._target = self._tmp or self.path
         try:
-            self.stream = self._fs.open_output_stream(self._target)
+            # Arrow's writer hands the stream each page and footer part: buffered, they reach
+            # the filesystem in MiB writes (a local file: few syscalls; a store: whole parts)
+            self.stream = self._fs.open_output_stream(self._target, buffer_size=_WRITE_BUFFER)
         except BaseException:
             self._remove_tmp()
             raise
