@@ -79,11 +79,19 @@ $(JVM_ARCHIVE): $(VENV)/.native $(JAR) tests/jvm_archive.py tests/spark_fixtures
 	$(PY) tests/jvm_archive.py $@ || echo "jvm_archive: not built; the suite's JVMs start without it"
 
 # Every key server and device must run: a missing one fails instead of skipping.
-# The set-up steps run two at a time (pip beside the OpenSSL build, the jar beside the extension,
-# the JVM archive beside the fetch check).
+# The build runs two steps at a time (pip beside the OpenSSL build, the jar beside the
+# extension); then the suite starts at once, and the fetch check and the JVM archive are made
+# beside it (build/test-setup.log, printed after the suite; tests/conftest.py gives each JVM
+# the archive from the moment it exists).  A failed fetch check fails `make test`.
 test:
-	$(MAKE) -j2 --output-sync=target build fetch-check $(JVM_ARCHIVE)
-	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(MAKE) -j2 --output-sync=target build
+	@mkdir -p build && rm -f build/test-setup.rc
+	@{ $(MAKE) --no-print-directory -j2 --output-sync=target fetch-check $(JVM_ARCHIVE) >build/test-setup.log 2>&1; \
+	   echo $$? >build/test-setup.rc; } & \
+	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
+	wait; echo "== make test: fetch check and JVM archive (beside the suite)"; cat build/test-setup.log; \
+	if [ "$$(cat build/test-setup.rc 2>/dev/null)" != 0 ]; then echo "make test: the fetch check failed"; exit 1; fi; \
+	exit $$rc
 
 # Everything but the tests that need Spark and the ones marked slow: the loop while editing
 # (`make test` before pushing).

@@ -23,16 +23,33 @@ pytest_plugins = [
 #: ``spark.executor.extraJavaOptions`` (clusterlib).  Tests only: the benchmarks keep the
 #: JVM's defaults.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-#: ... and, when ``make test`` built it (tests/jvm_archive.py), the class-data-sharing archive
-#: of what a test JVM loads: start-ups halved.  A JVM whose class path does not match it runs
-#: without it; the logging options keep that (and only that) silent.
+#: ... and, once ``make test`` has built it (tests/jvm_archive.py), the class-data-sharing
+#: archive of what a test JVM loads: start-ups halved.  ``make test`` builds it beside the
+#: suite, so a JVM started before it exists runs without it; the ones started after take it
+#: (checked before each test: :func:`_jvm_options`).  A JVM whose class path does not match
+#: the archive runs without it; the logging options keep that (and only that) silent.
 JVM_ARCHIVE = os.environ.get("ICECRYPT_TEST_JVM_ARCHIVE") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "jvm", "spark.jsa")
-if os.path.isfile(JVM_ARCHIVE):
-    TEST_JVM_OPTIONS += f" -XX:SharedArchiveFile={JVM_ARCHIVE} -Xlog:cds=off -Xlog:cds+dynamic=off"
-for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
-    if TEST_JVM_OPTIONS not in os.environ.get(_variable, ""):
-        os.environ[_variable] = f"{os.environ.get(_variable, '')} {TEST_JVM_OPTIONS}".strip()
+_ARCHIVE_OPTIONS = f"-XX:SharedArchiveFile={JVM_ARCHIVE} -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def _jvm_options() -> None:
+    """Put the test JVM options (with the archive when it exists) into the environment the
+    suite's JVMs are started with; a no-op once the archive is in."""
+    options = TEST_JVM_OPTIONS + (f" {_ARCHIVE_OPTIONS}" if os.path.isfile(JVM_ARCHIVE) else "")
+    for variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+        current = os.environ.get(variable, "")
+        if options not in current:
+            current = current.replace(TEST_JVM_OPTIONS, "").strip()  # the options without the archive
+            os.environ[variable] = f"{current} {options}".strip()
+
+
+_jvm_options()
+
+
+def pytest_runtest_setup(item) -> None:
+    if _ARCHIVE_OPTIONS not in os.environ.get("SPARK_SUBMIT_OPTS", ""):
+        _jvm_options()
 
 settings.register_profile("default", deadline=None, max_examples=60)
 settings.register_profile(

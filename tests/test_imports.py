@@ -248,6 +248,7 @@ def _loaded_by_import(package: str) -> set[str]:
     return set(out.split())
 
 
+@pytest.mark.slow
 def test_no_bare_submodule_attribute():
     """What the preloading server could hide: ``import pyarrow as pa`` then ``pa.dataset``
     in a module that never imports ``pyarrow.dataset`` (it works only when something else

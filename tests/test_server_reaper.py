@@ -93,6 +93,7 @@ def test_holds_a_server(moto_server):
 """
 
 
+@pytest.mark.slow
 def test_pytest_stopped_by_sigterm_stops_its_servers(tmp_path):
     """A pytest run holding the session's moto server, stopped with SIGTERM, leaves no
     moto server behind."""

@@ -768,6 +768,7 @@ def test_fork_while_the_pool_is_sealing():
         seen |= nonces
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fork_next_to_threads_using_the_same_key_never_hangs_the_child():
     """Threads seal and open with one key while the main thread forks: the child uses the

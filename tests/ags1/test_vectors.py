@@ -58,7 +58,7 @@ def test_java_file_streams(vectors, vid, tmp_path):
 
 
 @pytest.mark.parametrize("vid", sorted(AGS1))
-@pytest.mark.parametrize("chunk", [1, 4096, 1048576, None])
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 4096, 1048576, None])  # 1: a write per byte
 def test_java_ciphertext_reproduced_byte_for_byte(vid, chunk):
     """With the vectors' nonce stream injected, our writer emits Java's exact bytes,
     however the plaintext is chunked (SPEC.md 1.3: chunking does not change output)."""

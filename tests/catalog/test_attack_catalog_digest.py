@@ -40,6 +40,7 @@ def _files(table) -> dict[str, str]:
             for i in fs.get_file_info(pafs.FileSelector(root, recursive=True)) if i.is_file}  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encrypted", [True, False], ids=["encrypted", "plaintext"])
 @pytest.mark.parametrize("strip", [False, True], ids=["authenticator-kept", "authenticator-removed"])
 def test_a_current_file_rewritten_in_place_is_refused(setup, encrypted, strip):  # noqa: F811

@@ -37,6 +37,7 @@ def _again(catalog):
     return load_catalog(catalog.name, kms=catalog._kms, **catalog.properties)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["location", "write.data.path", "write.metadata.path"])
 def test_tenant_moving_its_table_onto_a_victim_is_refused(setup, field):  # noqa: F811
     catalog, ns, _, _ = setup
@@ -71,6 +72,7 @@ def test_tenant_moving_its_table_onto_a_victim_is_refused(setup, field):  # noqa
     assert catalog.load_table(f"{ns}.victim").scan().to_arrow().num_rows == 5
 
 
+@pytest.mark.slow
 def test_a_commit_changing_the_roots_is_refused_by_the_catalog(setup):  # noqa: F811
     """A client committing through the catalog a version that moves the table (or sets a
     write path) is refused by the catalog itself, plaintext tables included."""
@@ -169,6 +171,7 @@ def _replay(old, doc):
     })  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_fresh_process_refuses_a_kek_the_catalog_saw_retired(setup):  # noqa: F811
     catalog, ns, key_a, _ = setup
     table = catalog.create_table(f"{ns}.t", SCHEMA, table_key_id=key_a)

@@ -21,6 +21,7 @@ from icecrypt import FormatError
 MUTANTS = 150  # per harness; a few seconds in total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", fuzzlib.HARNESSES)
 def test_harness_seeds_and_mutants(name):
     harness = fuzzlib.load(name)

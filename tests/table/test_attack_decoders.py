@@ -199,6 +199,7 @@ def test_recursive_schema_in_an_encrypted_file(tmp_path):
 # --- item 14: Avro without a budget ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_zero_filled_deflate_manifest_list(tmp_path):
     """A ~1 MB manifest list of one deflate block inflating to 1 GiB of zeros (a scan
     took 4.2 GB for a 2 MB one): refused at the block cap, no more memory than that."""
@@ -450,6 +451,7 @@ def test_plain_dv_range_beyond_the_file(tmp_path):
 # --- item 9: metadata.json ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gzip_metadata_bomb(tmp_path):
     """A ~520 KB gzip ``metadata.json`` inflating to 513 MiB (+513 MiB before): refused
     at the cap while inflating, the memory bounded by the cap."""

@@ -294,6 +294,7 @@ def _fresh(template: Path, dest: Path, plan: FaultPlan | None = None):
     return table, handler
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("expire", [False, True], ids=["keep-history", "expire-plaintext"])
 def test_interrupted_encrypt_leaves_the_old_version_and_a_rerun_finishes(fault_template, tmp_path, kms, expire):
     from faultlib import sample_points

@@ -143,6 +143,7 @@ def test_killed_maintenance_leaves_the_table_readable_and_only_orphans(tmp_path,
     assert_clean(table)
 
 
+@pytest.mark.slow
 def test_killed_writer_temporaries_are_orphans(tmp_path, kms):
     """A writer killed while a data file is being written leaves its hidden temporary."""
     table = small_table(tmp_path, kms, appends=4)

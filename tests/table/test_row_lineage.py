@@ -82,6 +82,7 @@ _REWRITE_OPTIONS = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_OPS)
 def test_no_operation_changes_a_surviving_rows_lineage(ops):

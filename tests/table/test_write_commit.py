@@ -193,6 +193,7 @@ _PROCESS_APPEND = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_processes_racing(tmp_path, kms):
     root = tmp_path / "t"
     EncryptedTable.create(
