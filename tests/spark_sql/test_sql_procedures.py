@@ -317,7 +317,11 @@ def test_register_table(cat, keystore, tmp_path):
         with pytest.raises(Exception, match=reason):
             _call(cat, statement)
         assert set(r[1] for r in cat.sql("SHOW TABLES IN {c}.db")) == before
-    out = _call(cat, f"register_table(table => 'db.registered', metadata_file => '{metadata}')")
+    with pytest.raises(Exception, match="other"):  # the file names another master key
+        _call(cat, f"register_table(table => 'db.registered', metadata_file => '{metadata}', table_key_id => 'other')")
+    assert set(r[1] for r in cat.sql("SHOW TABLES IN {c}.db")) == before
+    out = _call(cat, f"register_table(table => 'db.registered', metadata_file => '{metadata}', "
+                     f"table_key_id => '{MASTER}')")
     assert out == [(written.current_snapshot_id, 3, 1)]
     assert cat.rows("SELECT id, cat FROM {c}.db.registered") == [(1, "a"), (2, "b"), (3, "a")]
     _insert(cat, "db.registered", [(4, "c")])
@@ -327,3 +331,10 @@ def test_register_table(cat, keystore, tmp_path):
     _sealed(cat, "db.registered")
     with pytest.raises(Exception, match="already exists|AlreadyExists"):
         _call(cat, f"register_table('db.registered', '{metadata}')")
+
+
+def test_register_table_refused_by_a_path_catalog(new_catalog, tmp_path):
+    paths = new_catalog("hadoop")
+    paths.sql("CREATE NAMESPACE {c}.db")
+    with pytest.raises(Exception, match="path tables"):
+        _call(paths, f"register_table('db.t', '{tmp_path}/v1.metadata.json')")

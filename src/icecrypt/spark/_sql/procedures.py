@@ -350,7 +350,9 @@ def _verify(table: Any, args: dict[str, Any]) -> list[list[Any]]:
 
 @_procedure("register_table", "Add an existing table to this catalog by its metadata file; the catalog records "
             "the file's digest, key id and UUID, as for a table it created.",
-            (Param("metadata_file", "string", None, comment="the table's current metadata.json"),),
+            (Param("metadata_file", "string", None, comment="the table's current metadata.json"),
+             Param("table_key_id", "string", comment="icecrypt's: the KMS master key id the file must name "
+                   "(refused otherwise)")),
             "current_snapshot_id bigint, total_records_count bigint, total_data_files_count bigint", new_table=True)
 def _register_table(target: Any, args: dict[str, Any]) -> list[list[Any]]:
     catalog, identifier = target
@@ -359,12 +361,19 @@ def _register_table(target: Any, args: dict[str, Any]) -> list[list[Any]]:
         raise ValueError("argument metadata_file: the location of a metadata.json file is required")
     if not hasattr(catalog, "register_table"):
         raise _refused("a catalog of path tables has no register (a path table is its directory)")
-    table = catalog.register_table(identifier, location.strip())
+    table = catalog.register_table(identifier, location.strip(), table_key_id=args.get("table_key_id"))
     current = table.current_snapshot()
     if current is None:
         return [[None, None, None]]
     summary = current.summary
-    return [[current.snapshot_id, int(summary["total-records"]), int(summary["total-data-files"])]]
+
+    def total(name: str) -> int | None:
+        try:
+            return int(summary[name])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    return [[current.snapshot_id, total("total-records"), total("total-data-files")]]
 
 
 # --- Iceberg's ALTER TABLE extensions ---------------------------------------------------------
