@@ -131,9 +131,9 @@ def test_manifest_oracle_refuses_a_manifest_without_key_metadata(monkeypatch):
     harness = fuzzlib.load("manifests")
     from icecrypt.table.files import manifest as _manifest
 
+    seed = harness.seeds()[0]  # (built from Java's tables, which needs the real key metadata)
     real = _manifest.file_key_metadata
     monkeypatch.setattr(_manifest, "file_key_metadata", lambda *a, **kw: None)
-    seed = harness.seeds()[0]
     with pytest.raises(Finding, match="without key metadata"):
         run_harness(harness, seed)
     monkeypatch.setattr(_manifest, "file_key_metadata", real)
