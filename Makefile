@@ -83,15 +83,16 @@ $(JVM_ARCHIVE): $(VENV)/.native $(JAR) tests/jvm_archive.py tests/spark_fixtures
 # extension); then the suite starts at once, and the fetch check and the JVM archive are made
 # beside it (build/test-setup.log, printed after the suite; tests/conftest.py gives each JVM
 # the archive from the moment it exists).  A failed fetch check fails `make test`.
+# (The suite has a line of its own, without $(MAKE): `make -n test` prints it, not runs it.)
 test:
 	$(MAKE) -j2 --output-sync=target build
 	@mkdir -p build && rm -f build/test-setup.rc
 	@{ $(MAKE) --no-print-directory -j2 --output-sync=target fetch-check $(JVM_ARCHIVE) >build/test-setup.log 2>&1; \
-	   echo $$? >build/test-setup.rc; } & \
-	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
-	wait; echo "== make test: fetch check and JVM archive (beside the suite)"; cat build/test-setup.log; \
-	if [ "$$(cat build/test-setup.rc 2>/dev/null)" != 0 ]; then echo "make test: the fetch check failed"; exit 1; fi; \
-	exit $$rc
+	   echo $$? >build/test-setup.rc; } &
+	ICECRYPT_REQUIRE_SERVERS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	@while [ ! -f build/test-setup.rc ]; do sleep 1; done; \
+	echo "== make test: fetch check and JVM archive (beside the suite)"; cat build/test-setup.log; \
+	[ "$$(cat build/test-setup.rc)" = 0 ] || { echo "make test: the fetch check failed"; exit 1; }
 
 # Everything but the tests that need Spark and the ones marked slow: the loop while editing
 # (`make test` before pushing).
