@@ -178,7 +178,8 @@ class _Clause:
 # --- the clauses ----------------------------------------------------------------------------
 
 
-def _source_and_transform(table: Any, term: dict[str, Any]) -> tuple[str, Any]:
+def _source_and_transform(term: dict[str, Any]) -> tuple[str, Any]:
+    """(source column, transform) of a term, read as CREATE TABLE reads PARTITIONED BY."""
     column, transform, _ = _ddl._transform(term)
     return column, transform
 
@@ -196,7 +197,7 @@ def _spec_field(table: Any, term: dict[str, Any]) -> str:
                 return name
             raise ValueError(f"there is no partition field {name!r} (the current spec has "
                              f"{', '.join(f.name for f in table.spec.fields) or 'none'})") from None
-    column, transform = _source_and_transform(table, term)
+    column, transform = _source_and_transform(term)
     try:
         source = table.schema.find_field(column)
     except ValueError:
@@ -209,7 +210,7 @@ def _spec_field(table: Any, term: dict[str, Any]) -> str:
 
 def _partition_field(table: Any, clause: _Clause, verb: str) -> None:
     if verb == "ADD":
-        column, transform = _source_and_transform(table, clause.transform())
+        column, transform = _source_and_transform(clause.transform())
         name = clause.identifier("a partition field name") if clause.accept("AS") else None
         clause.end()
         with table.update_spec() as update:
@@ -222,7 +223,7 @@ def _partition_field(table: Any, clause: _Clause, verb: str) -> None:
             update.remove_field(old)
         return
     clause.expect("WITH")
-    column, transform = _source_and_transform(table, clause.transform())
+    column, transform = _source_and_transform(clause.transform())
     name = clause.identifier("a partition field name") if clause.accept("AS") else None
     clause.end()
     with table.update_spec() as update:
@@ -261,7 +262,7 @@ def _write_order(table: Any, clause: _Clause) -> None:
         mode = "range"
     replace = table.replace_sort_order()
     for term, direction, nulls in order:
-        column, transform = _source_and_transform(table, term)
+        column, transform = _source_and_transform(term)
         (replace.desc if direction == "desc" else replace.asc)(column, transform, nulls)
     if mode is not None:
         replace.distribution_mode(mode)
