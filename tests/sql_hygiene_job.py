@@ -36,6 +36,10 @@ STATEMENTS = [
     "MERGE INTO enc.db.t t USING (SELECT id, 'v9' AS s FROM range(95, 105)) src ON t.id = src.id "
     "WHEN MATCHED THEN UPDATE SET t.s = src.s WHEN NOT MATCHED THEN INSERT *",
     "DELETE FROM enc.db.t WHERE id IN (SELECT id FROM range(10, 12))",
+    # the changelog (copy-on-write changes only: it refuses deletion vectors)
+    "SELECT _change_type, count(*) FROM enc.db.t.changes GROUP BY _change_type ORDER BY _change_type",
+    "CALL enc.system.create_changelog_view(table => 'db.t', net_changes => true)",
+    "SELECT _change_type, count(*) FROM t_changes GROUP BY _change_type ORDER BY _change_type",
     # merge-on-read from here (the EXPLAINs below too): row ids in the plans, deletion vectors
     "ALTER TABLE enc.db.t SET TBLPROPERTIES ('write.update.mode'='merge-on-read', "
     "'write.merge.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')",

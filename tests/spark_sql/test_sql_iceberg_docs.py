@@ -505,3 +505,42 @@ def test_procedures(cat):
     assert {s.snapshot_id for s in cat.table(t).snapshots()} == kept  # the heads of main and the branch
     _same(cat, t, "id, name", [(0, "n0"), (1, "n1"), (2, "n2"), (3, "n3")])
     _sealed(cat, t)
+
+
+def test_changelog_view(cat):
+    """The procedures page's ``create_changelog_view`` calls (a snapshot range, a time
+    range with a view name, identifier columns, net changes up to a snapshot) and its
+    query of the view."""
+    t = "db.tbl"
+    cat.sql(f"CREATE TABLE {{c}}.{t} (id bigint, name string) USING iceberg {_properties(True)}")
+    cat.sql(f"INSERT INTO {{c}}.{t} SELECT /*+ REPARTITION(1) */ * FROM VALUES (1, 'Alice'), (2, 'Bob') AS v(id, name)")
+    cat.sql(f"UPDATE {{c}}.{t} SET name = 'Carol' WHERE id = 1")
+    cat.sql(f"INSERT INTO {{c}}.{t} VALUES (3, 'Dave')")
+    table = cat.table(t)
+    snaps = sorted(table.snapshots(), key=lambda s: s.sequence_number)
+    ids = [s.snapshot_id for s in snaps]
+    got = cat.rows(f"CALL {{c}}.system.create_changelog_view(table => '{t}', "
+                   f"options => map('start-snapshot-id', '{ids[0]}', 'end-snapshot-id', '{ids[1]}'))")
+    assert got == [("`tbl_changes`",)]
+    assert cat.rows("SELECT id, name, _change_type, _change_ordinal FROM tbl_changes") == [
+        (1, "Alice", "DELETE", 0), (1, "Carol", "INSERT", 0)]  # Bob's carry-over removed
+    start, end = snaps[1].timestamp_ms - 1, snaps[2].timestamp_ms
+    cat.sql(f"CALL {{c}}.system.create_changelog_view(table => '{t}', "
+            f"options => map('start-timestamp', '{start}', 'end-timestamp', '{end}'), "
+            "changelog_view => 'my_changelog_view')")
+    assert {r[0] for r in cat.rows("SELECT id FROM my_changelog_view")} == {1, 3}
+    cat.sql(f"CALL {{c}}.system.create_changelog_view(table => '{t}', "
+            f"options => map('start-snapshot-id', '{ids[0]}', 'end-snapshot-id', '{ids[1]}'), "
+            "identifier_columns => array('id', 'name'))")
+    assert cat.rows("SELECT id, name, _change_type FROM tbl_changes") == [(1, "Alice", "DELETE"), (1, "Carol", "INSERT")]
+    cat.sql(f"CALL {{c}}.system.create_changelog_view(table => '{t}', identifier_columns => array('id'))")
+    assert cat.rows("SELECT id, name, _change_type FROM tbl_changes WHERE _change_type LIKE 'UPDATE%'") == [
+        (1, "Alice", "UPDATE_BEFORE"), (1, "Carol", "UPDATE_AFTER")]
+    cat.sql(f"CALL {{c}}.system.create_changelog_view(table => '{t}', options => map('end-snapshot-id', '{ids[2]}'), "
+            "net_changes => true)")
+    assert cat.rows("SELECT id, name, _change_type FROM tbl_changes") == [
+        (1, "Carol", "INSERT"), (2, "Bob", "INSERT"), (3, "Dave", "INSERT")]
+    assert cat.rows("SELECT * FROM tbl_changes WHERE _change_type = 'INSERT' AND id = 3 ORDER BY _change_ordinal") == [
+        (3, "Dave", "INSERT", 2, ids[2])]
+    assert [s.snapshot_id for s in cat.table(t).snapshots()] == [s.snapshot_id for s in snaps]  # nothing committed
+    _sealed(cat, t)

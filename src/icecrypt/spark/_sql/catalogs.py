@@ -295,11 +295,15 @@ class Selection:
     tag: str | None = None
     as_of_ms: int | None = None
     ref: str | None = None  # VERSION AS OF '<name>': a branch or a tag
+    changelog: bool = False  # ``db.t.changes``: the rows the snapshots inserted and deleted
 
     @property
     def time_travel(self) -> bool:
         return any(v is not None for v in (self.snapshot_id, self.tag, self.as_of_ms, self.ref))
 
+
+#: the last part of an identifier that names a table's changelog (Iceberg's ``db.t.changes``)
+CHANGES = "changes"
 
 _SELECTORS = (
     (re.compile(r"branch_(.+)", re.S), "branch"),
@@ -329,6 +333,8 @@ def resolve(catalog: Any, identifier: tuple[str, ...], version: str | None = Non
         table, last = identifier[:-1], identifier[-1]
         if last.lower() in METADATA_TABLES:
             selection = Selection(table, metadata_table=last.lower())
+        elif last.lower() == CHANGES:
+            selection = Selection(table, changelog=True)
         for pattern, kind in _SELECTORS:
             match = pattern.fullmatch(last)
             if selection is None and match:
@@ -338,6 +344,10 @@ def resolve(catalog: Any, identifier: tuple[str, ...], version: str | None = Non
         raise NoSuchTableError(f"catalog {getattr(catalog, 'name', '?')!r}: table {'.'.join(identifier)} does not exist")
     if version is None and timestamp_us is None:
         return selection
+    if selection.changelog:
+        raise ValueError(f"table {'.'.join(identifier)}: VERSION/TIMESTAMP AS OF cannot apply to a changelog (select "
+                         "its range with the read options start-snapshot-id, end-snapshot-id, start-timestamp and "
+                         "end-timestamp)")
     if selection.time_travel or selection.branch is not None:
         raise ValueError(f"table {'.'.join(identifier)}: VERSION/TIMESTAMP AS OF cannot apply to a table identifier "
                          "that selects a snapshot, branch or tag already")
@@ -375,7 +385,8 @@ def audit_publish(table: Any, selection: Selection, wap_branch: str | None,
         return selection, None
     if str(table.properties.get(WAP_ENABLED, "false")).strip().lower() != "true":
         return selection, None
-    if selection.metadata_table is not None or selection.time_travel or selection.branch is not None:
+    if selection.metadata_table is not None or selection.time_travel or selection.branch is not None \
+            or selection.changelog:
         return selection, None
     if wap_branch is not None and wap_id is not None:
         raise ValueError(f"table {'.'.join(selection.identifier)}: cannot set both spark.wap.id ({wap_id!r}) and "

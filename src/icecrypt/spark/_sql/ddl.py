@@ -167,6 +167,8 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection,
         rows = metadata_rows(table, selection)
         return {"kind": "metadata", "name": f"{name}.{selection.metadata_table}",
                 "schema": spark_schema(rows.schema).jsonValue(), "ref": _ref(selection, None, None)}
+    if selection.changelog:
+        return _describe_changelog(name, table, selection)
     snapshot, schema, branch = selected(table, selection)
     snapshot_id = None if snapshot is None else snapshot.snapshot_id
     travel = selection.time_travel
@@ -187,6 +189,40 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection,
         "properties": properties(table, snapshot_id),
         "snapshot_id": snapshot_id,
         "time_travel": travel,
+        "encrypted": table.encrypted,
+        "ref": ref,
+    }
+
+
+def _describe_changelog(name: str, table: Any, selection: _catalogs.Selection) -> dict[str, Any]:
+    """``db.t.changes``: the table's current columns and Iceberg's three change columns,
+    read-only; its scans plan a changelog (``.scan.plan_changelog``)."""
+    from icecrypt.table.read.incremental import CHANGE_COLUMNS
+
+    schema = table.schema
+    clash = [f.name for f in schema.fields if f.name.lower() in {c.lower() for c in CHANGE_COLUMNS}]
+    if clash:
+        raise Unsupported(f"{name}.{_catalogs.CHANGES}: the table's column {clash[0]!r} has the name of a changelog "
+                          "column")
+    spark = _types.spark_schema(schema)
+    spark["fields"] = [*spark["fields"],
+                       {"name": CHANGE_COLUMNS[0], "type": "string", "nullable": False, "metadata": {}},
+                       {"name": CHANGE_COLUMNS[1], "type": "integer", "nullable": False, "metadata": {}},
+                       {"name": CHANGE_COLUMNS[2], "type": "long", "nullable": False, "metadata": {}}]
+    ref = _ref(selection, table.current_snapshot_id, None, schema.schema_id, table.spec.spec_id)
+    ref["changelog"] = True
+    return {
+        "kind": "table",
+        "changelog": True,
+        "name": f"{name}.{_catalogs.CHANGES}",
+        "schema": spark,
+        "read_schema": _types.read_schema(schema),
+        "partition_type": None,
+        "partitioning": [],
+        "sort_order": [],
+        "properties": properties(table, table.current_snapshot_id),
+        "snapshot_id": table.current_snapshot_id,
+        "time_travel": False,
         "encrypted": table.encrypted,
         "ref": ref,
     }

@@ -63,6 +63,7 @@ class Procedure:
     run: Callable[[Any, dict[str, Any]], list[list[Any]]]  # (the table, the arguments) -> rows
     changes: bool = True  # may commit: Spark's cached relations are refreshed
     new_table: bool = False  # ``table`` names a table to add: run gets (catalog, identifier)
+    session: bool = False  # works in the calling Spark session: run gets a Session
 
 
 PROCEDURES: dict[str, Procedure] = {}
@@ -71,12 +72,23 @@ _TABLE = Param("table", "string", None, comment="the table of this catalog: db.t
 
 
 def _procedure(name: str, description: str, params: tuple[Param, ...], output: str, *, changes: bool = True,
-               new_table: bool = False):
+               new_table: bool = False, session: bool = False):
     def register(run: Callable[[Any, dict[str, Any]], list[list[Any]]]) -> Callable[..., Any]:
-        PROCEDURES[name] = Procedure(name, description, (_TABLE, *params), output, run, changes, new_table)
+        PROCEDURES[name] = Procedure(name, description, (_TABLE, *params), output, run, changes, new_table, session)
         return run
 
     return register
+
+
+@dataclass(frozen=True)
+class Session:
+    """What a ``session`` procedure runs with: the Spark session that called it, the
+    catalog's name, and the table (its identifier and the loaded table)."""
+
+    spark: Any
+    catalog_name: str
+    identifier: tuple[str, ...]
+    table: Any
 
 
 def _refused(message: str) -> ProcedureError:
@@ -389,6 +401,21 @@ def _alter_table(table: Any, args: dict[str, Any]) -> list[list[Any]]:
     return []
 
 
+@_procedure("create_changelog_view",
+            "Create a temporary view of the table's changelog (db.t.changes): carry-over rows removed, or net "
+            "changes, or with update images by identifier columns.",
+            (Param("changelog_view", "string", comment="the view's name (default: `<table>_changes`)"),
+             Param("options", "map<string,string>", comment="the changelog's range: start-snapshot-id, "
+                   "end-snapshot-id, start-timestamp, end-timestamp"),
+             Param("compute_updates", "boolean"), Param("identifier_columns", "array<string>"),
+             Param("net_changes", "boolean")),
+            "changelog_view string", changes=False, session=True)
+def _create_changelog_view(call: Session, args: dict[str, Any]) -> list[list[Any]]:
+    from icecrypt.spark._sql.changelog import create_view
+
+    return [[create_view(call.spark, call.catalog_name, call.identifier, call.table, args)]]
+
+
 # --- the table argument ---------------------------------------------------------------------
 
 _PART = re.compile(r"`((?:[^`]|``)*)`|([^.`]+)")
@@ -485,7 +512,13 @@ def _call(bridge: Any, request: dict[str, Any]) -> Any:
                 raise _refused(f"argument {param.name} is not supported by icecrypt's {procedure.name} "
                                "(nothing was done)")
         before = table.metadata_location
-        rows = procedure.run(table, args)
+        if procedure.session:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession() or bridge.spark
+            rows = procedure.run(Session(spark, name, ident, table), args)
+        else:
+            rows = procedure.run(table, args)
     except ProcedureError as exc:
         raise ProcedureError(f"{where}: {exc}", exc.bridge_kind) from None
     except Exception as exc:  # one error naming the procedure and table, of the failure's kind

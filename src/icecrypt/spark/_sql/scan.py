@@ -177,6 +177,50 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
     }
 
 
+def plan_changelog(table: Any, options: dict[str, str], filters: list[dict[str, Any]], what: str,
+                   push_keys: Any, end: int | None = None) -> dict[str, Any]:
+    """The plan of ``db.t.changes`` (Iceberg's changelog table): the files the range's
+    snapshots added (``INSERT``) and removed (``DELETE``), each with its change as
+    ``changes[i]`` = [change type, change ordinal, commit snapshot id], which the scan gives
+    as constant columns of the file's rows.  The range: ``start-snapshot-id`` (exclusive)
+    or ``start-timestamp``, ``end-snapshot-id`` or ``end-timestamp`` (inclusive; default the
+    snapshot the statement loaded, ``end``), as Iceberg's Spark reads them; snapshots with row-level deletes are
+    refused, as Iceberg's changelog scan refuses them."""
+    from icecrypt.spark._common import file_error
+    from icecrypt.spark._sql.changelog import check_range
+
+    if table.current_snapshot_id is None and not options:
+        return {**_empty(table), "changes": [], "data_files": []}
+    try:
+        incremental = check_range(table, options)
+    except (ValueError, LookupError) as exc:
+        raise type(exc)(f"{what}.changes: {exc}") from None
+    if incremental["to_snapshot_id"] is None:
+        incremental["to_snapshot_id"] = end if end is not None else table.current_snapshot_id
+    schema = table.schema
+    row_filter = to_filter(filters, schema)
+    try:
+        changes = table.changelog_scan(row_filter=row_filter, **incremental).plan_changes()
+    except KeyError as exc:
+        raise LookupError(f"{what}.changes: {exc.args[0] if exc.args else exc}") from None
+    except NotImplementedError as exc:
+        raise NotImplementedError(f"{what}.changes: {exc}") from None
+    except Exception as exc:
+        raise file_error(exc, f"{what}.changes: planning the changelog") from exc
+    unique: dict[tuple[str, str, int], Any] = {}
+    for change in changes:  # a split file is one entry: Spark splits it again
+        unique.setdefault((change.task.file.path, change.change_type, change.change_ordinal), change)
+    plan = plan_tasks(table, [c.task for c in unique.values()], schema, None, what, push_keys)
+    at = {path: i for i, path in enumerate(plan["data_files"])}
+    files, locations, values = [], [], []
+    for (path, kind, ordinal), change in unique.items():
+        files.append(plan["files"][at[path]])
+        locations.append(path)
+        values.append([kind, ordinal, change.commit_snapshot_id])
+    plan.update(files=files, data_files=locations, changes=values, snapshot_id=incremental["to_snapshot_id"])
+    return plan
+
+
 def _partition_encoder(table: Any, schema: Any, what: str) -> Any:
     """A function of a task: its file's ``_partition`` value, the table's partition type
     (every spec's fields: :func:`~icecrypt.table.model.metadata_columns.partition_type`)
@@ -292,5 +336,8 @@ def _plan_scan(bridge: Any, request: dict[str, Any]) -> Any:
     ident = identifier(ref["identifier"])
     table = catalog.load_table(ident)
     what = _catalogs.describe_identifier(catalog, ident)
+    if ref.get("changelog"):
+        return plan_changelog(table, dict(request.get("options") or {}), request.get("filters") or [], what,
+                              push_keys(bridge), ref.get("snapshot_id"))
     return plan_files(table, ref.get("snapshot_id"), request.get("filters") or [], what, push_keys(bridge),
                       ref.get("schema_id"), partition=request.get("partition") is True)

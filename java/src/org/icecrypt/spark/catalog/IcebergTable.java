@@ -14,6 +14,8 @@
  * time travel (VERSION/TIMESTAMP AS OF, tag_..., snapshot_id_...) is read-only.  The
  * description never holds a key: properties are the table's own and Iceberg's shown
  * ones (format, provider, location, current-snapshot-id, format-version, ...).
+ * The table's changelog, db.t.changes, is one too: read-only, its scans plan the
+ * changelog of a range of snapshots (Scans; the range by read options).
  * Metadata columns, as in Iceberg: _file, the data file a row was read from (its location
  * as the table records it), _pos, the row's position in that file, and with row lineage
  * (format version 3) _row_id and _last_updated_sequence_number; a data column of the same
@@ -96,6 +98,9 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
     @Override
     public MetadataColumn[] metadataColumns() {
         List<MetadataColumn> out = new ArrayList<>();
+        if (changelog()) {
+            return new MetadataColumn[0];
+        }
         out.add(metadataColumn(Scans.FILE_COLUMN, DataTypes.StringType, false,
                                "Path of the file in which a row is stored", null));
         out.add(metadataColumn(Scans.POS_COLUMN, DataTypes.LongType, false,
@@ -196,9 +201,37 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         return description.path("time_travel").asBoolean(false);
     }
 
+    /** The changelog's columns after the table's (db.t.changes), as Iceberg names them. */
+    static final String[] CHANGE_COLUMNS = {"_change_type", "_change_ordinal", "_commit_snapshot_id"};
+
+    /**
+     * Whether this is the table's changelog, db.t.changes (Iceberg's changelog table): the
+     * rows the snapshots of a range inserted and deleted, read-only, with the change columns.
+     */
+    boolean changelog() {
+        return description.path("changelog").asBoolean(false);
+    }
+
+    /** Whether {@code name}, asked of a changelog's scan, is one of its change columns. */
+    boolean isChangeColumn(String name) {
+        return changelog() && java.util.Arrays.asList(CHANGE_COLUMNS).contains(name);
+    }
+
+    /** Why this table cannot be written (null: it can). */
+    private String readOnly() {
+        if (changelog()) {
+            return "icecrypt catalog: " + name() + " is a changelog: it cannot be written";
+        }
+        if (timeTravel()) {
+            return "icecrypt catalog: table " + name() + " is selected at a snapshot or tag (VERSION/TIMESTAMP AS OF): "
+                + "it cannot be written";
+        }
+        return null;
+    }
+
     @Override
     public Set<TableCapability> capabilities() {
-        if (timeTravel()) {
+        if (timeTravel() || changelog()) {
             return EnumSet.of(TableCapability.BATCH_READ);
         }
         return EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE, TableCapability.TRUNCATE,
@@ -295,9 +328,8 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
     @Override
     public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
-        if (timeTravel()) {
-            throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
-                + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
+        if (readOnly() != null) {
+            throw new UnsupportedOperationException(readOnly());
         }
         return new Writes.Builder(this, info);
     }
@@ -309,9 +341,8 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
      */
     @Override
     public RowLevelOperationBuilder newRowLevelOperationBuilder(RowLevelOperationInfo info) {
-        if (timeTravel()) {
-            throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
-                + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
+        if (readOnly() != null) {
+            throw new UnsupportedOperationException(readOnly());
         }
         if (!info.options().isEmpty()) {
             throw new IllegalArgumentException("icecrypt catalog: table " + name() + ": option "
@@ -353,9 +384,8 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
     /** DELETE FROM: the driver deletes the matching rows in one commit (write.delete.mode). */
     @Override
     public void deleteWhere(Predicate[] predicates) {
-        if (timeTravel()) {
-            throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
-                + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
+        if (readOnly() != null) {
+            throw new UnsupportedOperationException(readOnly());
         }
         ObjectNode request = catalog.request();
         request.set("ref", ref());

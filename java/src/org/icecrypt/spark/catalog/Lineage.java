@@ -9,7 +9,8 @@
  * store them, or stores null); with _pos or _row_id, also the row index (Scans.ROW_INDEX);
  * and it appends the file's constants as its partition values: _file, _spec_id,
  * _partition (the driver planned them: partitionValues), and with lineage the file's
- * first row id and data sequence number.  So without lineage the reader's rows are the scan's rows.  With it they are
+ * first row id and data sequence number, and for a changelog (db.t.changes) the change
+ * columns it reads (the file's change, as the driver planned it).  So without lineage the reader's rows are the scan's rows.  With it they are
  * mapped: as the spec says, a row's _row_id is the stored value, else the file's first row
  * id plus the row's position (null before the table had lineage), and its
  * _last_updated_sequence_number the stored value, else the file's data sequence number.
@@ -50,6 +51,7 @@ final class Lineage implements Serializable {
     private final boolean sequence;
     private final boolean specId;
     private final StructType partition;  // the type of _partition, null when it is not read
+    private final StructType changes;  // a changelog's change columns the scan reads, in order
 
     Lineage(Scans.IcebergScan scan) {
         this.data = scan.annotated;
@@ -59,6 +61,13 @@ final class Lineage implements Serializable {
         this.partition = scan.readsMetadata(Scans.PARTITION_COLUMN) ? scan.table.partitionType() : null;
         this.rowId = scan.readsMetadata(Scans.ROW_ID_COLUMN);
         this.sequence = scan.readsMetadata(Scans.SEQUENCE_COLUMN);
+        StructType read = new StructType();
+        for (String column : IcebergTable.CHANGE_COLUMNS) {
+            if (scan.table.changelog() && scan.readsMetadata(column)) {
+                read = read.add(scan.readSchema.apply(column));
+            }
+        }
+        this.changes = read;
     }
 
     /** Whether the reader's rows must be mapped (a lineage column is asked for). */
@@ -93,7 +102,7 @@ final class Lineage implements Serializable {
      * _partition value]; {@code location}: as the table records it), as partitionSchema
      * lays them out.
      */
-    InternalRow partitionValues(JsonNode planned, JsonNode location) {
+    InternalRow partitionValues(JsonNode planned, JsonNode location, JsonNode change) {
         List<Object> values = new ArrayList<>();
         if (file) {
             values.add(UTF8String.fromString(location.asText()));
@@ -113,6 +122,17 @@ final class Lineage implements Serializable {
             JsonNode first = planned.get(4);
             values.add(first == null || first.isNull() ? null : first.asLong());
             values.add(planned.get(5).asLong());
+        }
+        if (changes.size() > 0) {
+            if (change == null || !change.isArray() || change.size() != IcebergTable.CHANGE_COLUMNS.length) {
+                throw new IllegalStateException("icecrypt catalog: the driver planned no change for "
+                    + planned.get(0).asText());
+            }
+            for (StructField field : changes.fields()) {
+                JsonNode value = change.get(java.util.Arrays.asList(IcebergTable.CHANGE_COLUMNS).indexOf(field.name()));
+                values.add(field.dataType() == DataTypes.StringType ? (Object) UTF8String.fromString(value.asText())
+                    : field.dataType() == DataTypes.IntegerType ? (Object) value.asInt() : (Object) value.asLong());
+            }
         }
         return values.isEmpty() ? InternalRow.empty() : new GenericInternalRow(values.toArray());
     }
@@ -142,7 +162,7 @@ final class Lineage implements Serializable {
             out = out.add("_icecrypt_first_row_id", DataTypes.LongType, true)
                 .add("_icecrypt_data_sequence_number", DataTypes.LongType, true);
         }
-        return out;
+        return out.merge(changes, false);
     }
 
     /** The scan's rows (or batches) of the reader's. */

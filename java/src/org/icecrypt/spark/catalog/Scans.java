@@ -146,7 +146,11 @@ final class Scans {
         @Override
         public Predicate[] pushPredicates(Predicate[] predicates) {
             for (Predicate predicate : predicates) {
-                if (Changes.predicate(predicate) != null) {
+                boolean change = false;
+                for (NamedReference ref : predicate.references()) {
+                    change |= ref.fieldNames().length == 1 && table.isChangeColumn(ref.fieldNames()[0]);
+                }
+                if (!change && Changes.predicate(predicate) != null) {
                     pushed.add(predicate);
                 }
             }
@@ -165,6 +169,9 @@ final class Scans {
 
         @Override
         public Scan build() {
+            if (table.changelog()) {
+                return changelog();
+            }
             if (!options.isEmpty() && Streams.streamingOptions(options)) {
                 return new Streams.StreamScan(table, required, annotate(required, table.readSchema, ""), options);
             }
@@ -209,7 +216,40 @@ final class Scans {
             }
             return scan;
         }
+
+        /** The scan of db.t.changes: the data columns read from the files, the change columns as their constants. */
+        private Scan changelog() {
+            Map<String, String> range = new HashMap<>();
+            for (Map.Entry<String, String> option : options.entrySet()) {
+                if (!CHANGELOG_OPTIONS.contains(option.getKey())) {
+                    throw new IllegalArgumentException("icecrypt catalog: " + table.name() + ": read option "
+                        + option.getKey() + " is not supported (options: " + String.join(", ", CHANGELOG_OPTIONS) + ")");
+                }
+                range.put(option.getKey(), option.getValue());
+            }
+            StructType data = new StructType();
+            Set<String> changes = new HashSet<>();
+            for (StructField field : required.fields()) {
+                if (table.isChangeColumn(field.name())) {
+                    changes.add(field.name());
+                } else {
+                    data = data.add(field);
+                }
+            }
+            StructType readSchema = data;
+            for (String column : IcebergTable.CHANGE_COLUMNS) {
+                if (changes.contains(column)) {
+                    readSchema = readSchema.add(table.schema.apply(column));
+                }
+            }
+            return IcebergScan.plan(table, pushed.toArray(new Predicate[0]), readSchema,
+                                    annotate(data, table.readSchema, ""), false, range);
+        }
     }
+
+    /** The read options of a changelog (db.t.changes): its range of snapshots, as Iceberg's Spark names them. */
+    static final List<String> CHANGELOG_OPTIONS = Arrays.asList("start-snapshot-id", "end-snapshot-id",
+        "start-timestamp", "end-timestamp");
 
     /** {@code pruned} (a pruning of the table's schema) with the read schema's field metadata. */
     static StructType annotate(StructType pruned, StructType full, String prefix) {
@@ -272,8 +312,20 @@ final class Scans {
 
         static IcebergScan plan(IcebergTable table, Predicate[] predicates, StructType readSchema,
                                 StructType annotated, boolean wholeFiles) {
+            return plan(table, predicates, readSchema, annotated, wholeFiles, null);
+        }
+
+        /** {@code range}: a changelog's read options (null for a table's scan). */
+        static IcebergScan plan(IcebergTable table, Predicate[] predicates, StructType readSchema,
+                                StructType annotated, boolean wholeFiles, Map<String, String> range) {
             ObjectNode request = table.catalog.request();
             request.set("ref", table.ref());
+            if (range != null) {
+                ObjectNode options = request.putObject("options");
+                for (Map.Entry<String, String> option : range.entrySet()) {
+                    options.put(option.getKey(), option.getValue());
+                }
+            }
             ArrayNode filters = request.putArray("filters");
             for (Predicate predicate : predicates) {
                 ObjectNode json = Changes.predicate(predicate);
@@ -332,14 +384,18 @@ final class Scans {
             return out;
         }
 
-        /** The planned files ([Spark path, size, rows, has deletes, ...]: Lineage) with their locations, as read. */
+        /**
+         * The planned files ([Spark path, size, rows, has deletes, ...]: Lineage) with their
+         * locations, as read, and a changelog's change of each (else null).
+         */
         private synchronized List<JsonNode[]> readFiles() {
             List<JsonNode[]> out = new ArrayList<>();
             JsonNode files = plan.path("files");
             JsonNode locations = plan.path("data_files");
+            JsonNode changes = plan.path("changes");
             for (int i = 0; i < files.size(); i++) {
                 if (kept == null || kept.contains(locations.get(i).asText())) {
-                    out.add(new JsonNode[] {files.get(i), locations.get(i)});
+                    out.add(new JsonNode[] {files.get(i), locations.get(i), changes.get(i)});
                 }
             }
             return out;
@@ -404,7 +460,7 @@ final class Scans {
                 String path = file[0].get(0).asText();
                 long size = file[0].get(1).asLong();
                 boolean live = file[0].get(3).asBoolean();
-                InternalRow partition = layout.partitionValues(file[0], file[1]);
+                InternalRow partition = layout.partitionValues(file[0], file[1], file[2]);
                 for (long start = 0; start < size || (start == 0 && size == 0); start += split) {
                     pieces.add(new Object[] {path, start, Math.min(split, size - start), size, live, partition});
                     if (size == 0) {
