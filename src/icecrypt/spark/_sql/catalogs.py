@@ -411,6 +411,15 @@ def default_location(catalog: Any, identifier: tuple[str, ...]) -> str:
     return catalog._default_table_location(tuple(identifier[:-1]), identifier[-1])
 
 
+def on_local_files(table: Any) -> bool:
+    """Whether the table's files are on this machine's file system (a location map may put
+    a recorded ``s3://`` location there): the ones Spark's own Parquet reader and writer
+    open; the others are served through ``icecrypt.iceberg`` (``ddl.object_store``)."""
+    from icecrypt.spark._native import _spark_path
+
+    return _spark_path(table.fs_path(table.location), table.filesystem) is not None
+
+
 def is_local(location: str) -> bool:
     return "://" not in location or location.startswith("file:")
 

@@ -194,6 +194,42 @@ def describe(catalog_name: str, table: Any, selection: _catalogs.Selection,
     }
 
 
+def object_store(described: dict[str, Any], spec: dict[str, Any], table: Any,
+                 selection: _catalogs.Selection) -> dict[str, Any]:
+    """The description of a table on an object store (``s3://``, ...): Spark's Parquet
+    reader and writer have no file system for it here, so the JVM serves it through
+    icecrypt's ``icecrypt.iceberg`` data source, named by this catalog (the same catalog
+    properties, pin and KMS; every key stays in the data source's Python), with the
+    selected snapshot, branch or tag as the source's options.  Reads and appends
+    (``INSERT INTO``, ``INSERT OVERWRITE`` of the whole table) work, and ``DELETE FROM``
+    by a row filter (the driver's, as for every table); the other row-level statements
+    are refused, as Spark refuses them on such a source."""
+    from icecrypt.spark import _iceberg as ib
+
+    if selection.changelog:
+        raise Unsupported(f"{described['name']}: the changelog of a table on an object store is not served in SQL "
+                          "(read it with icecrypt.iceberg's option changelog=true)")
+    options = {"path": ".".join(selection.identifier), ib.OPT_CATALOG: spec["name"]}
+    for key, value in (spec.get("options") or {}).items():
+        options[ib._CATALOG_PREFIX + str(key)] = str(value)  # the catalog, as the driver opens it
+        if str(key) not in ib._OWN_OPTIONS:  # and its KMS and storage properties, as the source takes them
+            options[str(key)] = str(value)
+    branch, tag = selection.branch, selection.tag
+    if selection.ref is not None:
+        branch, tag = (selection.ref, None) if _ref_kind(table, selection.ref) == "branch" else (None, selection.ref)
+    for option, value in ((ib.OPT_SNAPSHOT_ID, selection.snapshot_id), (ib.OPT_AS_OF_TIMESTAMP, selection.as_of_ms),
+                          (ib.OPT_BRANCH, branch), (ib.OPT_TAG, tag)):
+        if value is not None:
+            options[option] = str(value)
+    if described["ref"].get("wap_id") is not None:
+        options[ib.OPT_WAP_ID] = described["ref"]["wap_id"]
+    if branch is None and described["ref"].get("branch") not in (None, "main"):
+        options[ib.OPT_BRANCH] = described["ref"]["branch"]  # spark.wap.branch
+    return {"kind": "source", "source": ib.NAME, "name": described["name"], "schema": described["schema"],
+            "properties": described["properties"], "partitioning": described["partitioning"],
+            "time_travel": described["time_travel"], "ref": described["ref"], "options": options}
+
+
 def _describe_changelog(name: str, table: Any, selection: _catalogs.Selection) -> dict[str, Any]:
     """``db.t.changes``: the table's current columns and Iceberg's three change columns,
     read-only; its scans plan a changelog (``.scan.plan_changelog``)."""

@@ -75,7 +75,10 @@ def _load_table(bridge: Any, request: dict[str, Any]) -> Any:
                                   None if timestamp is None else int(timestamp))
     table = _load(catalog, selection.identifier)
     selection, wap = _catalogs.audit_publish(table, selection, request.get("wap_branch"), request.get("wap_id"))
-    return _ddl.describe(name, table, selection, wap=wap)
+    described = _ddl.describe(name, table, selection, wap=wap)
+    if described["kind"] == "table" and not _catalogs.on_local_files(table):
+        return _ddl.object_store(described, request["catalog"], table, selection)
+    return described
 
 
 @method("create_table")

@@ -115,6 +115,9 @@ public final class CatalogContext {
         if ("metadata".equals(description.path("kind").asText())) {
             return new MetadataTable(this, description, version, timestampMicros);
         }
+        if ("source".equals(description.path("kind").asText())) {
+            return new SourceTable(this, description);
+        }
         return new IcebergTable(this, description);
     }
 

@@ -241,6 +241,11 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
     @Override
     public Transform[] partitioning() {
+        return partitioning(description);
+    }
+
+    /** The partitioning a table description gives, as Spark's transforms (fields without one left out). */
+    static Transform[] partitioning(JsonNode description) {
         List<Transform> out = new ArrayList<>();
         for (JsonNode field : description.path("partitioning")) {
             Transform transform = transform(field);
