@@ -145,3 +145,29 @@ def test_streaming_into_and_out_of_s3(s3cat, tmp_path):
     assert cat.rows("SELECT * FROM {c}.db.stream_dst") == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
     data = {k: v for k, v in _objects(cat, "warehouse/db/stream_dst/").items() if "/data/" in k}
     assert data and all(v[:4] == b"PARE" for v in data.values())
+
+
+def test_ctas_on_s3_and_a_failed_one_leaves_nothing(s3cat):
+    cat = s3cat
+    cat.sql("CREATE TABLE {c}.db.ctas USING iceberg PARTITIONED BY (s) TBLPROPERTIES ('encryption.key-id'='master') "
+            "AS SELECT id, concat('v', id % 2) AS s FROM range(5)")
+    assert cat.rows("SELECT * FROM {c}.db.ctas") == [(0, "v0"), (1, "v1"), (2, "v0"), (3, "v1"), (4, "v0")]
+    assert cat.table("db.ctas").encrypted and len(cat.table("db.ctas").snapshots()) == 1
+    cat.spark.createDataFrame([(7, "x")], "id bigint, s string").writeTo(f"{cat.name}.db.ctas_v2") \
+        .tableProperty("encryption.key-id", "master").create()
+    assert cat.rows("SELECT * FROM {c}.db.ctas_v2") == [(7, "x")]
+    # a query that fails in its tasks: the statement fails, and no table (nor object) is left
+    with pytest.raises(Exception) as info:
+        cat.sql("CREATE TABLE {c}.db.ctas_failed USING iceberg TBLPROPERTIES ('encryption.key-id'='master') "
+                "AS SELECT id, CAST(IF(id < 3, id, raise_error('no ids above 2')) AS string) AS s FROM range(5)")
+    assert "no ids above 2" in str(info.value)
+    assert not cat.icecrypt().table_exists(("db", "ctas_failed"))
+    assert not _objects(cat, "warehouse/db/ctas_failed/")
+    # REPLACE on an object store is refused, the table as it was
+    before = cat.table("db.ctas").metadata_location
+    for statement in ("REPLACE TABLE {c}.db.ctas USING iceberg AS SELECT 1 AS id",
+                      "CREATE OR REPLACE TABLE {c}.db.ctas USING iceberg AS SELECT 1 AS id"):
+        with pytest.raises(Exception) as info:
+            cat.sql(statement)
+        assert "object store is not supported" in str(info.value), statement
+    assert cat.table("db.ctas").metadata_location == before

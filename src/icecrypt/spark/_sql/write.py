@@ -640,6 +640,9 @@ def _stage(bridge: Any, request: dict[str, Any]) -> Any:
     if exists:
         if location is not None:
             raise ValueError(f"{what}: REPLACE TABLE cannot move the table (LOCATION)")
+        if not _catalogs.on_local_files(catalog.load_table(ident)):
+            raise NotImplementedError(f"{what}: REPLACE TABLE on an object store is not supported (the table is "
+                                      "served through icecrypt.iceberg: overwrite it with INSERT OVERWRITE)")
         transaction = Transaction.on(catalog, ident, catalog.load_table(ident))
         try:
             _replace(transaction.table, schema, spec, properties, key_id, what)
@@ -653,8 +656,10 @@ def _stage(bridge: Any, request: dict[str, Any]) -> Any:
             raise ValueError(f"{what}: encryption.key-id={key_id}: the catalog has no KMS (its encryption.kms-type "
                              "and encryption.kms.* options)")
         location = (location or _catalogs.default_location(catalog, ident)).rstrip("/")
-        if _catalogs.is_local(location):
-            location = os.path.abspath(_catalogs.local_path(location))
+        if not _catalogs.is_local(location):
+            return _stage_on_object_store(name, catalog, request["catalog"], ident, schema, spec, properties, key_id,
+                                          location)
+        location = os.path.abspath(_catalogs.local_path(location))
         filesystem = catalog.filesystem_for(location) if hasattr(catalog, "filesystem_for") else catalog.filesystem
         transaction = Transaction.create(catalog, ident, location, schema, kms=catalog.kms if key_id else None,
                                          table_key_id=key_id, partition_spec=spec, properties=properties,
@@ -664,6 +669,21 @@ def _stage(bridge: Any, request: dict[str, Any]) -> Any:
         bridge.stages[stage_id] = Stage(transaction, exists, what)
     description = _ddl.describe(name, transaction.table, _catalogs.Selection(ident))
     description["ref"] = {"stage": stage_id}
+    return description
+
+
+def _stage_on_object_store(name: str, catalog: Any, spec_json: dict[str, Any], ident: tuple[str, ...], schema: Any,
+                           spec: Any, properties: dict[str, str], key_id: str | None, location: str) -> Any:
+    """CREATE TABLE ... AS SELECT on an object store: the table is created now and written
+    through ``icecrypt.iceberg`` (which opens it by name), and dropped with its files if
+    the statement fails (``abort_stage`` of a ``created`` ref): not atomic, as Iceberg's
+    catalogs without staging run it."""
+    catalog.create_table(ident, schema, table_key_id=key_id, partition_spec=spec, properties=properties,
+                         location=location)
+    table = catalog.load_table(ident)
+    selection = _catalogs.Selection(ident)
+    description = _ddl.object_store(_ddl.describe(name, table, selection), spec_json, table, selection)
+    description["staged"] = {"created": list(ident)}
     return description
 
 

@@ -123,6 +123,9 @@ public final class CatalogContext {
 
     /** The staged table of a stage answer (CTAS / RTAS). */
     public StagedTable staged(JsonNode description) {
+        if ("source".equals(description.path("kind").asText())) {
+            return new StagedSourceTable(this, description);
+        }
         return new StagedIcebergTable(this, description);
     }
 

@@ -6,10 +6,10 @@
  * description names the table by this catalog (the source opens the same catalog: pins,
  * KMS) and gives the selected snapshot, branch or tag as the source's options.  Those
  * options hold catalog and KMS properties, never a key.  Reads and appends work, and
- * overwriting the whole table; DELETE FROM with a condition that has an Iceberg row
- * filter form is the driver's, as for every table of the catalog (IcebergTable); UPDATE,
- * MERGE INTO and other deletes are refused by Spark (the source supports no row-level
- * operation).
+ * overwriting the whole table (and CTAS: StagedSourceTable); DELETE FROM with a condition
+ * that has an Iceberg row filter form is the driver's, as for every table of the catalog
+ * (IcebergTable); UPDATE, MERGE INTO and other deletes are refused by Spark (the source
+ * supports no row-level operation).
  */
 package org.icecrypt.spark.catalog;
 
@@ -38,7 +38,7 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-final class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
+class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
     private final CatalogContext catalog;
     private final JsonNode description;
     private final StructType schema;
