@@ -163,6 +163,12 @@ def test_ctas_on_s3_and_a_failed_one_leaves_nothing(s3cat):
     assert "no ids above 2" in str(info.value)
     assert not cat.icecrypt().table_exists(("db", "ctas_failed"))
     assert not _objects(cat, "warehouse/db/ctas_failed/")
+    # a location that holds files already: refused before anything is created
+    with pytest.raises(Exception) as info:
+        cat.sql(f"CREATE TABLE {{c}}.db.ctas_taken USING iceberg LOCATION 's3://{cat.bucket}/warehouse/db/ctas' "
+                "AS SELECT 1 AS id")
+    assert "needs an empty location" in str(info.value)
+    assert not cat.icecrypt().table_exists(("db", "ctas_taken"))
     # REPLACE on an object store is refused, the table as it was
     before = cat.table("db.ctas").metadata_location
     for statement in ("REPLACE TABLE {c}.db.ctas USING iceberg AS SELECT 1 AS id",

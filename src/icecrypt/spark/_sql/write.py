@@ -230,12 +230,69 @@ def _plan(bridge: Any, pending: PendingWrite, secret: bytes | None) -> dict[str,
     }
 
 
+def written_schema(table: Any, given: dict[str, Any], merge: bool, what: str, *,
+                   by_position: bool = False) -> tuple[Any, Any]:
+    """(the table, the schema the write's files are written with) for a write Spark did not
+    resolve to the table's columns (``write.spark.accept-any-schema``): its columns
+    (``given``, Spark's JSON) matched by name to the table's, in the write's order, each of
+    the table's type; a missing optional column is null in the new files, a missing
+    required one is refused.  ``merge`` (the write option mergeSchema): the columns the
+    table lacks are added first, and nullability relaxed, in a commit of their own
+    (Iceberg's ``unionByNameWith``), as Iceberg's Spark writes do.  ``by_position``: the
+    rows came by position under names none of the table's (``INSERT INTO t VALUES``: the
+    JVM saw so), one per column: they are the table's columns in order, each of the
+    column's type."""
+    from pyiceberg.schema import Schema
+
+    if by_position:
+        own = table.schema.fields
+        if len(given["fields"]) != len(own):
+            raise ValueError(f"{what}: the write has {len(given['fields'])} columns, the table {len(own)}")
+        given = {"type": "struct", "fields": [{**f, "name": column.name}
+                                              for f, column in zip(given["fields"], own, strict=True)]}
+        merge = False
+    incoming = _types.iceberg_schema(given, what)
+    own_names = {f.name.lower() for f in table.schema.fields}
+    if not by_position and not any(f.name.lower() in own_names for f in incoming.fields):
+        raise ValueError(f"{what}: the write's columns ({', '.join(f.name for f in incoming.fields)}) match none of "
+                         f"the table's by name, and by position it has {len(incoming.fields)} columns, the table "
+                         f"{len(table.schema.fields)}")
+    if merge:
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(incoming)
+        except ValueError as exc:
+            raise ValueError(f"{what}: mergeSchema: {exc}") from None
+    columns = {f.name: f for f in table.schema.fields}
+    folded = {name.lower(): f for name, f in columns.items()}
+    fields = []
+    for field in incoming.fields:
+        match = columns.get(field.name) or folded.get(field.name.lower())
+        if match is None:
+            raise ValueError(f"{what}: the write's column {field.name!r} is not a column of the table (write with "
+                             "option mergeSchema=true to add it)")
+        ours, theirs = _types.spark_type(match.field_type, ids=False)[0], _types.spark_type(field.field_type, ids=False)[0]
+        if ours != theirs:
+            raise ValueError(f"{what}: the write's column {field.name!r} is {theirs}, the table's is {ours} (cast it)")
+        if match.required and field.optional:
+            raise ValueError(f"{what}: the write's column {field.name!r} may be null; the table's is required")
+        fields.append(match)
+    written = {f.field_id for f in fields}
+    missing = [f.name for f in table.schema.fields if f.required and f.field_id not in written]
+    if missing:
+        raise ValueError(f"{what}: the write lacks the table's required column {missing[0]!r}")
+    return table, Schema(*fields, schema_id=table.schema.schema_id)
+
+
 def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[str, Any]], branch: str | None,
           start_snapshot_id: int | None, stage: Stage | None = None,
           replaced: dict[str, Any] | None = None, wap_id: str | None = None,
-          writes_rows: bool = True) -> dict[str, Any]:
+          writes_rows: bool = True, write_schema: dict[str, Any] | None = None,
+          merge_schema: bool = False, by_position: bool = False) -> dict[str, Any]:
     """Plan a write; ``writes_rows`` false (a merge-on-read that only deletes) makes no write
-    secret: its tasks write no file, and a file they report is refused at commit."""
+    secret: its tasks write no file, and a file they report is refused at commit.
+    ``write_schema``: the rows' columns when Spark did not resolve them to the table's
+    (:func:`written_schema`; ``merge_schema``: add the new ones first)."""
     from icecrypt.spark._native import _spark_path
     from icecrypt.table.files.write_data import table_sort_order
 
@@ -261,6 +318,9 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
     if _spark_path(root + "/x", table.filesystem) is None:
         raise NotImplementedError(f"{what}: the table is not on the local file system: the SQL catalog writes local "
                                   "tables only")
+    schema = table.schema
+    if write_schema is not None:
+        table, schema = written_schema(table, write_schema, merge_schema, what, by_position=by_position)
     row_filter = to_filter(filters, table.schema, strict=True) if mode == "overwrite_filter" else None
     order = table_sort_order(table.metadata)
     key_length = table.encryption_manager.data_key_length if table.encrypted else 0
@@ -268,7 +328,7 @@ def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[s
     pending = PendingWrite(
         write_id=uuid.uuid4().hex, what=what, table=table, stage=stage, mode=mode, row_filter=row_filter,
         branch=branch, start_snapshot_id=start_snapshot_id, secret=secret,
-        key_length=key_length, root=root, recorded_root=recorded_root, spec=table.spec, schema=table.schema,
+        key_length=key_length, root=root, recorded_root=recorded_root, spec=table.spec, schema=schema,
         sort_order_id=order.order_id if order is not None else 0, replaced=replaced, wap_id=wap_id,
     )  # fmt: skip
     plan = _plan(bridge, pending, pending.secret)
@@ -293,7 +353,8 @@ def _begin_write(bridge: Any, request: dict[str, Any]) -> Any:
     table, what, branch = writable_table(catalog, ref)
     return begin(bridge, table, what, mode=mode, filters=filters, branch=branch,
                  start_snapshot_id=ref.get("snapshot_id"), replaced=request.get("replaced"), wap_id=ref.get("wap_id"),
-                 writes_rows=request.get("writes_rows", True) is not False)
+                 writes_rows=request.get("writes_rows", True) is not False, write_schema=request.get("write_schema"),
+                 merge_schema=request.get("merge_schema") is True, by_position=request.get("by_position") is True)
 
 
 def writable_table(catalog: Any, ref: dict[str, Any], *, same_spec: bool = True) -> tuple[Any, str, str | None]:
@@ -678,13 +739,44 @@ def _stage_on_object_store(name: str, catalog: Any, spec_json: dict[str, Any], i
     through ``icecrypt.iceberg`` (which opens it by name), and dropped with its files if
     the statement fails (``abort_stage`` of a ``created`` ref): not atomic, as Iceberg's
     catalogs without staging run it."""
+    import pyarrow.fs as pafs
+
+    filesystem = catalog.filesystem_for(location)
+    path = location.split("://", 1)[1]
+    listing = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    if any(info.type == pafs.FileType.File for info in listing):
+        raise ValueError(f"catalog {catalog.name!r}: table {'.'.join(ident)}: CREATE TABLE ... AS SELECT on an object "
+                         f"store needs an empty location, and {location} holds files")
     catalog.create_table(ident, schema, table_key_id=key_id, partition_spec=spec, properties=properties,
                          location=location)
     table = catalog.load_table(ident)
     selection = _catalogs.Selection(ident)
     description = _ddl.object_store(_ddl.describe(name, table, selection), spec_json, table, selection)
-    description["staged"] = {"created": list(ident)}
+    description["staged"] = {"created": list(ident), "location": location}
     return description
+
+
+@method("abort_created")
+def _abort_created(bridge: Any, request: dict[str, Any]) -> Any:
+    """A failed CTAS on an object store: the table it created is dropped, and every file
+    under its location removed (the location was empty when the statement created the
+    table there: what is under it now, the statement wrote, a task that finished after
+    the job failed too)."""
+    import pyarrow.fs as pafs
+
+    from icecrypt.errors import NoSuchTableError
+
+    _, catalog = catalog_of(request)
+    ident, location = identifier(request["identifier"]), str(request["location"])
+    with contextlib.suppress(NoSuchTableError):
+        catalog.drop_table(ident, purge=True)
+    filesystem = catalog.filesystem_for(location)
+    path = location.split("://", 1)[1].rstrip("/")
+    for info in filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)):
+        if info.type == pafs.FileType.File:
+            with contextlib.suppress(FileNotFoundError):
+                filesystem.delete_file(info.path)
+    return True
 
 
 @method("commit_stage")

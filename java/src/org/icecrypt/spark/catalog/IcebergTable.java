@@ -234,9 +234,25 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         if (timeTravel() || changelog()) {
             return EnumSet.of(TableCapability.BATCH_READ);
         }
-        return EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE, TableCapability.TRUNCATE,
-                          TableCapability.OVERWRITE_BY_FILTER, TableCapability.OVERWRITE_DYNAMIC, TableCapability.STREAMING_WRITE,
-                          TableCapability.MICRO_BATCH_READ);
+        Set<TableCapability> out = EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE,
+            TableCapability.TRUNCATE, TableCapability.OVERWRITE_BY_FILTER, TableCapability.OVERWRITE_DYNAMIC,
+            TableCapability.STREAMING_WRITE, TableCapability.MICRO_BATCH_READ);
+        if (acceptsAnySchema()) {
+            out.add(TableCapability.ACCEPT_ANY_SCHEMA);
+        }
+        return out;
+    }
+
+    /** The table property under which writes may bring columns in any order, a subset, or new ones (mergeSchema). */
+    static final String ACCEPT_ANY_SCHEMA = "write.spark.accept-any-schema";
+
+    /**
+     * Whether the table takes writes whose columns are not its own (Iceberg's
+     * write.spark.accept-any-schema): the driver matches them by name and, with the write
+     * option mergeSchema, first adds the new ones (Writes).
+     */
+    boolean acceptsAnySchema() {
+        return "true".equalsIgnoreCase(properties.getOrDefault(ACCEPT_ANY_SCHEMA, "false").trim());
     }
 
     @Override
@@ -246,9 +262,14 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
     /** The partitioning a table description gives, as Spark's transforms (fields without one left out). */
     static Transform[] partitioning(JsonNode description) {
+        return partitioning(description, null);
+    }
+
+    /** The same, with the columns renamed as {@code rename} says (see transform). */
+    static Transform[] partitioning(JsonNode description, Map<String, String> rename) {
         List<Transform> out = new ArrayList<>();
         for (JsonNode field : description.path("partitioning")) {
-            Transform transform = transform(field);
+            Transform transform = transform(field, rename);
             if (transform != null) {
                 out.add(transform);
             }
@@ -270,9 +291,22 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
     /** A partition or sort field as a Spark transform (null: none for it). */
     static Transform transform(JsonNode field) {
+        return transform(field, null);
+    }
+
+    /**
+     * The same, its column's top-level name replaced as {@code rename} says (a write whose
+     * rows come by position under other names: Writes); null: none replaced.
+     */
+    static Transform transform(JsonNode field, Map<String, String> rename) {
         JsonNode column = field.get("column");
         if (column == null || column.isNull()) {
             return null;
+        }
+        if (rename != null && column.size() > 0 && rename.containsKey(column.get(0).asText())) {
+            ArrayNode renamed = column.deepCopy();
+            renamed.set(0, renamed.textNode(rename.get(column.get(0).asText())));
+            column = renamed;
         }
         String name = quoted(column);
         int parameter = field.path("param").asInt(0);
@@ -298,15 +332,20 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
 
     /** The table's partition fields (in spec order) followed by its sort order, as Spark's sort order. */
     SortOrder[] writeOrdering() {
+        return writeOrdering(null);
+    }
+
+    /** The same, with the columns renamed as {@code rename} says (see transform). */
+    SortOrder[] writeOrdering(Map<String, String> rename) {
         List<SortOrder> out = new ArrayList<>();
         for (JsonNode field : description.path("partitioning")) {
-            Transform transform = transform(field);
+            Transform transform = transform(field, rename);
             if (transform != null) {
                 out.add(Expressions.sort(expression(transform), SortDirection.ASCENDING, NullOrdering.NULLS_FIRST));
             }
         }
         for (JsonNode field : description.path("sort_order")) {
-            Transform transform = transform(field);
+            Transform transform = transform(field, rename);
             if (transform == null) {
                 continue;
             }

@@ -2,7 +2,8 @@
  * icecrypt: the table of a CREATE TABLE ... AS SELECT on an object store.  The Python
  * driver created it when the statement was staged (an object-store table is written
  * through icecrypt.iceberg, which opens the table by name); commitStagedChanges() has
- * nothing left to do, abortStagedChanges() drops it with its files.  Not atomic: the
+ * nothing left to do, abortStagedChanges() drops it and removes every file under its
+ * location (empty when the statement created the table there).  Not atomic: the
  * table is visible, empty, while the statement runs, as with Iceberg's catalogs that do
  * not stage.
  */
@@ -16,12 +17,12 @@ import org.apache.spark.sql.connector.metric.CustomTaskMetric;
 
 final class StagedSourceTable extends SourceTable implements StagedTable {
     private final CatalogContext context;
-    private final JsonNode created;
+    private final JsonNode staged;
 
     StagedSourceTable(CatalogContext context, JsonNode description) {
         super(context, description);
         this.context = context;
-        this.created = description.path("staged").path("created");
+        this.staged = description.path("staged");
     }
 
     /** (StagedTable's, chosen over the one SupportsDeleteV2 brings: a staged table reports none either way.) */
@@ -38,8 +39,8 @@ final class StagedSourceTable extends SourceTable implements StagedTable {
     @Override
     public void abortStagedChanges() {
         ObjectNode request = context.request();
-        request.set("identifier", created);
-        request.put("purge", true);
-        context.callUnchecked("drop_table", request);
+        request.set("identifier", staged.path("created"));
+        request.set("location", staged.path("location"));
+        context.callUnchecked("abort_created", request);
     }
 }

@@ -62,6 +62,7 @@ import org.apache.spark.sql.catalyst.expressions.JoinedRow;
 import org.apache.spark.sql.connector.distributions.Distribution;
 import org.apache.spark.sql.connector.distributions.Distributions;
 import org.apache.spark.sql.connector.expressions.Expression;
+import org.apache.spark.sql.connector.expressions.NamedReference;
 import org.apache.spark.sql.connector.expressions.SortOrder;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.expressions.filter.AlwaysTrue;
@@ -185,6 +186,16 @@ final class Writes {
             this.replaced = replaced;
         }
 
+        /** The write options of schema merging (lower case, as Spark's option map gives them). */
+        static final java.util.Set<String> MERGE_SCHEMA_OPTIONS = new java.util.HashSet<>(
+            java.util.Arrays.asList("mergeschema", "merge-schema"));
+
+        /** The write option mergeSchema (or merge-schema), as Iceberg's Spark writes read it. */
+        static boolean mergeSchema(org.apache.spark.sql.util.CaseInsensitiveStringMap options) {
+            String value = options.getOrDefault("mergeSchema", options.getOrDefault("merge-schema", "false"));
+            return "true".equalsIgnoreCase(value.trim());
+        }
+
         /** Whether the write has rows to write (a merge-on-read DELETE only deletes positions). */
         boolean writesRows() {
             return !("delta".equals(mode) && info.schema().isEmpty());
@@ -203,13 +214,16 @@ final class Writes {
         public Distribution requiredDistribution() {
             String distribution = distributionMode();
             SortOrder[] ordering = requiredOrdering();
+            if (!rowsHaveColumnsOf(ordering)) {
+                return Distributions.unspecified();  // the driver refuses the write, naming the column
+            }
             if (ordering.length == 0) {
                 return Distributions.unspecified();
             }
             if ("range".equals(distribution)) {
                 return Distributions.ordered(ordering);
             }
-            Transform[] partitioning = table.partitioning();
+            Transform[] partitioning = IcebergTable.partitioning(table.description, positional());
             if ("hash".equals(distribution) && partitioning.length > 0) {
                 Expression[] clustering = new Expression[partitioning.length];
                 for (int i = 0; i < partitioning.length; i++) {
@@ -222,7 +236,61 @@ final class Writes {
 
         @Override
         public SortOrder[] requiredOrdering() {
-            return writesRows() ? table.writeOrdering() : new SortOrder[0];
+            SortOrder[] ordering = writesRows() ? table.writeOrdering(positional()) : new SortOrder[0];
+            return rowsHaveColumnsOf(ordering) ? ordering : new SortOrder[0];
+        }
+
+        /**
+         * Whether the rows have every column the ordering names (a write to a table that
+         * accepts any schema may lack one: it is not clustered or sorted then, and the
+         * driver refuses it, saying which column it lacks).
+         */
+        private boolean rowsHaveColumnsOf(SortOrder[] ordering) {
+            if (!table.acceptsAnySchema()) {
+                return true;
+            }
+            java.util.Set<String> names = new java.util.HashSet<>();
+            for (String name : info.schema().fieldNames()) {
+                names.add(name.toLowerCase(java.util.Locale.ROOT));
+            }
+            for (SortOrder order : ordering) {
+                for (NamedReference ref : order.expression().references()) {
+                    if (!names.contains(ref.fieldNames()[0].toLowerCase(java.util.Locale.ROOT))) {
+                        return false;
+                    }
+                }
+            }
+            return true;
+        }
+
+        /**
+         * For a table that accepts any schema (Spark then leaves the rows' columns as the
+         * query made them): when no column of the rows has a name of the table's, they came
+         * by position (INSERT INTO t VALUES ...: col1, col2, ...), and this maps each of the
+         * table's columns to the row column in its place; null when the rows are matched by
+         * name (the driver checks them: written_schema), or count other than the table's.
+         */
+        Map<String, String> positional() {
+            if (!table.acceptsAnySchema() || replaced != null) {
+                return null;
+            }
+            String[] own = table.schema.fieldNames();
+            String[] given = info.schema().fieldNames();
+            for (String name : given) {
+                for (String column : own) {
+                    if (name.equalsIgnoreCase(column)) {
+                        return null;
+                    }
+                }
+            }
+            if (given.length != own.length) {
+                return null;
+            }
+            Map<String, String> out = new HashMap<>();
+            for (int i = 0; i < own.length; i++) {
+                out.put(own[i], given[i]);
+            }
+            return out;
         }
 
         @Override
@@ -246,7 +314,7 @@ final class Writes {
 
         @Override
         public BatchWrite toBatch() {
-            refuseOptions(java.util.Collections.emptySet());
+            refuseOptions(MERGE_SCHEMA_OPTIONS);
             return begin();
         }
 
@@ -258,7 +326,9 @@ final class Writes {
          */
         @Override
         public StreamingWrite toStreaming() {
-            refuseOptions(java.util.Collections.singleton("checkpointlocation"));
+            java.util.Set<String> allowed = new java.util.HashSet<>(MERGE_SCHEMA_OPTIONS);
+            allowed.add("checkpointlocation");
+            refuseOptions(allowed);
             if (!"append".equals(mode) && !"overwrite".equals(mode)) {
                 throw new UnsupportedOperationException("icecrypt catalog: table " + table.name()
                     + ": a streaming write appends (output mode append) or replaces the table (complete)");
@@ -279,12 +349,22 @@ final class Writes {
             if (replaced != null) {
                 request.set("replaced", replaced.get());
             }
+            if (table.acceptsAnySchema() && replaced == null && writesRows()) {
+                // Spark did not resolve the rows to the table's columns: the driver matches them by name
+                try {
+                    request.set("write_schema", CatalogContext.JSON.readTree(info.schema().json()));
+                } catch (IOException e) {
+                    throw new IllegalStateException(e);
+                }
+                request.put("merge_schema", mergeSchema(info.options()));
+                request.put("by_position", positional() != null);
+            }
             JsonNode plan = table.catalog.callUnchecked("begin_write", request);
             String writeId = plan.path("write_id").asText();
             String secret = plan.path("encrypted").asBoolean() ? Keys.take(writeId) : null;
             StructType schema = (StructType) DataType.fromJson(plan.get("schema").toString());
             if (writesRows()) {
-                check(schema, info.schema(), table);
+                check(schema, positional() == null ? info.schema() : named(info.schema(), schema), table);
             }
             return new IcebergBatchWrite(table, plan, writeId, schema, secret, replaced, lineage());
         }
@@ -383,6 +463,17 @@ final class Writes {
      * names a metadata column (DELETE ... WHERE _row_id = 7) gets rows with the metadata
      * columns after the table's: those are not written (FileWriter writes the table's).
      */
+    /** {@code given}'s fields under the names of {@code schema}'s (rows that came by position). */
+    static StructType named(StructType given, StructType schema) {
+        StructField[] fields = given.fields();
+        StructField[] out = new StructField[fields.length];
+        for (int i = 0; i < fields.length; i++) {
+            String name = i < schema.fields().length ? schema.fields()[i].name() : fields[i].name();
+            out[i] = new StructField(name, fields[i].dataType(), fields[i].nullable(), fields[i].metadata());
+        }
+        return new StructType(out);
+    }
+
     static void check(StructType schema, StructType given, IcebergTable table) {
         StructField[] want = schema.fields();
         StructField[] got = given.fields();
