@@ -61,6 +61,7 @@ def test_subset_and_order_without_merge(cat, evolving):
     ("id int NOT NULL, data string", {}, "column 'id' is integer, the table's is long"),
     ("id bigint, data string", {}, "column 'id' may be null; the table's is required"),
     ("data string", {}, "lacks the table's required column 'id'"),
+    ("data string, added int", {"mergeSchema": "true"}, "lacks the table's required column 'id'"),
     ("id bigint NOT NULL, data int", {"mergeSchema": "true"}, "mergeSchema"),
 ])
 def test_refusals_leave_the_table(cat, evolving, frame, options, reason):

@@ -257,6 +257,10 @@ def written_schema(table: Any, given: dict[str, Any], merge: bool, what: str, *,
         raise ValueError(f"{what}: the write's columns ({', '.join(f.name for f in incoming.fields)}) match none of "
                          f"the table's by name, and by position it has {len(incoming.fields)} columns, the table "
                          f"{len(table.schema.fields)}")
+    given_names = {f.name.lower() for f in incoming.fields}
+    missing = [f.name for f in table.schema.fields if f.required and f.name.lower() not in given_names]
+    if missing:  # before any schema change: a refused write changes nothing
+        raise ValueError(f"{what}: the write lacks the table's required column {missing[0]!r}")
     if merge:
         try:
             with table.update_schema() as update:
@@ -266,16 +270,16 @@ def written_schema(table: Any, given: dict[str, Any], merge: bool, what: str, *,
     columns = {f.name: f for f in table.schema.fields}
     folded = {name.lower(): f for name, f in columns.items()}
     fields = []
-    for field in incoming.fields:
-        match = columns.get(field.name) or folded.get(field.name.lower())
+    for column in incoming.fields:
+        match = columns.get(column.name) or folded.get(column.name.lower())
         if match is None:
-            raise ValueError(f"{what}: the write's column {field.name!r} is not a column of the table (write with "
+            raise ValueError(f"{what}: the write's column {column.name!r} is not a column of the table (write with "
                              "option mergeSchema=true to add it)")
-        ours, theirs = _types.spark_type(match.field_type, ids=False)[0], _types.spark_type(field.field_type, ids=False)[0]
+        ours, theirs = _types.spark_type(match.field_type, ids=False)[0], _types.spark_type(column.field_type, ids=False)[0]
         if ours != theirs:
-            raise ValueError(f"{what}: the write's column {field.name!r} is {theirs}, the table's is {ours} (cast it)")
-        if match.required and field.optional:
-            raise ValueError(f"{what}: the write's column {field.name!r} may be null; the table's is required")
+            raise ValueError(f"{what}: the write's column {column.name!r} is {theirs}, the table's is {ours} (cast it)")
+        if match.required and column.optional:
+            raise ValueError(f"{what}: the write's column {column.name!r} may be null; the table's is required")
         fields.append(match)
     written = {f.field_id for f in fields}
     missing = [f.name for f in table.schema.fields if f.required and f.field_id not in written]
