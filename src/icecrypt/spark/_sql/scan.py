@@ -183,9 +183,9 @@ def plan_changelog(table: Any, options: dict[str, str], filters: list[dict[str, 
     snapshots added (``INSERT``) and removed (``DELETE``), each with its change as
     ``changes[i]`` = [change type, change ordinal, commit snapshot id], which the scan gives
     as constant columns of the file's rows.  The range: ``start-snapshot-id`` (exclusive)
-    or ``start-timestamp``, ``end-snapshot-id`` or ``end-timestamp`` (inclusive; default the
-    snapshot the statement loaded, ``end``), as Iceberg's Spark reads them; snapshots with row-level deletes are
-    refused, as Iceberg's changelog scan refuses them."""
+    or ``start-timestamp``, ``end-snapshot-id`` or ``end-timestamp`` (inclusive; default
+    ``end``, the snapshot the statement loaded), as Iceberg's Spark reads them; snapshots
+    with row-level deletes are refused, as Iceberg's changelog scan refuses them."""
     from icecrypt.spark._common import file_error
     from icecrypt.spark._sql.changelog import check_range
 
