@@ -26,6 +26,7 @@ import contextlib
 import decimal
 import os
 import posixpath
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -776,11 +777,27 @@ def _abort_created(bridge: Any, request: dict[str, Any]) -> Any:
         catalog.drop_table(ident, purge=True)
     filesystem = catalog.filesystem_for(location)
     path = location.split("://", 1)[1].rstrip("/")
-    for info in filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)):
-        if info.type == pafs.FileType.File:
-            with contextlib.suppress(FileNotFoundError):
-                filesystem.delete_file(info.path)
-    return True
+    # Spark gives up on the failed job's other tasks without waiting for them (a Python
+    # worker is killed spark.python.task.killTimeout, 2 s, after its task is cancelled), so
+    # one may still put its file: the location is emptied until it stays empty for
+    # _QUIET_S, for at most _STRAGGLERS_S.
+    deadline, quiet_since = time.monotonic() + _STRAGGLERS_S, time.monotonic()
+    while True:
+        found = [info.path for info in filesystem.get_file_info(
+            pafs.FileSelector(path, recursive=True, allow_not_found=True)) if info.type == pafs.FileType.File]
+        now = time.monotonic()
+        if found:
+            quiet_since = now
+            for found_path in found:
+                with contextlib.suppress(FileNotFoundError):
+                    filesystem.delete_file(found_path)
+        elif now - quiet_since >= _QUIET_S or now >= deadline:
+            return True
+        time.sleep(0.5)
+
+
+#: a failed object-store CTAS: how long its location must stay empty, and the longest wait
+_QUIET_S, _STRAGGLERS_S = 4.0, 20.0
 
 
 @method("commit_stage")
