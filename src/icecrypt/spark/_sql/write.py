@@ -282,10 +282,6 @@ def written_schema(table: Any, given: dict[str, Any], merge: bool, what: str, *,
         if match.required and column.optional:
             raise ValueError(f"{what}: the write's column {column.name!r} may be null; the table's is required")
         fields.append(match)
-    written = {f.field_id for f in fields}
-    missing = [f.name for f in table.schema.fields if f.required and f.field_id not in written]
-    if missing:
-        raise ValueError(f"{what}: the write lacks the table's required column {missing[0]!r}")
     return table, Schema(*fields, schema_id=table.schema.schema_id)
 
 
@@ -742,14 +738,9 @@ def _stage_on_object_store(name: str, catalog: Any, spec_json: dict[str, Any], i
                            spec: Any, properties: dict[str, str], key_id: str | None, location: str) -> Any:
     """CREATE TABLE ... AS SELECT on an object store: the table is created now and written
     through ``icecrypt.iceberg`` (which opens it by name), and dropped with its files if
-    the statement fails (``abort_stage`` of a ``created`` ref): not atomic, as Iceberg's
-    catalogs without staging run it."""
-    import pyarrow.fs as pafs
-
-    filesystem = catalog.filesystem_for(location)
-    path = location.split("://", 1)[1]
-    listing = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    if any(info.type == pafs.FileType.File for info in listing):
+    the statement fails (``abort_created``): not atomic, as Iceberg's catalogs without
+    staging run it."""
+    if _files_under(catalog, location):
         raise ValueError(f"catalog {catalog.name!r}: table {'.'.join(ident)}: CREATE TABLE ... AS SELECT on an object "
                          f"store needs an empty location, and {location} holds files")
     catalog.create_table(ident, schema, table_key_id=key_id, partition_spec=spec, properties=properties,
@@ -767,8 +758,6 @@ def _abort_created(bridge: Any, request: dict[str, Any]) -> Any:
     under its location removed (the location was empty when the statement created the
     table there: what is under it now, the statement wrote, a task that finished after
     the job failed too)."""
-    import pyarrow.fs as pafs
-
     from icecrypt.errors import NoSuchTableError
 
     _, catalog = catalog_of(request)
@@ -776,24 +765,32 @@ def _abort_created(bridge: Any, request: dict[str, Any]) -> Any:
     with contextlib.suppress(NoSuchTableError):
         catalog.drop_table(ident, purge=True)
     filesystem = catalog.filesystem_for(location)
-    path = location.split("://", 1)[1].rstrip("/")
     # Spark gives up on the failed job's other tasks without waiting for them (a Python
     # worker is killed spark.python.task.killTimeout, 2 s, after its task is cancelled), so
     # one may still put its file: the location is emptied until it stays empty for
     # _QUIET_S, for at most _STRAGGLERS_S.
     deadline, quiet_since = time.monotonic() + _STRAGGLERS_S, time.monotonic()
     while True:
-        found = [info.path for info in filesystem.get_file_info(
-            pafs.FileSelector(path, recursive=True, allow_not_found=True)) if info.type == pafs.FileType.File]
+        found = _files_under(catalog, location)
         now = time.monotonic()
         if found:
             quiet_since = now
             for found_path in found:
                 with contextlib.suppress(FileNotFoundError):
                     filesystem.delete_file(found_path)
-        elif now - quiet_since >= _QUIET_S or now >= deadline:
+        if now >= deadline or now - quiet_since >= _QUIET_S:
             return True
         time.sleep(0.5)
+
+
+def _files_under(catalog: Any, location: str) -> list[str]:
+    """The paths of the files under an object-store ``location`` (on the catalog's file
+    system for it)."""
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(location.split("://", 1)[1].rstrip("/"), recursive=True, allow_not_found=True)
+    return [info.path for info in catalog.filesystem_for(location).get_file_info(selector)
+            if info.type == pafs.FileType.File]
 
 
 #: a failed object-store CTAS: how long its location must stay empty, and the longest wait

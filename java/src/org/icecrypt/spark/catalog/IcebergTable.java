@@ -431,8 +431,13 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         if (readOnly() != null) {
             throw new UnsupportedOperationException(readOnly());
         }
+        deleteWhere(catalog, ref(), predicates);
+    }
+
+    /** DELETE FROM the table {@code ref} names: the driver's row-level delete, in one commit. */
+    static void deleteWhere(CatalogContext catalog, JsonNode ref, Predicate[] predicates) {
         ObjectNode request = catalog.request();
-        request.set("ref", ref());
+        request.set("ref", ref);
         ArrayNode filters = request.putArray("filters");
         for (Predicate predicate : predicates) {
             filters.add(Changes.predicate(predicate));

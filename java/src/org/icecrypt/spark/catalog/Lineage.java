@@ -10,8 +10,8 @@
  * and it appends the file's constants as its partition values: _file, _spec_id,
  * _partition (the driver planned them: partitionValues), and with lineage the file's
  * first row id and data sequence number, and for a changelog (db.t.changes) the change
- * columns it reads (the file's change, as the driver planned it).  So without lineage the reader's rows are the scan's rows.  With it they are
- * mapped: as the spec says, a row's _row_id is the stored value, else the file's first row
+ * columns it reads (the file's change, as the driver planned it).  So without lineage the
+ * reader's rows are the scan's rows.  With it they are mapped: as the spec says, a row's _row_id is the stored value, else the file's first row
  * id plus the row's position (null before the table had lineage), and its
  * _last_updated_sequence_number the stored value, else the file's data sequence number.
  * Batches are mapped column by column (a computed column is a view, LineageVector);

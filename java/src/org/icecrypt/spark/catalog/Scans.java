@@ -217,16 +217,13 @@ final class Scans {
             return scan;
         }
 
-        /** The scan of db.t.changes: the data columns read from the files, the change columns as their constants. */
+        /**
+         * The scan of db.t.changes: the data columns read from the files, the change columns
+         * as their constants.  The read options (its range) go to the driver, which checks
+         * them (scan.plan_changelog).
+         */
         private Scan changelog() {
-            Map<String, String> range = new HashMap<>();
-            for (Map.Entry<String, String> option : options.entrySet()) {
-                if (!CHANGELOG_OPTIONS.contains(option.getKey())) {
-                    throw new IllegalArgumentException("icecrypt catalog: " + table.name() + ": read option "
-                        + option.getKey() + " is not supported (options: " + String.join(", ", CHANGELOG_OPTIONS) + ")");
-                }
-                range.put(option.getKey(), option.getValue());
-            }
+            Map<String, String> range = new HashMap<>(options);
             StructType data = new StructType();
             Set<String> changes = new HashSet<>();
             for (StructField field : required.fields()) {
@@ -246,10 +243,6 @@ final class Scans {
                                     annotate(data, table.readSchema, ""), false, range);
         }
     }
-
-    /** The read options of a changelog (db.t.changes): its range of snapshots, as Iceberg's Spark names them. */
-    static final List<String> CHANGELOG_OPTIONS = Arrays.asList("start-snapshot-id", "end-snapshot-id",
-        "start-timestamp", "end-timestamp");
 
     /** {@code pruned} (a pruning of the table's schema) with the read schema's field metadata. */
     static StructType annotate(StructType pruned, StructType full, String prefix) {

@@ -20,8 +20,6 @@ import java.util.Optional;
 import java.util.Set;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 
 import org.apache.spark.sql.connector.catalog.SupportsDeleteV2;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
@@ -90,13 +88,7 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
     /** DELETE FROM: the driver deletes the matching rows in one commit, as for the catalog's other tables. */
     @Override
     public void deleteWhere(Predicate[] predicates) {
-        ObjectNode request = catalog.request();
-        request.set("ref", description.get("ref"));
-        ArrayNode filters = request.putArray("filters");
-        for (Predicate predicate : predicates) {
-            filters.add(Changes.predicate(predicate));
-        }
-        catalog.callUnchecked("delete_where", request);
+        IcebergTable.deleteWhere(catalog, description.get("ref"), predicates);
     }
 
     @Override
