@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 EXTRAS ?= test,docs,avro,arrow,spark,connect,iceberg,sql,postgres,glue,fsspec,aws,vault,kmip,pkcs11,gcp,azure
 JAR := src/icecrypt/spark/icecrypt-spark.jar
-JAVA := $(shell find java/src -name '*.java') scripts/build-jar.sh
+JAVA := $(shell find java/src -name '*.java') scripts/build-jar.sh src/icecrypt/_version.py
 NATIVE := src/icecrypt/_gcm.pyx src/icecrypt/_native/gcm.c include/icecrypt/gcm.h setup.py
 PYTEST_ARGS ?=
 # pytest-xdist workers (`auto`: one per core; 0 runs in one process).  Each worker starts its

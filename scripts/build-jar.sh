@@ -35,7 +35,12 @@ trap 'rm -rf "$work"' EXIT
 mapfile -t sources < <(cd "$root/java/src" && find . -name '*.java' | LC_ALL=C sort)
 (cd "$root/java/src" && javac -nowarn -Xlint:none --release 17 -encoding UTF-8 \
     -cp "$(IFS=:; echo "${classpath[*]}")" -d "$work/classes" "${sources[@]}")
-printf 'Manifest-Version: 1.0\nCreated-By: icecrypt scripts/build-jar.sh\n\n' > "$work/manifest"
+# the package's version (src/icecrypt/_version.py) as the manifest's Implementation-Version:
+# the catalog's iceberg_version() function answers with it
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$root/src/icecrypt/_version.py")
+[[ -n $version ]] || { echo "build-jar: no __version__ in src/icecrypt/_version.py" >&2; exit 1; }
+printf 'Manifest-Version: 1.0\nCreated-By: icecrypt scripts/build-jar.sh\nImplementation-Title: icecrypt\nImplementation-Version: %s\n\n' \
+    "$version" > "$work/manifest"
 # fixed timestamps and order: the same sources give the same bytes
 (cd "$work/classes" && mapfile -t entries < <(find . -type f | sed 's|^\./||' | LC_ALL=C sort) &&
     jar --create --file "$work/out.jar" --manifest "$work/manifest" --date 2000-01-01T00:00:02Z "${entries[@]}")

@@ -224,6 +224,18 @@ def test_functions(cat):
     assert rows == [(2017239379 % 16, 1210000089 % 16, -10, 47, 574, datetime.date(2017, 11, 16), 419686)]
 
 
+def test_iceberg_version(cat):
+    """Iceberg's system.iceberg_version(): the catalog's runtime, icecrypt, and its version
+    (the jar's, which must be the package's: a stale jar would answer with another)."""
+    import icecrypt
+
+    want = f"icecrypt {icecrypt.__version__}"
+    assert cat.rows("SELECT {c}.system.iceberg_version()") == [(want,)]
+    assert cat.rows("SELECT {c}.iceberg_version()") == [(want,)]
+    with pytest.raises(Exception, match="iceberg_version takes no arguments"):
+        cat.rows("SELECT {c}.system.iceberg_version(1)")
+
+
 @pytest.mark.servers
 @pytest.mark.filterwarnings("ignore::icecrypt.errors.InsecureTransportWarning")  # moto speaks plain HTTP
 def test_glue_catalog(new_catalog, moto_server, tmp_path, aws_key_ids):

@@ -2,7 +2,8 @@
  * icecrypt: Iceberg's partition transforms, with Iceberg's arithmetic, in the JVM.
  *
  * Two uses: the catalog's functions (years, months, days, hours, bucket, truncate, in
- * namespace system or none, as Iceberg's Spark catalog names them), which Spark calls to
+ * namespace system or none, as Iceberg's Spark catalog names them; beside them Iceberg's
+ * iceberg_version(), here icecrypt's version: Version), which Spark calls to
  * cluster and sort a write by the table's partitioning (and which queries may call:
  * SELECT enc.system.bucket(16, id)); and the writer's partition values, computed per row
  * on the executors (Field), reported to the driver with each data file.
@@ -59,7 +60,8 @@ import org.apache.spark.unsafe.types.UTF8String;
 
 public final class Transforms {
     /** The catalog's functions. */
-    public static final String[] FUNCTIONS = {"years", "months", "days", "hours", "bucket", "truncate"};
+    public static final String[] FUNCTIONS = {"years", "months", "days", "hours", "bucket", "truncate",
+        "iceberg_version"};
 
     static final long MICROS_PER_HOUR = 3_600_000_000L;
     static final long MICROS_PER_DAY = 86_400_000_000L;
@@ -225,6 +227,9 @@ public final class Transforms {
     /** The function {@code name}, or null. */
     public static UnboundFunction function(String name) {
         String lower = name.toLowerCase(java.util.Locale.ROOT);
+        if (lower.equals("iceberg_version")) {
+            return new Version();
+        }
         for (String known : FUNCTIONS) {
             if (known.equals(lower)) {
                 return new Unbound(known);
@@ -372,6 +377,66 @@ public final class Transforms {
                 default:
                     return hours(value, type);
             }
+        }
+    }
+
+    /**
+     * iceberg_version(): the version of the runtime that serves the catalog.  Iceberg's Spark
+     * runtime answers with its own release; this catalog's runtime is icecrypt, so the answer
+     * is "icecrypt " and the version the jar was built for (its manifest's
+     * Implementation-Version, written by scripts/build-jar.sh from the package's version),
+     * never a number that could be taken for an Iceberg Java release.
+     */
+    static final class Version implements UnboundFunction, ScalarFunction<UTF8String> {
+        private static final long serialVersionUID = 1L;
+
+        static String text() {
+            String version = Transforms.class.getPackage().getImplementationVersion();
+            return "icecrypt " + (version == null ? "(unknown version)" : version);
+        }
+
+        @Override
+        public String name() {
+            return "iceberg_version";
+        }
+
+        @Override
+        public String description() {
+            return "iceberg_version(): the catalog's runtime and its version (" + text() + ")";
+        }
+
+        @Override
+        public BoundFunction bind(StructType input) {
+            if (input.fields().length != 0) {
+                throw new UnsupportedOperationException("icecrypt: iceberg_version takes no arguments, not "
+                    + input.fields().length);
+            }
+            return this;
+        }
+
+        @Override
+        public DataType[] inputTypes() {
+            return new DataType[0];
+        }
+
+        @Override
+        public DataType resultType() {
+            return DataTypes.StringType;
+        }
+
+        @Override
+        public boolean isResultNullable() {
+            return false;
+        }
+
+        @Override
+        public String canonicalName() {
+            return "icecrypt.iceberg_version";
+        }
+
+        @Override
+        public UTF8String produceResult(InternalRow input) {
+            return UTF8String.fromString(text());
         }
     }
 
