@@ -10,6 +10,13 @@ from hypothesis import HealthCheck, settings
 
 from vectorlib import VECTORS_DIR, load_manifest
 
+# pytest keeps each test module as rewritten for its assertions in __pycache__ (a .pyc of its
+# own), unless bytecode writing is off; machines of this class set PYTHONDONTWRITEBYTECODE, so
+# every run, and each xdist worker of it, parsed and rewrote all ~470 test modules again:
+# collecting the suite took 20 s instead of 8 s.  The modules imported from here on (every
+# test module) are kept; the package's own bytecode is `make bytecode`'s.
+sys.dont_write_bytecode = False
+
 # Fixtures of the key servers and devices (tests/servers/*), shared by tests and benchmarks.
 pytest_plugins = [
     "env_guard", "kms_fixtures_devices", "kms_fixtures_cloud", "kms_fixtures_services", "spark_fixtures"]
