@@ -145,6 +145,11 @@ def test_maintenance_procedures_against_model(cat, encrypted):
     assert rewritten_bytes > 0 and table.inspect.delete_files().num_rows == 0
     assert cat.rows(f"SELECT * FROM {{c}}.{name}") == model
 
+    # a table whose position deletes are all deletion vectors: nothing to rewrite (as Java)
+    assert _call(cat, f"rewrite_position_delete_files(table => '{name}', options => map('rewrite-all', 'true'))") \
+        == [(0, 0, 0, 0)]
+    assert cat.table(name).current_snapshot_id == table.current_snapshot_id
+
     # manifests regrouped, positional
     manifests = len(table.manifests(table.current_snapshot()))
     (rewritten_m, added_m), = _call(cat, f"rewrite_manifests('{name}')")
@@ -179,6 +184,40 @@ def test_maintenance_procedures_against_model(cat, encrypted):
     assert not os.path.exists(orphan)
     assert cat.rows(f"SELECT * FROM {{c}}.{name}") == model
     assert cat.table(name).verify().ok
+    if encrypted:
+        _sealed(cat, name)
+
+
+@pytest.mark.parametrize("encrypted", [True, False], ids=["encrypted", "plaintext"])
+def test_rewrite_position_delete_files(cat, encrypted):
+    """v2-format position-delete files (a table upgraded from v2 holds them) rewritten into
+    deletion vectors; the rows as they were, every new file encrypted."""
+    from posdeletes import add_v2_position_deletes
+
+    name = f"db.posdel_{'enc' if encrypted else 'plain'}"
+    _create(cat, name, encrypted)
+    _insert(cat, name, [(i, "a") for i in range(6)])
+    table = cat.table(name)
+    rows = table.scan(columns=["id", "_file", "_pos"]).to_arrow().to_pylist()
+    gone = {r["_file"]: [] for r in rows}
+    for r in rows:
+        if r["id"] in (1, 4):
+            gone[r["_file"]].append(r["_pos"])
+    for path, positions in gone.items():
+        if positions:
+            add_v2_position_deletes(table, {path: positions})
+    model = [(i, "a") for i in range(6) if i not in (1, 4)]
+    assert cat.rows(f"SELECT * FROM {{c}}.{name}") == model
+    (rewritten, added, rewritten_bytes, added_bytes), = _call(
+        cat, f"rewrite_position_delete_files('{name}', map('rewrite-all', 'true'), 'id >= 0')")
+    table = cat.table(name)
+    assert rewritten == sum(1 for p in gone.values() if p) and added == rewritten
+    assert rewritten_bytes > 0 and added_bytes > 0
+    assert table.current_snapshot().summary["operation"] == "replace"
+    assert all(d.is_dv for t in table.scan().plan_files() for d in t.deletes)
+    assert cat.rows(f"SELECT * FROM {{c}}.{name}") == model
+    assert table.verify().ok
+    assert _call(cat, f"rewrite_position_delete_files('{name}')") == [(0, 0, 0, 0)]
     if encrypted:
         _sealed(cat, name)
 
@@ -242,6 +281,9 @@ _REFUSALS = [
      "option partial-progress.enabled is not supported"),
     ("rewrite_data_files(table => '{t}', strategy => 'zorder')", "only binpack or sort"),
     ("rewrite_manifests(table => '{t}', spec_id => 0)", "argument spec_id is not supported"),
+    ("rewrite_position_delete_files(table => '{t}', options => map('max-size', '1'))",
+     "max-size is not an option of rewrite_position_delete_files"),
+    ("rewrite_position_delete_files(table => '{t}', where => 'nope = 1')", "nope"),
     ("fast_forward('{t}', 'main', 'nowhere')", "no ref 'nowhere'"),
     ("verify('{t}.branch_main')", "give the table itself"),
     ("rollback_to_snapshot('{t}.snapshots', 1)", "give the table itself"),
@@ -281,8 +323,8 @@ def test_procedures_are_listed_and_described(guarded):
     names = {r.procedure_name for r in guarded.sql("SHOW PROCEDURES IN {c}.system")}
     assert names == {"rollback_to_snapshot", "rollback_to_timestamp", "set_current_snapshot", "cherrypick_snapshot",
                      "fast_forward", "publish_changes", "ancestors_of", "expire_snapshots", "remove_orphan_files", "rewrite_data_files",
-                     "rewrite_manifests", "rotate_keys", "rekey", "verify", "alter_table", "register_table",
-                     "create_changelog_view"}
+                     "rewrite_manifests", "rewrite_position_delete_files", "rotate_keys", "rekey", "verify",
+                     "alter_table", "register_table", "create_changelog_view"}
     text = "\n".join(r[0] for r in guarded.sql("DESCRIBE PROCEDURE {c}.system.expire_snapshots"))
     assert "older_than" in text and "retain_last" in text and "refused when given" in text
     # the namespace is case-insensitive, as in Iceberg

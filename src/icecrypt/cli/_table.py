@@ -785,6 +785,15 @@ def _register_maintenance(sub: Any) -> None:
     _add_common(p)
     p.set_defaults(func=_rewrite_data_files)
 
+    p = sub.add_parser("rewrite-position-delete-files",
+                       help="turn v2-format position-delete files into deletion vectors (rows unchanged)")
+    p.add_argument("table")
+    p.add_argument("--filter", help="rewrite only delete files of data files that may hold rows matching this filter")
+    p.add_argument("--option", action="append", default=[], metavar="K=V",
+                   help="Java's option, e.g. rewrite-all=true, min-input-files=2 (repeatable)")
+    _add_common(p)
+    p.set_defaults(func=_rewrite_position_delete_files)
+
     p = sub.add_parser("rekey", help="compromise response: re-encrypt what leaked keys protect, rotate the KEK")
     p.add_argument("table")
     p.add_argument("--file", action="append", default=[], help="a file whose DEK leaked (repeatable)")
@@ -817,6 +826,14 @@ def _rewrite_data_files(args: argparse.Namespace) -> int:
                                       strategy=args.strategy, sort_order=args.sort_order)  # fmt: skip
     print(f"rewrote {result.rewritten_data_files} data file(s) into {result.added_data_files}, removed "
           f"{result.removed_delete_files} delete file(s); snapshot {result.snapshot_id}")
+    return 0
+
+
+def _rewrite_position_delete_files(args: argparse.Namespace) -> int:
+    table = _load(args, _kms(args))
+    result = table.rewrite_position_delete_files(args.filter, _pairs(args.option, "--option"))
+    print(f"rewrote {result.rewritten_delete_files} position-delete file(s) into {result.added_delete_files} "
+          f"deletion vector(s); snapshot {result.snapshot_id}")
     return 0
 
 

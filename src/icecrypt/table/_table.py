@@ -714,6 +714,18 @@ class EncryptedTable:
 
         return _maintenance.rewrite_manifests(self, target_size=target_size, force=force, progress=progress)
 
+    def rewrite_position_delete_files(self, row_filter: Any = None, options: dict[str, Any] | None = None) -> Any:
+        """Rewrite the table's v2-format position-delete files (a table upgraded from v2
+        may hold them) into deletion vectors merged with each data file's own, dropping
+        deletes of data files no longer live, as Java's ``rewritePositionDeletes`` does
+        on a format-version 3 table; which files is its bin-pack planner's choice
+        (``options``: ``rewrite-all``, ``min-input-files``, ``target-file-size-bytes``,
+        ...). A table whose position deletes are all deletion vectors is left as it is.
+        One ``replace`` commit. Returns a ``RewritePositionDeletesResult``."""
+        from icecrypt.table.maintenance import actions as _maintenance
+
+        return _maintenance.rewrite_position_delete_files(self, row_filter, options)
+
     def rewrite_data_files(
         self,
         target_file_size: int | None = None,

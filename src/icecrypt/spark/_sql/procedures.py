@@ -307,6 +307,16 @@ def _rewrite_data_files(table: Any, args: dict[str, Any]) -> list[list[Any]]:
              result.removed_delete_files]]
 
 
+@_procedure("rewrite_position_delete_files",
+            "Rewrite v2-format position-delete files into deletion vectors (the table's rows unchanged).",
+            (Param("options", "map<string,string>"), Param("where", "string")),
+            "rewritten_delete_files_count int, added_delete_files_count int, rewritten_bytes_count bigint, "
+            "added_bytes_count bigint")
+def _rewrite_position_delete_files(table: Any, args: dict[str, Any]) -> list[list[Any]]:
+    result = table.rewrite_position_delete_files(args["where"], dict(args["options"] or {}))
+    return [[result.rewritten_delete_files, result.added_delete_files, result.rewritten_bytes, result.added_bytes]]
+
+
 @_procedure("rewrite_manifests", "Regroup the current snapshot's manifests by partition, under fresh keys.",
             (Param("use_caching", "boolean", supported=False), Param("spec_id", "int", supported=False)),
             "rewritten_manifests_count int, added_manifests_count int")

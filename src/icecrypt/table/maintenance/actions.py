@@ -35,11 +35,9 @@ from icecrypt._paths import normalize_path, under_root, walk_files_beneath
 from icecrypt.errors import (
     CommitConflictError,
     EncryptionKeyNotFoundError,
-    FormatError,
     KmsKeyNotFoundError,
     PathOutsideTableError,
 )
-from icecrypt.keys import StandardKeyMetadata
 from icecrypt.table.commit import store as _commit
 from icecrypt.table.model import changes as _model
 from icecrypt.table.ops import write as w
@@ -57,7 +55,7 @@ from icecrypt.table.files.manifest_write import (
 from icecrypt.table.model.metadata_columns import lineage_columns
 from icecrypt.table.commit.housekeeping import delete_logged_metadata_files
 from icecrypt.table.commit.pin import check_unambiguous
-from icecrypt.table.files.read import FileScanTask, read_task
+from icecrypt.table.files.read import FileScanTask, _positions, read_task
 from icecrypt.table.files.write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, table_sort_order, write_data_files
 
 __all__ = [
@@ -66,6 +64,7 @@ __all__ = [
     "RekeyResult",
     "RewriteDataFilesResult",
     "RewriteGroup",
+    "RewritePositionDeletesResult",
     "RewritePlan",
     "commit_rewrite",
     "key_usage",
@@ -75,6 +74,7 @@ __all__ = [
     "rewrite_data_files",
     "rewrite_group",
     "rewrite_manifests",
+    "rewrite_position_delete_files",
 ]
 
 MANIFEST_TARGET_SIZE = "commit.manifest.target-size-bytes"
@@ -549,6 +549,159 @@ def rewrite_data_files(
     return commit_rewrite(table, plan, new_files, progress=progress)
 
 
+# --- rewrite position delete files -----------------------------------------------------------------
+
+#: The options of Java's ``RewritePositionDeleteFiles`` action and its bin-pack planner.
+POSITION_DELETE_REWRITE_OPTIONS = frozenset({
+    "target-file-size-bytes", "min-file-size-bytes", "max-file-size-bytes", "min-input-files", "rewrite-all",
+    "max-file-group-size-bytes", "max-file-group-input-files", "rewrite-job-order",
+    "max-concurrent-file-group-rewrites", "partial-progress.enabled", "partial-progress.max-commits",
+})  # fmt: skip
+_JOB_ORDERS = ("bytes-asc", "bytes-desc", "files-asc", "files-desc", "none")
+DELETE_TARGET_FILE_SIZE = "write.delete.target-file-size-bytes"
+DEFAULT_DELETE_TARGET_FILE_SIZE = 64 * 1024 * 1024  # Java's default
+
+
+@dataclasses.dataclass
+class RewritePositionDeletesResult:
+    """Outcome of a position-delete rewrite (Java's ``RewritePositionDeleteFiles.Result``)."""
+
+    snapshot_id: int | None
+    rewritten_delete_files: int = 0
+    added_delete_files: int = 0
+    rewritten_bytes: int = 0
+    added_bytes: int = 0
+
+
+def _checked_options(options: dict[str, Any] | None) -> dict[str, str]:
+    """``options`` as text, every name one of Java's and every value of its kind."""
+    given = {str(k): str(v) for k, v in (options or {}).items()}
+    unknown = sorted(set(given) - POSITION_DELETE_REWRITE_OPTIONS)
+    if unknown:
+        raise ValueError(f"option {', '.join(unknown)} is not an option of rewrite_position_delete_files "
+                         f"(options: {', '.join(sorted(POSITION_DELETE_REWRITE_OPTIONS))})")
+    for name, value in given.items():
+        if name in ("rewrite-all", "partial-progress.enabled"):
+            if value.strip().lower() not in ("true", "false"):
+                raise ValueError(f"option {name}: {value!r} is not true or false")
+        elif name == "rewrite-job-order":
+            if value.strip().lower() not in _JOB_ORDERS:
+                raise ValueError(f"option {name}: {value!r} is not one of {', '.join(_JOB_ORDERS)}")
+        else:
+            try:
+                number = int(value)
+            except ValueError:
+                raise ValueError(f"option {name}: {value!r} is not a whole number") from None
+            if number < (0 if name == "min-file-size-bytes" else 1):
+                raise ValueError(f"option {name}: {number} is out of range")
+    return given
+
+
+def rewrite_position_delete_files(
+    table: Any, row_filter: Any = None, options: dict[str, Any] | None = None
+) -> RewritePositionDeletesResult:
+    """Java's ``rewritePositionDeletes`` on a format-version 3 table, whose position
+    deletes belong in deletion vectors: the position-delete files of the v2 format
+    (Parquet or Avro ``file_path``/``pos`` rows, which a table upgraded from v2 may still
+    hold) are rewritten into deletion vectors, one per data file they apply to (a data
+    file that already has a vector keeps it: readers ignore v2 files beside one, which
+    holds every position delete of its file); deletes of data files no longer live
+    ("dangling") are dropped. The table's rows stay as they were. A table whose
+    position deletes are all deletion vectors has nothing to rewrite (Java returns the
+    same empty result).
+
+    Which files are rewritten is Java's bin-pack planner's choice, per partition: files
+    smaller than ``min-file-size-bytes`` (75 % of ``target-file-size-bytes``, default
+    ``write.delete.target-file-size-bytes``, 64 MiB) or larger than
+    ``max-file-size-bytes`` (180 %), in a group of ``min-input-files`` (5) or more, or
+    of more than one file and more bytes than the target, or of more bytes than the
+    maximum; ``rewrite-all`` takes every file. ``row_filter`` keeps the files that apply
+    to a data file it may match (a file that applies to no live data file is left to a
+    run without a filter). Java's other options are accepted (they tune its parallel
+    runner); unknown options and malformed values raise ValueError.
+
+    One ``replace`` commit, refused (CommitConflictError) when the table changed since it
+    was planned; the new vectors are in one Puffin file under a fresh key."""
+    opts = _checked_options(options)
+    target_obj, base_location, base = _fresh_base(table)
+    if row_filter is not None:
+        w._bind_filter(row_filter, w._schema(base))  # a malformed filter fails on any table
+    parent = w._current_snapshot(base)
+    if parent is None:
+        return RewritePositionDeletesResult(base.get("current-snapshot-id"))
+    properties = base.get("properties") or {}
+    target = _option(opts, "target-file-size-bytes",
+                     int(properties.get(DELETE_TARGET_FILE_SIZE, DEFAULT_DELETE_TARGET_FILE_SIZE)), int)
+    min_size = _option(opts, "min-file-size-bytes", int(target * 0.75), int)
+    max_size = _option(opts, "max-file-size-bytes", int(target * 1.8), int)
+    min_inputs = _option(opts, "min-input-files", 5, int)
+    max_group = _option(opts, "max-file-group-size-bytes", 100 * 1024**3, int)
+    max_group_files = _option(opts, "max-file-group-input-files", 2**63 - 1, int)
+    rewrite_all = opts.get("rewrite-all", "false").strip().lower() == "true"
+
+    manager = target_obj.manager(base)
+    io = target_obj.io(manager)
+    live = _live(io, manager, parent)
+    v2_files = [(m, e["data_file"]) for m, e in live.deletes()
+                if e["data_file"]["content"] == POSITION_DELETES and not w._is_dv(e["data_file"])]
+    if not v2_files:
+        return RewritePositionDeletesResult(parent["snapshot-id"])
+    tasks: dict[str, FileScanTask] = {}  # data file path -> its first task (its splits share deletes)
+    for task in table.scan().plan_files():
+        tasks.setdefault(task.file.path, task)
+    if row_filter is not None:
+        in_scope = {d.path for t in table.scan(row_filter=row_filter).plan_files() for d in t.deletes}
+        v2_files = [(m, d) for m, d in v2_files if d["file_path"] in in_scope]
+    partitions: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for m, d in v2_files:
+        partitions.setdefault(_partition_key(d, m["partition_spec_id"]), []).append(d)
+    chosen: dict[str, dict[str, Any]] = {}
+    for key in sorted(partitions):
+        files = sorted(partitions[key], key=lambda d: d["file_path"])
+        if not rewrite_all:
+            files = [d for d in files if not min_size <= d["file_size_in_bytes"] <= max_size]
+        groups: list[list[dict[str, Any]]] = [[]]
+        for d in files:
+            size = sum(g["file_size_in_bytes"] for g in groups[-1])
+            if groups[-1] and (size + d["file_size_in_bytes"] > max_group or len(groups[-1]) >= max_group_files):
+                groups.append([])
+            groups[-1].append(d)
+        for group in groups:
+            size = sum(d["file_size_in_bytes"] for d in group)
+            if group and (rewrite_all or len(group) >= min_inputs or (len(group) > 1 and size > target)
+                          or size > max_size):
+                chosen.update((d["file_path"], d) for d in group)
+    if not chosen:
+        return RewritePositionDeletesResult(parent["snapshot-id"])
+
+    data = {e["data_file"]["file_path"]: (m["partition_spec_id"], e["data_file"]) for m, e in live.data()}
+    dropped = {w._entry_key(d) for d in chosen.values()}
+    vectors: list[w._Vector] = []
+    filesystem = table.locations.filesystem
+    cache: dict = {}
+    for path, task in sorted(tasks.items()):
+        # A data file with a deletion vector has no v2 file among its deletes (readers take
+        # the vector alone: it holds every position delete of its file), so it keeps it.
+        # One without gets a vector of every position delete that applies to it, chosen
+        # file or not: once it has a vector, readers ignore its v2 files.
+        if path in data and any(d.path in chosen for d in task.deletes):
+            positions = _positions(task, filesystem, cache)
+            if positions is not None:
+                spec_id, record = data[path]
+                vectors.append(w._Vector(record, spec_id, positions))
+    added: list[dict[str, Any]] = []
+    snapshot_id = w._commit_delete(target_obj, base_location, base, io, w._schema(base), live.manifests,
+                                   live.entries, dropped, vectors, operation="replace", added=added)
+    table.refresh()
+    return RewritePositionDeletesResult(
+        snapshot_id,
+        rewritten_delete_files=len(dropped),
+        added_delete_files=len(added),
+        rewritten_bytes=sum(d["file_size_in_bytes"] for d in chosen.values()),
+        added_bytes=sum(d["content_size_in_bytes"] for d in added),
+    )
+
+
 # --- rewrite manifests -----------------------------------------------------------------------------
 
 
@@ -796,7 +949,6 @@ def rekey(
         leaked_keks |= {k.key_id for k in manager.encryption_keys if manager.is_kek(k)}
     # the closure: a leaked list exposes its manifests, a leaked manifest its files
     retired: set[str] = set(leaked_fps)
-    live_paths: dict[str, str] = {}
     for snapshot in table.snapshots():
         list_leaked = snapshot.snapshot_id in leaked_snaps or snapshot.manifest_list in leaked_files
         if list_leaked:

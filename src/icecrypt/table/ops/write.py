@@ -1166,7 +1166,11 @@ def _commit_delete(
     dropped: set[tuple[str, int | None]],
     vectors: list[_Vector],
     branch: str = _model.MAIN_BRANCH,
+    operation: str = "delete",
+    added: list[dict[str, Any]] | None = None,
 ) -> int:
+    """Commit ``dropped`` (entry keys) removed and ``vectors`` added, planned on ``base``;
+    ``added`` (when given) receives the new deletion vectors' records."""
     layout = write_layout(target, base)
     commit_id = str(uuid.uuid4())
     snapshot_id = _new_snapshot_id(base)
@@ -1198,7 +1202,7 @@ def _commit_delete(
                 io, manifest_location, rewritten, spec=specs[manifest["partition_spec_id"]], schema=schema,
                 content=content,
             ))  # fmt: skip
-        added: list[dict[str, Any]] = []
+        added = [] if added is None else added
         if vectors:
             written.append(puffin_location := layout.data_file(f"00000-0-{commit_id}-00001.puffin"))
             content_bytes, placements = puffin_file(
@@ -1216,7 +1220,7 @@ def _commit_delete(
                     io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=POSITION_DELETES
                 ))  # fmt: skip
         replaced = len(manifests) - len(kept)
-        change = _Change("delete", new_manifests, kept, added, removed, replaced)
+        change = _Change(operation, new_manifests, kept, added, removed, replaced)
         _commit_planned(target, base_location, base, change, snapshot_id, branch)
     except BaseException as exc:
         _discard(io, written, exc)
