@@ -77,6 +77,17 @@ class NoSuchTableError(CatalogError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NoSuchViewError(CatalogError, KeyError):
+    """The view does not exist in the catalog."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ViewAlreadyExistsError(CatalogError):
+    """A view (or a table) of that identifier exists already."""
+
+
 class NamespaceAlreadyExistsError(CatalogError):
     """A namespace of that name exists already."""
 
@@ -135,6 +146,8 @@ __all__ = [
     "NoSuchTableError",
     "NamespaceAlreadyExistsError",
     "TableAlreadyExistsError",
+    "NoSuchViewError",
+    "ViewAlreadyExistsError",
     "NamespaceNotEmptyError",
     "InvalidIdentifierError",
     "KmsError",

@@ -6,11 +6,11 @@ table, the getting-started and writes pages on a plaintext one too, and after ev
 the rows are checked against a plain-Python model, through SQL and through
 ``EncryptedTable.scan()``.
 
-What the pages show and Spark's own grammar cannot parse -- the statements of Iceberg's
-SQL extensions (``ALTER TABLE ... ADD/DROP/REPLACE PARTITION FIELD``, ``WRITE ORDERED BY``,
-``SET/DROP IDENTIFIER FIELDS``, ``CREATE/REPLACE/DROP BRANCH/TAG``) -- and Iceberg's views
-are refused, each leaving the table as it was; the same changes are made through the table
-API here (as the Spark SQL guide says).
+The statements of Iceberg's SQL extensions (``ALTER TABLE ... ADD/DROP/REPLACE PARTITION
+FIELD``, ``WRITE ORDERED BY``, ``SET/DROP IDENTIFIER FIELDS``, ``CREATE/REPLACE/DROP
+BRANCH/TAG``) run through icecrypt's session extension, and are refused where Iceberg
+refuses them, leaving the table as it was; the DDL page's views are Spark 4's own view
+statements on the catalog (``test_views``).
 """
 
 from __future__ import annotations
@@ -191,12 +191,11 @@ def test_ddl(cat):
                                                         "max-ref-age-ms": 365 * 86_400_000}
     _same(cat, sample, "id, payload, category, measurement", [(i, d, c, None) for i, d, c, _ in rows])
     # ... refused where Iceberg refuses them (a field the spec has; an optional identifier
-    # field), and views: not there; nothing changed
+    # field); nothing changed (views: test_views)
     before = cat.table(sample).metadata_location
     for statement, reason in [
         (f"ALTER TABLE {{c}}.{sample} ADD PARTITION FIELD bucket(16, id)", "id_bucket"),
         (f"ALTER TABLE {{c}}.{sample} SET IDENTIFIER FIELDS id", "required"),
-        (f"CREATE VIEW {{c}}.db.ddl_view AS SELECT * FROM {{c}}.{sample}", ""),
     ]:
         with pytest.raises(Exception, match=reason):
             cat.sql(statement)
@@ -509,6 +508,40 @@ def test_procedures(cat):
     assert {s.snapshot_id for s in cat.table(t).snapshots()} == kept  # the heads of main and the branch
     _same(cat, t, "id, name", [(0, "n0"), (1, "n1"), (2, "n2"), (3, "n3")])
     _sealed(cat, t)
+
+
+def test_views(cat):
+    """The DDL page's "Iceberg views in Spark" statements, on an encrypted table."""
+    t = "db.view_base"
+    cat.sql(f"CREATE TABLE {{c}}.{t} (id bigint, zip string) USING iceberg {_properties(True)}")
+    cat.sql(f"INSERT INTO {{c}}.{t} VALUES (1, '10115'), (2, '80331')")
+    cat.sql(f"CREATE VIEW {{c}}.db.v_all AS SELECT * FROM {{c}}.{t}")
+    cat.sql(f"CREATE VIEW IF NOT EXISTS {{c}}.db.v_all AS SELECT * FROM {{c}}.{t}")
+    assert cat.rows("SELECT * FROM {c}.db.v_all") == [(1, "10115"), (2, "80331")]
+    cat.sql(f"CREATE VIEW {{c}}.db.v_zip (ID COMMENT 'Unique ID', ZIP COMMENT 'Zipcode') COMMENT 'View Comment' "
+            f"TBLPROPERTIES ('key1'='val1', 'key2'='val2') AS SELECT id, zip FROM {{c}}.{t}")
+    described = {r.col_name: (r.data_type, r.comment) for r in cat.sql("DESCRIBE {c}.db.v_zip")}
+    assert described["ID"] == ("bigint", "Unique ID") and described["ZIP"] == ("string", "Zipcode")
+    properties = dict(tuple(r) for r in cat.sql("SHOW TBLPROPERTIES {c}.db.v_zip"))
+    assert properties["key1"] == "val1" and properties["key2"] == "val2"
+    assert {"ID", "ZIP"} <= {r[0] for r in cat.sql("DESCRIBE EXTENDED {c}.db.v_zip")}
+    assert "COMMENT 'View Comment'" in cat.sql("SHOW CREATE TABLE {c}.db.v_zip")[0][0]
+    cat.sql(f"CREATE OR REPLACE VIEW {{c}}.db.v_zip (updated_id COMMENT 'updated ID') "
+            f"TBLPROPERTIES ('key1' = 'new_val1') AS SELECT id FROM {{c}}.{t}")
+    assert cat.rows("SELECT updated_id FROM {c}.db.v_zip") == [(1,), (2,)]
+    cat.sql("ALTER VIEW {c}.db.v_zip SET TBLPROPERTIES ('key1' = 'val1', 'key2' = 'val2')")
+    cat.sql("ALTER VIEW {c}.db.v_zip UNSET TBLPROPERTIES ('key2')")
+    properties = dict(tuple(r) for r in cat.sql("SHOW TBLPROPERTIES {c}.db.v_zip"))
+    assert properties.get("key1") == "val1" and "key2" not in properties
+    assert {r.viewName for r in cat.sql("SHOW VIEWS IN {c}.db")} >= {"v_all", "v_zip"}
+    assert {r.viewName for r in cat.sql("SHOW VIEWS IN {c}.db LIKE 'v_z*'")} == {"v_zip"}
+    cat.sql("ALTER VIEW {c}.db.v_zip RENAME TO {c}.db.v_renamed")
+    assert cat.rows("SELECT * FROM {c}.db.v_renamed") == [(1,), (2,)]
+    cat.sql("DROP VIEW {c}.db.v_renamed")
+    cat.sql("DROP VIEW IF EXISTS {c}.db.v_renamed")
+    cat.sql("DROP VIEW {c}.db.v_all")
+    assert not [r for r in cat.sql("SHOW VIEWS IN {c}.db") if r.viewName in ("v_all", "v_zip", "v_renamed")]
+    _same(cat, t, "id, zip", [(1, "10115"), (2, "80331")])
 
 
 def test_changelog_view(cat):

@@ -608,10 +608,153 @@ class Catalog:
             raise TableAlreadyExistsError(f"{self._describe(new_namespace, new_name)} already exists")
         self._table_rename(namespace, name, new_namespace, new_name)
 
+    # --- views ------------------------------------------------------------------------------
+
+    def _describe_view(self, namespace: tuple[str, ...], name: str) -> str:
+        return f"catalog {self.name!r}: view {_show((*namespace, name))}"
+
+    def create_view(
+        self,
+        identifier: Identifier,
+        sql: str,
+        schema: Any,
+        *,
+        dialect: str = "spark",
+        default_catalog: str | None = None,
+        default_namespace: Identifier = (),
+        properties: Mapping[str, str] | None = None,
+        summary: Mapping[str, str] | None = None,
+        replace: bool = False,
+    ) -> Any:
+        """Create the view ``identifier`` (``replace``: or give an existing one a new
+        version): ``sql`` in ``dialect`` and the pyiceberg ``schema`` of its result, as a
+        metadata document of Iceberg's view spec under ``<warehouse>/<ns>/<name>`` that the
+        catalog records with its SHA-256 (ViewAlreadyExistsError when a view or table of
+        that name exists, NoSuchNamespaceError).  Returns the view (``_views.View``)."""
+        from icecrypt.catalog import _views
+        from icecrypt.errors import ViewAlreadyExistsError
+
+        namespace, name = self._identifier(identifier)
+        if not isinstance(sql, str) or not sql.strip():
+            raise ValueError(f"{self._describe_view(namespace, name)}: the view's SQL text is empty")
+        if not self._ns_exists(namespace):
+            raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
+        if self._table_location(namespace, name) is not None:
+            raise ViewAlreadyExistsError(f"{self._describe_view(namespace, name)}: a table of that name exists")
+        record = self._view_record(namespace, name)
+        if record is not None and not replace:
+            raise ViewAlreadyExistsError(f"{self._describe_view(namespace, name)} already exists")
+        version = dict(dialect=dialect, default_catalog=default_catalog,
+                       default_namespace=tuple(_levels(default_namespace, "namespace")) if default_namespace else (),
+                       properties=dict(properties or {}), summary=dict(summary or {}))  # fmt: skip
+        if record is None:
+            document = _views.new_document(self._default_table_location(namespace, name), sql, schema, **version)
+        else:
+            document = _views.replaced_document(self.load_view((*namespace, name)).document, sql, schema, **version)
+        location = _views.metadata_location(document["location"], document)
+        data = _views.encode(document)
+        locations = self._locations(location)
+        path = locations.to_fs_path(location, what="view metadata file")
+        locations.filesystem.create_dir(posixpath.dirname(path), recursive=True)
+        with locations.filesystem.open_output_stream(path) as out:
+            out.write(data)
+        try:
+            if record is None:
+                self._view_create(namespace, name, location, _views.digest(data))
+            else:
+                self._view_swap(namespace, name, record[0], location, _views.digest(data))
+        except BaseException:
+            try:
+                locations.filesystem.delete_file(path)  # never recorded: nothing refers to it
+            except OSError:
+                pass
+            raise
+        return self.load_view((*namespace, name))
+
+    def load_view(self, identifier: Identifier) -> Any:
+        """The view ``identifier``'s current version (NoSuchViewError; TableIntegrityError
+        when its metadata file is not the one the catalog recorded)."""
+        from icecrypt.catalog import _views
+        from icecrypt.errors import NoSuchViewError
+
+        namespace, name = self._identifier(identifier)
+        record = self._view_record(namespace, name)
+        if record is None:
+            raise NoSuchViewError(f"{self._describe_view(namespace, name)} does not exist")
+        location, recorded = record
+        locations = self._locations(location)
+        path = locations.to_fs_path(location, what="view metadata file")
+        try:
+            with locations.filesystem.open_input_stream(path) as source:
+                data = source.read(_views.MAX_DOCUMENT_BYTES + 1)
+        except OSError as exc:
+            raise CatalogError(f"{self._describe_view(namespace, name)}: its metadata file {location} cannot be "
+                               f"read ({exc})") from None
+        return _views.parse_document(data, where=self._describe_view(namespace, name), recorded_digest=recorded,
+                                     identifier=(*namespace, name), metadata_location=location)
+
+    def list_views(self, namespace: Identifier) -> list[tuple[str, ...]]:
+        """The identifiers of the views in ``namespace``, sorted."""
+        ns = self._namespace(namespace)
+        if not self._ns_exists(ns):
+            raise NoSuchNamespaceError(f"{self._describe(ns)} does not exist")
+        return sorted((*ns, name) for name in self._view_list(ns))
+
+    def view_exists(self, identifier: Identifier) -> bool:
+        namespace, name = self._identifier(identifier)
+        return self._view_record(namespace, name) is not None
+
+    def drop_view(self, identifier: Identifier) -> None:
+        """Remove the view from the catalog (NoSuchViewError); its metadata files stay, as
+        Java's JDBC catalog leaves them."""
+        from icecrypt.errors import NoSuchViewError
+
+        namespace, name = self._identifier(identifier)
+        if not self._view_drop(namespace, name):
+            raise NoSuchViewError(f"{self._describe_view(namespace, name)} does not exist")
+
+    def rename_view(self, identifier: Identifier, new_identifier: Identifier) -> None:
+        """Give view ``identifier`` the name ``new_identifier`` (NoSuchViewError,
+        NoSuchNamespaceError, ViewAlreadyExistsError when a view or table has it)."""
+        from icecrypt.errors import NoSuchViewError, ViewAlreadyExistsError
+
+        namespace, name = self._identifier(identifier)
+        new_namespace, new_name = self._identifier(new_identifier)
+        if self._view_record(namespace, name) is None:
+            raise NoSuchViewError(f"{self._describe_view(namespace, name)} does not exist")
+        if not self._ns_exists(new_namespace):
+            raise NoSuchNamespaceError(f"{self._describe(new_namespace)} does not exist")
+        if self._view_record(new_namespace, new_name) is not None or \
+                self._table_location(new_namespace, new_name) is not None:
+            raise ViewAlreadyExistsError(f"{self._describe_view(new_namespace, new_name)}: the name is taken")
+        self._view_rename(namespace, name, new_namespace, new_name)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
     # --- backend hooks ----------------------------------------------------------------------
+
+    def _views_unsupported(self) -> CatalogError:
+        return CatalogError(f"catalog {self.name!r}: views are kept by catalogs of type sql only")
+
+    def _view_record(self, namespace: tuple[str, ...], name: str) -> tuple[str, str | None] | None:
+        """(metadata location, its recorded SHA-256) of the view, or None."""
+        raise self._views_unsupported()
+
+    def _view_create(self, namespace: tuple[str, ...], name: str, location: str, digest: str) -> None:
+        raise self._views_unsupported()
+
+    def _view_swap(self, namespace: tuple[str, ...], name: str, expected: str, new: str, digest: str) -> None:
+        raise self._views_unsupported()
+
+    def _view_drop(self, namespace: tuple[str, ...], name: str) -> bool:
+        raise self._views_unsupported()
+
+    def _view_rename(self, namespace: tuple[str, ...], name: str, new_namespace: tuple[str, ...], new_name: str) -> None:
+        raise self._views_unsupported()
+
+    def _view_list(self, namespace: tuple[str, ...]) -> list[str]:
+        raise self._views_unsupported()
 
     def _ns_create(self, namespace: tuple[str, ...], properties: dict[str, str]) -> None:
         raise NotImplementedError

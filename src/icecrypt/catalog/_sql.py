@@ -48,6 +48,7 @@ __all__ = ["SqlCatalog", "DEFAULT_SQLITE_NAME"]
 
 DEFAULT_SQLITE_NAME = "catalog.db"
 TABLE_TYPE = "TABLE"
+VIEW_TYPE = "VIEW"
 NAMESPACE_EXISTS_PROPERTY = "exists"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
@@ -299,10 +300,11 @@ class SqlCatalog(Catalog):
 
         if not self._ns_exists(namespace):
             raise NoSuchNamespaceError(f"{self._describe(namespace)} does not exist")
-        tables = self._table_list(namespace)
+        tables = self._table_list(namespace) + self._view_list(namespace)
         if tables:
             raise NamespaceNotEmptyError(
-                f"{self._describe(namespace)} is not empty: {len(tables)} table(s) ({', '.join(sorted(tables)[:5])})"
+                f"{self._describe(namespace)} is not empty: {len(tables)} table(s) or view(s) "
+                f"({', '.join(sorted(tables)[:5])})"
             )
         with self._db("namespace drop", write=True) as conn:
             n = self._namespaces.c
@@ -548,6 +550,101 @@ class SqlCatalog(Catalog):
             select(t.table_name).where(t.catalog_name == self.name, t.table_namespace == _show(namespace))
         )
         with self._db("table listing") as conn:
+            return [str(row[0]) for row in conn.execute(stmt)]
+
+    # --- views (rows of type VIEW, as Java's JDBC catalog keeps them; digests in the pins) ----------
+
+    def _where_view(self, stmt: Any, namespace: tuple[str, ...], name: str) -> Any:
+        t = self._tables.c
+        if not self._typed:
+            raise CatalogError(f"catalog {self.name!r} at {self._safe_uri()}: its iceberg_tables has no "
+                               "iceberg_type column (a catalog made before views), so it keeps no views")
+        return stmt.where(t.catalog_name == self.name, t.table_namespace == _show(namespace), t.table_name == name,
+                          t.iceberg_type == VIEW_TYPE)  # fmt: skip
+
+    def _view_record(self, namespace: tuple[str, ...], name: str) -> tuple[str, str | None] | None:
+        from sqlalchemy import select
+
+        with self._db("view lookup") as conn:
+            row = conn.execute(self._where_view(select(self._tables.c.metadata_location), namespace, name)).first()
+        if row is None:
+            return None
+        pin = self._pin_get(namespace, name) or {}
+        # the digest is the recorded location's only
+        digest = pin.get(_pin.CATALOG_DIGEST) if pin.get(_pin.CATALOG_DIGEST_OF) == row[0] else None
+        return str(row[0]), digest
+
+    def _view_pin(self, location: str, digest: str) -> dict[str, str]:
+        return {_pin.CATALOG_DIGEST: digest, _pin.CATALOG_DIGEST_OF: location}
+
+    def _view_create(self, namespace: tuple[str, ...], name: str, location: str, digest: str) -> None:
+        from sqlalchemy import insert
+        from sqlalchemy.exc import IntegrityError
+
+        from icecrypt.errors import ViewAlreadyExistsError
+
+        self._where_view(self._tables.select(), namespace, name)  # refuses an untyped catalog
+        self._ensure_pins()
+        row = {"catalog_name": self.name, "table_namespace": _show(namespace), "table_name": name,
+               "metadata_location": location, "previous_metadata_location": None, "iceberg_type": VIEW_TYPE}
+        try:
+            with self._db("view creation", write=True) as conn:
+                conn.execute(insert(self._tables).values(**row))
+                self._write_pin(conn, namespace, name, self._view_pin(location, digest))
+        except IntegrityError:
+            raise ViewAlreadyExistsError(f"catalog {self.name!r}: view {_show((*namespace, name))}: the name is "
+                                         "taken") from None
+
+    def _view_swap(self, namespace: tuple[str, ...], name: str, expected: str, new: str, digest: str) -> None:
+        from sqlalchemy import update
+
+        self._ensure_pins()
+        stmt = self._where_view(update(self._tables), namespace, name).where(
+            self._tables.c.metadata_location == expected)
+        with self._db("view replace", write=True) as conn:
+            changed = conn.execute(stmt.values(metadata_location=new, previous_metadata_location=expected)).rowcount
+            if changed == 1:
+                self._write_pin(conn, namespace, name, self._view_pin(new, digest))
+        if changed != 1:
+            raise CommitConflictError(f"catalog {self.name!r}: view {_show((*namespace, name))} was replaced or "
+                                      f"dropped meanwhile; {new} was not recorded")
+
+    def _view_drop(self, namespace: tuple[str, ...], name: str) -> bool:
+        from sqlalchemy import delete
+
+        with self._db("view drop", write=True) as conn:
+            dropped = conn.execute(self._where_view(delete(self._tables), namespace, name)).rowcount
+            if dropped and self._pins_exist():
+                conn.execute(self._pin_where(delete(self._pins), namespace, name))
+        return dropped >= 1
+
+    def _view_rename(self, namespace: tuple[str, ...], name: str, new_namespace: tuple[str, ...], new_name: str) -> None:
+        from sqlalchemy import update
+        from sqlalchemy.exc import IntegrityError
+
+        from icecrypt.errors import NoSuchViewError, ViewAlreadyExistsError
+
+        moved = {"table_namespace": _show(new_namespace), "table_name": new_name}
+        try:
+            with self._db("view rename", write=True) as conn:
+                result = conn.execute(self._where_view(update(self._tables), namespace, name).values(**moved))
+                if result.rowcount == 1 and self._pins_exist():
+                    conn.execute(self._pin_where(update(self._pins), namespace, name).values(**moved))
+        except IntegrityError:
+            raise ViewAlreadyExistsError(f"catalog {self.name!r}: view {_show((*new_namespace, new_name))}: the "
+                                         "name is taken") from None
+        if result.rowcount != 1:
+            raise NoSuchViewError(f"catalog {self.name!r}: view {_show((*namespace, name))} does not exist")
+
+    def _view_list(self, namespace: tuple[str, ...]) -> list[str]:
+        from sqlalchemy import select
+
+        t = self._tables.c
+        if not self._typed:
+            return []
+        stmt = select(t.table_name).where(t.catalog_name == self.name, t.table_namespace == _show(namespace),
+                                          t.iceberg_type == VIEW_TYPE)  # fmt: skip
+        with self._db("view listing") as conn:
             return [str(row[0]) for row in conn.execute(stmt)]
 
     def __repr__(self) -> str:

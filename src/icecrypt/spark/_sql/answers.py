@@ -12,13 +12,17 @@ from icecrypt.errors import (
     NamespaceNotEmptyError,
     NoSuchNamespaceError,
     NoSuchTableError,
+    NoSuchViewError,
     TableAlreadyExistsError,
+    ViewAlreadyExistsError,
 )
 
 __all__ = ["kind_of", "message_of"]
 
 _ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (NoSuchTableError, "no_such_table"),
+    (NoSuchViewError, "no_such_view"),
+    (ViewAlreadyExistsError, "view_exists"),
     (NoSuchNamespaceError, "no_such_namespace"),
     (TableAlreadyExistsError, "table_exists"),
     (NamespaceAlreadyExistsError, "namespace_exists"),

@@ -89,7 +89,7 @@ def register(spark: Any) -> bool:
     from pyspark.java_gateway import ensure_callback_server_started
 
     # the modules whose functions the bridge serves
-    from icecrypt.spark._sql import delete, procedures, scan, stream, tables, write  # noqa: F401
+    from icecrypt.spark._sql import delete, procedures, scan, stream, tables, views, write  # noqa: F401
 
     ensure_callback_server_started(spark.sparkContext._gateway)
     bridge = CatalogBridge(spark)

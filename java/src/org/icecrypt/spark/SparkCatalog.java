@@ -19,6 +19,9 @@
  * cat.system.rollback_to_snapshot(...), ...) are the catalog's procedures, in its namespace
  * system as in Iceberg: each one is described and run by the driver (catalog/PyProcedure).
  *
+ * Views (CREATE [OR REPLACE] VIEW, ALTER VIEW ... RENAME TO, DROP VIEW, SHOW VIEWS) are Spark
+ * 4's own V2 views, kept by the driver as Iceberg view metadata (icecrypt.catalog._views).
+ *
  * The catalog is built by Spark when a statement first names it; initialize() only keeps
  * its name and options.  It keeps no table cache: every statement loads what it names.
  */
@@ -37,6 +40,8 @@ import org.apache.spark.sql.catalyst.analysis.NamespaceAlreadyExistsException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchFunctionException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
+import org.apache.spark.sql.catalyst.analysis.NoSuchViewException;
+import org.apache.spark.sql.catalyst.analysis.ViewAlreadyExistsException;
 import org.apache.spark.sql.catalyst.analysis.NonEmptyNamespaceException;
 import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
 import org.apache.spark.sql.connector.catalog.Column;
@@ -50,9 +55,13 @@ import org.apache.spark.sql.connector.catalog.SupportsNamespaces;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableChange;
 import org.apache.spark.sql.connector.catalog.TableInfo;
+import org.apache.spark.sql.connector.catalog.Relation;
+import org.apache.spark.sql.connector.catalog.RelationCatalog;
+import org.apache.spark.sql.connector.catalog.View;
 import org.apache.spark.sql.connector.catalog.functions.UnboundFunction;
 import org.apache.spark.sql.connector.catalog.procedures.UnboundProcedure;
 import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.Metadata;
 import org.apache.spark.sql.types.MetadataBuilder;
 import org.apache.spark.sql.types.StructField;
@@ -64,7 +73,8 @@ import org.icecrypt.spark.catalog.Changes;
 import org.icecrypt.spark.catalog.PyProcedure;
 import org.icecrypt.spark.catalog.Transforms;
 
-public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, FunctionCatalog, ProcedureCatalog {
+public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, FunctionCatalog, ProcedureCatalog,
+        RelationCatalog {
     private CatalogContext context;
 
     public SparkCatalog() {
@@ -181,11 +191,16 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
 
     @Override
     public Identifier[] listTables(String[] namespace) throws NoSuchNamespaceException {
+        return list("list_tables", namespace);
+    }
+
+    /** The identifiers the driver's list_tables or list_views answers for namespace. */
+    private Identifier[] list(String method, String[] namespace) throws NoSuchNamespaceException {
         ObjectNode request = context.request();
         CatalogContext.namespace(request, "namespace", namespace);
         JsonNode answer;
         try {
-            answer = context.call("list_tables", request);
+            answer = context.call(method, request);
         } catch (CatalogContext.Failure e) {
             NoSuchNamespaceException missing = e.noSuchNamespace(namespace);
             if (missing != null) {
@@ -370,11 +385,7 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
 
     @Override
     public void renameTable(Identifier from, Identifier to) throws NoSuchTableException, TableAlreadyExistsException {
-        // RENAME TO cat.db.t names the catalog too (as Iceberg's catalog, take it off)
-        String[] namespace = to.namespace();
-        if (namespace.length > 1 && namespace[0].equalsIgnoreCase(context.name)) {
-            to = Identifier.of(java.util.Arrays.copyOfRange(namespace, 1, namespace.length), to.name());
-        }
+        to = renameTarget(to);
         ObjectNode request = context.request();
         CatalogContext.identifier(request, "from", from);
         CatalogContext.identifier(request, "to", to);
@@ -391,6 +402,15 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
             }
             throw e.unchecked();
         }
+    }
+
+    /** RENAME TO cat.db.t names the catalog too (as Iceberg's catalog, take it off). */
+    private Identifier renameTarget(Identifier to) {
+        String[] namespace = to.namespace();
+        if (namespace.length > 1 && namespace[0].equalsIgnoreCase(context.name)) {
+            return Identifier.of(java.util.Arrays.copyOfRange(namespace, 1, namespace.length), to.name());
+        }
+        return to;
     }
 
     // --- staged creates and replaces (CTAS, RTAS) ------------------------------------------------
@@ -478,6 +498,185 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
             throw createFailure(e, ident);
         }
         return context.staged(description);
+    }
+
+    // --- views: Spark's V2 views, as Iceberg view metadata --------------------------------------------
+
+    /** A table or, when there is none of that name, a view (tables and views share names). */
+    @Override
+    public Relation loadRelation(Identifier ident) throws NoSuchTableException {
+        try {
+            return loadTable(ident);
+        } catch (NoSuchTableException missing) {
+            try {
+                return loadView(ident);
+            } catch (NoSuchViewException noView) {
+                throw missing;
+            }
+        }
+    }
+
+    @Override
+    public boolean tableExists(Identifier ident) {
+        try {
+            loadTable(ident);
+            return true;
+        } catch (NoSuchTableException e) {
+            return false;
+        }
+    }
+
+    @Override
+    public boolean viewExists(Identifier ident) {
+        try {
+            loadView(ident);
+            return true;
+        } catch (NoSuchViewException e) {
+            return false;
+        }
+    }
+
+    @Override
+    public Identifier[] listViews(String[] namespace) throws NoSuchNamespaceException {
+        return list("list_views", namespace);
+    }
+
+    @Override
+    public View loadView(Identifier ident) throws NoSuchViewException {
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "identifier", ident);
+        try {
+            return view(context.call("load_view", request));
+        } catch (CatalogContext.Failure e) {
+            NoSuchViewException missing = e.noSuchView(ident);
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
+    }
+
+    /** Spark's View from the driver's description of one (views.describe). */
+    private static View view(JsonNode described) {
+        Map<String, String> configs = new LinkedHashMap<>();
+        described.get("sql_configs").fields().forEachRemaining(e -> configs.put(e.getKey(), e.getValue().asText()));
+        Map<String, String> properties = new LinkedHashMap<>();
+        described.get("properties").fields().forEachRemaining(e -> properties.put(e.getKey(), e.getValue().asText()));
+        JsonNode catalog = described.get("current_catalog");
+        JsonNode mode = described.get("schema_mode");
+        View.Builder builder = new View.Builder()
+            .withQueryText(described.get("sql").asText())
+            .withCurrentCatalog(catalog == null || catalog.isNull() ? null : catalog.asText())
+            .withCurrentNamespace(CatalogContext.strings(described.get("current_namespace")))
+            .withSqlConfigs(configs)
+            .withQueryColumnNames(CatalogContext.strings(described.get("query_column_names")));
+        if (mode != null && !mode.isNull()) {
+            builder = builder.withSchemaMode(mode.asText());
+        }
+        builder.withSchema((StructType) DataType.fromJson(described.get("schema").toString()));
+        builder.withProperties(properties);
+        if (properties.containsKey("comment")) {
+            builder.withComment(properties.get("comment"));
+        }
+        return builder.build();
+    }
+
+    private ObjectNode viewRequest(Identifier ident, View info, boolean replace) {
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "identifier", ident);
+        request.put("sql", info.queryText());
+        request.put("current_catalog", info.currentCatalog());
+        CatalogContext.namespace(request, "current_namespace",
+            info.currentNamespace() == null ? new String[0] : info.currentNamespace());
+        try {
+            request.set("schema", CatalogContext.JSON.readTree(info.schema().json()));
+        } catch (java.io.IOException e) {
+            throw new IllegalStateException("icecrypt catalog: a schema that is not JSON", e);
+        }
+        ArrayNode names = request.putArray("query_column_names");
+        for (String name : info.queryColumnNames() == null ? new String[0] : info.queryColumnNames()) {
+            names.add(name);
+        }
+        ObjectNode configs = request.putObject("sql_configs");
+        if (info.sqlConfigs() != null) {
+            info.sqlConfigs().forEach(configs::put);
+        }
+        request.put("schema_mode", info.schemaMode());
+        ObjectNode props = request.putObject("properties");
+        if (info.properties() != null) {
+            info.properties().forEach(props::put);
+        }
+        request.put("engine_version", org.apache.spark.package$.MODULE$.SPARK_VERSION());
+        request.put("replace", replace);
+        return request;
+    }
+
+    @Override
+    public View createView(Identifier ident, View info) throws ViewAlreadyExistsException, NoSuchNamespaceException {
+        return writeView(ident, info, false);
+    }
+
+    @Override
+    public View createOrReplaceView(Identifier ident, View info)
+            throws ViewAlreadyExistsException, NoSuchNamespaceException {
+        return writeView(ident, info, true);
+    }
+
+    @Override
+    public View replaceView(Identifier ident, View info) throws NoSuchViewException {
+        if (!viewExists(ident)) {
+            throw new NoSuchViewException(ident);
+        }
+        try {
+            return writeView(ident, info, true);
+        } catch (ViewAlreadyExistsException | NoSuchNamespaceException e) {
+            throw new IllegalStateException(e.getMessage(), e);
+        }
+    }
+
+    private View writeView(Identifier ident, View info, boolean replace)
+            throws ViewAlreadyExistsException, NoSuchNamespaceException {
+        try {
+            return view(context.call("create_view", viewRequest(ident, info, replace)));
+        } catch (CatalogContext.Failure e) {
+            ViewAlreadyExistsException exists = e.viewExists(ident);
+            if (exists != null) {
+                throw exists;
+            }
+            NoSuchNamespaceException missing = e.noSuchNamespace(ident.namespace());
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
+    }
+
+    @Override
+    public boolean dropView(Identifier ident) {
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "identifier", ident);
+        return context.callUnchecked("drop_view", request).asBoolean();
+    }
+
+    @Override
+    public void renameView(Identifier from, Identifier to) throws NoSuchViewException, ViewAlreadyExistsException {
+        to = renameTarget(to);
+        ObjectNode request = context.request();
+        CatalogContext.identifier(request, "from", from);
+        CatalogContext.identifier(request, "to", to);
+        try {
+            context.call("rename_view", request);
+        } catch (CatalogContext.Failure e) {
+            NoSuchViewException missing = e.noSuchView(from);
+            if (missing != null) {
+                throw missing;
+            }
+            ViewAlreadyExistsException exists = e.viewExists(to);
+            if (exists != null) {
+                throw exists;
+            }
+            throw e.unchecked();
+        }
     }
 
     // --- functions: Iceberg's partition transforms -------------------------------------------------

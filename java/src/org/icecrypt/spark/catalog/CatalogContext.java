@@ -19,6 +19,8 @@ import org.apache.spark.sql.catalyst.analysis.NamespaceAlreadyExistsException;
 import org.apache.spark.sql.catalyst.util.GenericArrayData;
 import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
+import org.apache.spark.sql.catalyst.analysis.NoSuchViewException;
+import org.apache.spark.sql.catalyst.analysis.ViewAlreadyExistsException;
 import org.apache.spark.sql.catalyst.analysis.NonEmptyNamespaceException;
 import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
 import org.apache.spark.sql.connector.catalog.Identifier;
@@ -228,8 +230,10 @@ public final class CatalogContext {
             switch (kind) {
                 case "invalid":
                 case "no_such_table":
+                case "no_such_view":
                 case "no_such_namespace":
                 case "table_exists":
+                case "view_exists":
                 case "namespace_exists":
                 case "namespace_not_empty":
                     return new IllegalArgumentException(getMessage());
@@ -244,6 +248,14 @@ public final class CatalogContext {
 
         public NoSuchTableException noSuchTable(Identifier ident) {
             return "no_such_table".equals(kind) ? new NoSuchTableException(ident) : null;
+        }
+
+        public NoSuchViewException noSuchView(Identifier ident) {
+            return "no_such_view".equals(kind) ? new NoSuchViewException(ident) : null;
+        }
+
+        public ViewAlreadyExistsException viewExists(Identifier ident) {
+            return "view_exists".equals(kind) ? new ViewAlreadyExistsException(ident) : null;
         }
 
         public NoSuchNamespaceException noSuchNamespace(String[] namespace) {
