@@ -113,6 +113,12 @@ def test_refusals(views, new_catalog, tmp_path):
         cat.sql("DROP NAMESPACE {c}.holds_a_view")
     assert cat.rows("SELECT * FROM {c}.holds_a_view.v") == [(1,)]
     assert cat.rows("SELECT * FROM {c}.db.taken") == [(1,)]
+    # a type Iceberg has none for, and a column name Iceberg's list of names cannot hold
+    with pytest.raises(Exception, match="view db.nothing column 'x': Spark type void has no Iceberg type"):
+        cat.sql("CREATE VIEW {c}.db.nothing AS SELECT NULL AS x")
+    with pytest.raises(Exception, match="view db.commas: a column of the view's query has a comma in its name"):
+        cat.sql("CREATE VIEW {c}.db.commas AS SELECT 1 AS `a,b`")
+    assert not {"nothing", "commas"} & {r[1] for r in cat.sql("SHOW VIEWS IN {c}.db")}
     # catalogs of type hadoop keep no views: creating one is refused, reading one finds none
     hadoop = new_catalog("hadoop")
     hadoop.sql("CREATE NAMESPACE {c}.db")

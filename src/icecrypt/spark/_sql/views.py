@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from icecrypt.spark._sql import catalogs as _catalogs
 from icecrypt.spark._sql import ddl as _ddl
 from icecrypt.spark._sql import types as _types
 from icecrypt.spark._sql.protocol import catalog_of, identifier, method
@@ -84,8 +83,7 @@ def _create_view(bridge: Any, request: dict[str, Any]) -> Any:
     ident = identifier(request["identifier"])
     if not _keeps_views(catalog):
         raise _ddl.Unsupported(f"{_what(catalog, ident)}: views are kept by catalogs of type sql only")
-    what = _catalogs.describe_identifier(catalog, ident)
-    schema = _types.iceberg_schema(request["schema"], what)
+    schema = _types.iceberg_schema(request["schema"], _what(catalog, ident))
     properties = {str(k): str(v) for k, v in (request.get("properties") or {}).items()}
     for key in _INTERNAL:
         if key in properties:
