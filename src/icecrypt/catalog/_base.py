@@ -655,17 +655,17 @@ class Catalog:
         data = _views.encode(document)
         locations = self._locations(location)
         path = locations.to_fs_path(location, what="view metadata file")
-        locations.filesystem.create_dir(posixpath.dirname(path), recursive=True)
-        with locations.filesystem.open_output_stream(path) as out:
-            out.write(data)
         try:
+            locations.filesystem.create_dir(posixpath.dirname(path), recursive=True)
+            with locations.filesystem.open_output_stream(path) as out:
+                out.write(data)
             if record is None:
                 self._view_create(namespace, name, location, _views.digest(data))
             else:
                 self._view_swap(namespace, name, record[0], location, _views.digest(data))
         except BaseException:
             try:
-                locations.filesystem.delete_file(path)  # never recorded: nothing refers to it
+                locations.filesystem.delete_file(path)  # never recorded (or cut short): nothing refers to it
             except OSError:
                 pass
             raise

@@ -563,16 +563,28 @@ class SqlCatalog(Catalog):
                           t.iceberg_type == VIEW_TYPE)  # fmt: skip
 
     def _view_record(self, namespace: tuple[str, ...], name: str) -> tuple[str, str | None] | None:
-        from sqlalchemy import select
+        """The view's location and digest in one query (an outer join), as ``_table_state``:
+        a replace between two queries would pair one version's location with another's
+        digest."""
+        from sqlalchemy import and_, select
 
+        t = self._tables.c
+        if not self._pins_exist() or not {"metadata_sha256", "metadata_sha256_of"} <= self._pin_columns:
+            with self._db("view lookup") as conn:
+                row = conn.execute(self._where_view(select(t.metadata_location), namespace, name)).first()
+            return None if row is None else (str(row[0]), None)
+        p = self._pins.c
+        join = self._tables.outerjoin(
+            self._pins, and_(p.catalog_name == t.catalog_name, p.table_namespace == t.table_namespace,
+                             p.table_name == t.table_name),
+        )  # fmt: skip
+        stmt = select(t.metadata_location, p.metadata_sha256, p.metadata_sha256_of).select_from(join)
         with self._db("view lookup") as conn:
-            row = conn.execute(self._where_view(select(self._tables.c.metadata_location), namespace, name)).first()
+            row = conn.execute(self._where_view(stmt, namespace, name)).first()
         if row is None:
             return None
-        pin = self._pin_get(namespace, name) or {}
-        # the digest is the recorded location's only
-        digest = pin.get(_pin.CATALOG_DIGEST) if pin.get(_pin.CATALOG_DIGEST_OF) == row[0] else None
-        return str(row[0]), digest
+        location, digest, of = row
+        return str(location), (str(digest) if digest and of == location else None)  # the recorded location's only
 
     def _view_pin(self, location: str, digest: str) -> dict[str, str]:
         return {_pin.CATALOG_DIGEST: digest, _pin.CATALOG_DIGEST_OF: location}
