@@ -193,7 +193,9 @@ def test_any_byte_changed_is_refused_or_reads_the_same(small, data):
     """Flip any byte of an authenticated metadata file: the load fails (FormatError for
     what no longer parses, TableIntegrityError otherwise), or -- when the change does not
     alter the parsed document (JSON whitespace, an escape spelt otherwise) -- reads exactly
-    what was written."""
+    what was written.  A flip inside the authenticator's own field name leaves a version
+    without an authenticator, which is a stripped one (tests/forgery.py): only a load that
+    requires authenticated metadata refuses it, and what it reads is the original."""
     kms = MemoryKms.with_iceberg_test_keys()
     path = _version(small, 2)
     original_bytes = path.read_bytes()
@@ -204,12 +206,45 @@ def test_any_byte_changed_is_refused_or_reads_the_same(small, data):
     raw[position] = value
     path.write_bytes(bytes(raw))
     try:
-        table = EncryptedTable.load(str(small), kms=kms)
-    except (FormatError, TableIntegrityError, TableIdentityError, ValueError):
-        return
+        try:
+            table = EncryptedTable.load(str(small), kms=kms)
+        except (FormatError, TableIntegrityError, TableIdentityError, ValueError):
+            return
+        if AUTHENTICATOR not in table.metadata:
+            _assert_stripped(small, kms, table.metadata, original)
+            return
     finally:
         path.write_bytes(original_bytes)
     assert table.metadata == original  # accepted only when nothing a reader uses changed
+
+
+def _assert_stripped(root, kms, loaded: dict, original: dict) -> None:
+    """``loaded`` is ``original`` without its authenticator (the flipped field name is a
+    key no reader uses), and a load that requires authenticated metadata refuses it."""
+    assert {k: v for k, v in loaded.items() if k in original} == without_authenticator(dict(original))
+    assert all(k.endswith("authenticator") or len(k) == len(AUTHENTICATOR) for k in set(loaded) - set(original))
+    with pytest.raises(TableIntegrityError):
+        EncryptedTable.load(str(root), kms=kms, require_authenticated_metadata=True)
+
+
+def test_a_flip_in_the_authenticators_field_name_reads_as_stripped(small):
+    """The case the property above found (position 2607, ' ' for the 'i' of
+    "icecrypt-authenticator"): every flip of that name, made here directly."""
+    kms = MemoryKms.with_iceberg_test_keys()
+    path = _version(small, 2)
+    original_bytes = path.read_bytes()
+    original = json.loads(original_bytes)
+    at = original_bytes.index(f'"{AUTHENTICATOR}"'.encode()) + 1
+    try:
+        for offset, value in ((0, ord(" ")), (3, ord("X")), (len(AUTHENTICATOR) - 1, ord("R"))):
+            raw = bytearray(original_bytes)
+            raw[at + offset] = value
+            path.write_bytes(bytes(raw))
+            table = EncryptedTable.load(str(small), kms=kms)
+            assert AUTHENTICATOR not in table.metadata
+            _assert_stripped(small, kms, table.metadata, original)
+    finally:
+        path.write_bytes(original_bytes)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -89,9 +89,12 @@ def _unb64(text: Any, what: str, location: str) -> bytes:
     if not isinstance(text, str):
         raise _malformed(location, f"{what} is not a string")
     try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
+        data = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError):
         raise _malformed(location, f"{what} is not base64") from None
+    if _b64(data) != text:  # one spelling per value: unused padding bits set are a change too
+        raise _malformed(location, f"{what} is not canonical base64")
+    return data
 
 
 def _malformed(location: str, what: str) -> TableIntegrityError:
