@@ -653,6 +653,7 @@ class Catalog:
             document = _views.replaced_document(self.load_view((*namespace, name)).document, sql, schema, **version)
         location = _views.metadata_location(document["location"], document)
         data = _views.encode(document)
+        digest = _views.digest(data)
         locations = self._locations(location)
         path = locations.to_fs_path(location, what="view metadata file")
         try:
@@ -660,16 +661,18 @@ class Catalog:
             with locations.filesystem.open_output_stream(path) as out:
                 out.write(data)
             if record is None:
-                self._view_create(namespace, name, location, _views.digest(data))
+                self._view_create(namespace, name, location, digest)
             else:
-                self._view_swap(namespace, name, record[0], location, _views.digest(data))
+                self._view_swap(namespace, name, record[0], location, digest)
         except BaseException:
             try:
                 locations.filesystem.delete_file(path)  # never recorded (or cut short): nothing refers to it
             except OSError:
                 pass
             raise
-        return self.load_view((*namespace, name))
+        # the view as recorded: the bytes just written, not a read back of them
+        return _views.parse_document(data, where=self._describe_view(namespace, name), recorded_digest=digest,
+                                     identifier=(*namespace, name), metadata_location=location)
 
     def load_view(self, identifier: Identifier) -> Any:
         """The view ``identifier``'s current version (NoSuchViewError; TableIntegrityError

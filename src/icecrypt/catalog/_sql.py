@@ -554,11 +554,14 @@ class SqlCatalog(Catalog):
 
     # --- views (rows of type VIEW, as Java's JDBC catalog keeps them; digests in the pins) ----------
 
-    def _where_view(self, stmt: Any, namespace: tuple[str, ...], name: str) -> Any:
-        t = self._tables.c
+    def _require_views(self) -> None:
         if not self._typed:
             raise CatalogError(f"catalog {self.name!r} at {self._safe_uri()}: its iceberg_tables has no "
                                "iceberg_type column (a catalog made before views), so it keeps no views")
+
+    def _where_view(self, stmt: Any, namespace: tuple[str, ...], name: str) -> Any:
+        t = self._tables.c
+        self._require_views()
         return stmt.where(t.catalog_name == self.name, t.table_namespace == _show(namespace), t.table_name == name,
                           t.iceberg_type == VIEW_TYPE)  # fmt: skip
 
@@ -595,7 +598,7 @@ class SqlCatalog(Catalog):
 
         from icecrypt.errors import ViewAlreadyExistsError
 
-        self._where_view(self._tables.select(), namespace, name)  # refuses an untyped catalog
+        self._require_views()
         self._ensure_pins()
         row = {"catalog_name": self.name, "table_namespace": _show(namespace), "table_name": name,
                "metadata_location": location, "previous_metadata_location": None, "iceberg_type": VIEW_TYPE}
