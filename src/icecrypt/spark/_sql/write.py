@@ -236,7 +236,8 @@ def written_schema(table: Any, given: dict[str, Any], merge: bool, what: str, *,
     """(the table, the schema the write's files are written with) for a write Spark did not
     resolve to the table's columns (``write.spark.accept-any-schema``): its columns
     (``given``, Spark's JSON) matched by name to the table's, in the write's order, each of
-    the table's type; a missing optional column is null in the new files, a missing
+    the table's type or one it promotes to (:func:`_write_promotes`: the files hold the
+    write's type); a missing optional column is null in the new files, a missing
     required one is refused.  ``merge`` (the write option mergeSchema): the columns the
     table lacks are added first, and nullability relaxed, in a commit of their own
     (Iceberg's ``unionByNameWith``), as Iceberg's Spark writes do.  ``by_position``: the
@@ -278,11 +279,26 @@ def written_schema(table: Any, given: dict[str, Any], merge: bool, what: str, *,
                              "option mergeSchema=true to add it)")
         ours, theirs = _types.spark_type(match.field_type, ids=False)[0], _types.spark_type(column.field_type, ids=False)[0]
         if ours != theirs:
-            raise ValueError(f"{what}: the write's column {column.name!r} is {theirs}, the table's is {ours} (cast it)")
+            if not _write_promotes(column.field_type, match.field_type):
+                raise ValueError(f"{what}: the write's column {column.name!r} is {theirs}, the table's is {ours} "
+                                 "(cast it)")
+            # written as it came, under the column's id: readers promote it as they do the
+            # files written before an ALTER COLUMN ... TYPE (Iceberg's Spark writes do the same)
+            match = match.model_copy(update={"field_type": column.field_type})
         if match.required and column.optional:
             raise ValueError(f"{what}: the write's column {column.name!r} may be null; the table's is required")
         fields.append(match)
     return table, Schema(*fields, schema_id=table.schema.schema_id)
+
+
+def _write_promotes(written: Any, column: Any) -> bool:
+    """Whether a file column of type ``written`` may hold a table column of type ``column``:
+    the promotions of every format version (int -> long, float -> double, a decimal to a
+    wider one of its scale), those Iceberg's Spark writes accept for a table that takes
+    any schema.  A top-level column's own type only: a nested type must be the table's."""
+    from icecrypt.table.ops.schema import promotion_allowed
+
+    return written != column and written.is_primitive and promotion_allowed(written, column, format_version=2)
 
 
 def begin(bridge: Any, table: Any, what: str, *, mode: str, filters: list[dict[str, Any]], branch: str | None,
