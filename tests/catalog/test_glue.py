@@ -363,7 +363,7 @@ def test_swap_undoes_an_update_that_replaced_a_concurrent_commit(glue_catalog, g
     """Two writers pass the metadata_location check of one base; the second UpdateTable
     lands on top of the first (moto does not check VersionId).  The second commit must
     notice, put the first one back and report a conflict."""
-    table = glue_catalog.create_table(f"{database}.t", ROWS.schema, table_key_id=None)
+    glue_catalog.create_table(f"{database}.t", ROWS.schema, table_key_id=None)
     base = glue_catalog._table_location((database,), "t")
     rival = glue_catalog.load_table(f"{database}.t")
     real_update = glue_catalog._glue.update_table

@@ -19,10 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 from sparkhelpers import MASTER, table_lines
 from parquet.parquet_mr import encryption_type, read_longs
 from table.tablelib import flip_byte
@@ -30,7 +28,6 @@ from table.tablelib import flip_byte
 import icecrypt.parquet
 import icecrypt.spark
 from icecrypt.keys import StandardKeyMetadata
-from icecrypt.kms.local import LocalKms
 from icecrypt.spark import _native_write
 from icecrypt.table import EncryptedTable
 

@@ -8,7 +8,6 @@ picked, a non-append that cannot be fast-forwarded.  PyIceberg agrees on the res
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 from pyiceberg.table import StaticTable
 from test_branch_writes import SCHEMA, batch, rows

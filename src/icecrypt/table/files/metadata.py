@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from icecrypt._limits import DEFAULT_MAX_METADATA_BYTES, MAX_METADATA_BYTES_ENV, max_metadata_bytes
+from icecrypt._limits import MAX_METADATA_BYTES_ENV, max_metadata_bytes
 from icecrypt.errors import FormatError
 
 __all__ = [

@@ -296,7 +296,7 @@ def _literal_form(partition: tuple) -> tuple:
     return tuple(v.bytes if isinstance(v, uuid.UUID) else v for v in partition)
 
 
-def _widened_bounds(table: EncryptedTable, schema: Schema) -> tuple[tuple[int, int], ...]:
+def _widened_bounds(table: Any, schema: Schema) -> tuple[tuple[int, int], ...]:
     """(field id, bound width) of the timestamp columns of ``schema`` that an older schema
     of the table had as dates (format v3 promotion): their older files' bounds are dates."""
     from pyiceberg.types import DateType, TimestampNanoType, TimestampType
