@@ -478,6 +478,7 @@ def test_procedures(cat):
     cat.sql(f"CALL {{c}}.system.rewrite_data_files('{t}')")
     cat.sql(f"CALL {{c}}.system.rewrite_data_files(table => '{t}', strategy => 'sort', "
             "sort_order => 'id DESC NULLS LAST,name ASC NULLS FIRST')")
+    cat.sql(f"CALL {{c}}.system.rewrite_data_files(table => '{t}', strategy => 'sort', sort_order => 'zorder(id,name)')")
     cat.sql(f"CALL {{c}}.system.rewrite_data_files(table => '{t}', options => map('min-input-files', '2'))")
     cat.sql(f"CALL {{c}}.system.rewrite_data_files(table => '{t}', where => 'id = 3 and name = \\'n3\\'')")
     cat.sql(f"CALL {{c}}.system.rewrite_manifests('{t}')")

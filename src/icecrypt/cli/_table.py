@@ -781,7 +781,8 @@ def _register_maintenance(sub: Any) -> None:
     p.add_argument("--option", action="append", default=[], metavar="K=V",
                    help="Java's rewrite option, e.g. min-input-files=2, rewrite-all=true (repeatable)")
     p.add_argument("--strategy", choices=("binpack", "sort"), help="binpack (default) or sort (Java's strategies)")
-    p.add_argument("--sort-order", help="for --strategy sort: 'id DESC NULLS LAST, name' (default: the table's order)")
+    p.add_argument("--sort-order", help="for --strategy sort: 'id DESC NULLS LAST, name', or 'zorder(id, name)' "
+                                        "(default: the table's order)")
     _add_common(p)
     p.set_defaults(func=_rewrite_data_files)
 

@@ -742,8 +742,9 @@ class EncryptedTable:
         survive. ``row_filter`` limits the files considered; ``options`` takes Java's
         rewrite options (``min-input-files``, ``rewrite-all``, ``delete-file-threshold``,
         ...). ``strategy="sort"`` (Java's sort strategy; also the option ``strategy``)
-        writes the rows sorted by ``sort_order`` (``"id DESC NULLS LAST, name"``; also
-        the option ``sort-order``) or else the table's sort order. Returns a
+        writes the rows sorted by ``sort_order`` (``"id DESC NULLS LAST, name"``, or
+        ``"zorder(id, name)"`` for Java's z-order; also the option ``sort-order``) or else
+        the table's sort order. Returns a
         ``RewriteDataFilesResult``."""
         from icecrypt.table.maintenance import actions as _maintenance
 

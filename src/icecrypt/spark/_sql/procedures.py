@@ -278,6 +278,7 @@ def _remove_orphan_files(table: Any, args: dict[str, Any]) -> list[list[Any]]:
 _REWRITE_OPTIONS = frozenset({
     "min-file-size-bytes", "max-file-size-bytes", "min-input-files", "delete-file-threshold",
     "delete-ratio-threshold", "rewrite-all", "max-file-group-size-bytes", "target-file-size-bytes",
+    "var-length-contribution", "max-output-size",  # (of a z-order)
 })  # fmt: skip
 
 

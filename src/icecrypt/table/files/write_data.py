@@ -66,6 +66,7 @@ from icecrypt.table.model.metadata_columns import LINEAGE
 from icecrypt.table.files.write_io import TableIO
 from icecrypt.table.model.schema import arrow_storage, arrow_write_schema
 from icecrypt.table.model.transforms import truncate_integers
+from icecrypt.table.files.zorder import ZOrder, struct_path_ids
 
 __all__ = ["DataWriteOptions", "conform", "iter_batches", "write_data_files"]
 
@@ -256,7 +257,7 @@ def table_sort_order(metadata: dict[str, Any]) -> SortOrder | None:
                 transform = field.transform
                 bad = type(transform).__name__ == "UnknownTransform" or (
                     min(getattr(transform, "num_buckets", 1), getattr(transform, "width", 1)) < 1)
-                if not bad and schema is not None and field.source_id in _struct_path_ids(schema):
+                if not bad and schema is not None and field.source_id in struct_path_ids(schema):
                     bad = not transform.can_transform(schema.find_field(field.source_id).field_type)
                 if bad:
                     raise FormatError(
@@ -266,10 +267,13 @@ def table_sort_order(metadata: dict[str, Any]) -> SortOrder | None:
     return None
 
 
-def sortable(order: SortOrder | None, schema: Schema) -> bool:
+def sortable(order: SortOrder | ZOrder | None, schema: Schema) -> bool:
     """Whether every field of ``order`` has a primitive source in ``schema`` outside lists
     and maps (an order read from storage may name a dropped or a repeated column: such
-    files are written unsorted and say so, ``sort_order_id`` 0)."""
+    files are written unsorted and say so, ``sort_order_id`` 0).  A z-order was checked
+    against the schema when it was made."""
+    if isinstance(order, ZOrder):
+        return True
     if order is None or not order.fields:
         return False
     for field in order.fields:
@@ -278,21 +282,9 @@ def sortable(order: SortOrder | None, schema: Schema) -> bool:
         except ValueError:
             return False
         name = schema.find_column_name(field.source_id)
-        if name is None or not source.field_type.is_primitive or field.source_id not in _struct_path_ids(schema):
+        if name is None or not source.field_type.is_primitive or field.source_id not in struct_path_ids(schema):
             return False
     return True
-
-
-def _struct_path_ids(schema: Schema) -> set[int]:
-    """Ids of the fields reachable through structs only (not inside a list or map)."""
-    found: set[int] = set()
-    pending = list(schema.fields)
-    while pending:
-        field = pending.pop()
-        found.add(field.field_id)
-        if field.field_type.is_struct:
-            pending.extend(field.field_type.fields)
-    return found
 
 
 def _sort_source(table: pa.Table, schema: Schema, source_id: int) -> pa.Array:
@@ -304,9 +296,14 @@ def _sort_source(table: pa.Table, schema: Schema, source_id: int) -> pa.Array:
     return column
 
 
-def sort_rows(table: pa.Table, order: SortOrder, schema: Schema) -> pa.Table:
+def sort_rows(table: pa.Table, order: SortOrder | ZOrder, schema: Schema) -> pa.Table:
     """``table``'s rows in ``order`` (stable): each key is the field's transform of its
-    source column, with its own direction and null placement."""
+    source column, with its own direction and null placement; or in a z-order."""
+    if isinstance(order, ZOrder):
+        if table.num_rows < 2:
+            return table
+        columns = [(_sort_source(table, schema, i), schema.find_field(i).field_type) for i in order.source_ids]
+        return table.take(pc.sort_indices(order.values(columns)))  # stable: equal z-values keep their order
     keys, names, sort_keys = [], [], []
     for i, field in enumerate(order.fields):
         values = _sort_source(table, schema, field.source_id)
@@ -427,7 +424,7 @@ def _statistics_plan(schema: Schema, properties: dict[str, str]) -> dict:
     from pyiceberg.io.pyarrow import MetricModeTypes, MetricsMode, compute_statistics_plan, match_metrics_mode
 
     plan = compute_statistics_plan(schema, properties)
-    struct_paths = _struct_path_ids(schema)
+    struct_paths = struct_path_ids(schema)
     none = MetricsMode(MetricModeTypes.NONE)
     default = properties.get("write.metadata.metrics.default", "truncate(16)")
     for field_id, collector in plan.items():
@@ -627,7 +624,7 @@ class _WriteJob:
     def __init__(self, io: TableIO, schema: Schema, spec: PartitionSpec, layout: WriteLayout,
                  properties: dict[str, str], options: DataWriteOptions, sort_order_id: int,
                  operation_id: str | None = None, task_id: int = 0, lineage: bool = False,
-                 sort_order: SortOrder | None = None) -> None:  # fmt: skip
+                 sort_order: SortOrder | ZOrder | None = None) -> None:  # fmt: skip
         self.io = io
         self.schema = schema
         self.plan = _PartitionPlan.create(spec, schema)

@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyiceberg.table.sorting import SortOrder
+from pyiceberg.transforms import IdentityTransform
 
 from icecrypt._paths import normalize_path, under_root, walk_files_beneath
 from icecrypt.errors import (
@@ -57,6 +58,7 @@ from icecrypt.table.commit.housekeeping import delete_logged_metadata_files
 from icecrypt.table.commit.pin import check_unambiguous
 from icecrypt.table.files.read import FileScanTask, _positions, read_task
 from icecrypt.table.files.write_data import DEFAULT_TARGET_FILE_SIZE, DataWriteOptions, table_sort_order, write_data_files
+from icecrypt.table.files.zorder import ZOrder, parse_zorder
 
 __all__ = [
     "KeyUsage",
@@ -247,13 +249,13 @@ def plan_rewrite(
 
     ``strategy`` (or the option ``strategy``): ``binpack`` (default) or ``sort``, which
     writes each group's rows sorted by ``sort_order`` (or the option ``sort-order``,
-    e.g. ``"id DESC NULLS LAST, name"``; default the table's sort order, which must
-    then be set).
+    e.g. ``"id DESC NULLS LAST, name"``, or ``"zorder(id, name)"`` (:mod:`..files.zorder`);
+    default the table's sort order, which must then be set).
     """
     options = {str(k): v for k, v in (options or {}).items()}
     target_obj, base_location, base = _fresh_base(table)
     chosen_order = _rewrite_order(base, base_location, strategy or options.get("strategy"),
-                                  sort_order if sort_order is not None else options.get("sort-order"))  # fmt: skip
+                                  sort_order if sort_order is not None else options.get("sort-order"), options)  # fmt: skip
     properties = base.get("properties") or {}
     target = target_file_size or int(properties.get("write.target-file-size-bytes", DEFAULT_TARGET_FILE_SIZE))
     if target <= 0:
@@ -338,9 +340,12 @@ def plan_rewrite(
     return plan
 
 
-def _rewrite_order(base: dict[str, Any], base_location: str, strategy: Any, sort_order: Any) -> SortOrder | None:
+def _rewrite_order(base: dict[str, Any], base_location: str, strategy: Any, sort_order: Any,
+                   options: dict[str, Any]) -> SortOrder | ZOrder | None:
     """The order a rewrite writes its rows in: None for bin-pack (the writer then uses
-    the table's order), the given or the table's order for ``sort``."""
+    the table's order), the given or the table's order for ``sort``; a z-order for a
+    ``sort_order`` of ``zorder(a, b)`` (Java's options ``var-length-contribution`` and
+    ``max-output-size``)."""
     from icecrypt.table.ops.sort_order import parse_sort_order, sort_order_json
 
     name = "binpack" if strategy is None else str(strategy).strip().lower()
@@ -355,6 +360,11 @@ def _rewrite_order(base: dict[str, Any], base_location: str, strategy: Any, sort
         if order is None:
             raise ValueError(f"{base_location}: cannot sort data: the table is unsorted and no sort order was given")
         return order
+    spec = w._specs(base)[base.get("default-spec-id", 0)]
+    identities = {f.source_id for f in spec.fields if isinstance(f.transform, IdentityTransform)}
+    zorder = parse_zorder(sort_order, w._schema(base), identities, options, where=f"{base_location}: ")
+    if zorder is not None:
+        return zorder
     fields = parse_sort_order(sort_order, w._schema(base), where=f"{base_location}: ")
     order = sort_order_json(base, fields)
     if order["order-id"] not in {o.get("order-id") for o in base.get("sort-orders") or ()}:

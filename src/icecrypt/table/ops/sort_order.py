@@ -21,7 +21,7 @@ from pyiceberg.types import PrimitiveType
 from icecrypt.table.model import changes as _model
 from icecrypt.table.ops.refs import _Operation
 from icecrypt.table.ops.spec import to_transform
-from icecrypt.table.files.write_data import _struct_path_ids
+from icecrypt.table.files.zorder import struct_path_ids
 
 __all__ = ["ReplaceSortOrder", "parse_sort_order", "sort_order_json"]
 
@@ -55,7 +55,7 @@ def sort_field_json(
     except ValueError:
         raise ValueError(f"{where}cannot sort by {column!r}: no such column in the schema") from None
     name = schema.find_column_name(field.field_id) or column
-    if field.field_id not in _struct_path_ids(schema):
+    if field.field_id not in struct_path_ids(schema):
         raise ValueError(f"{where}cannot sort by {name!r}: a field inside a list or map cannot be a sort key")
     if not isinstance(field.field_type, PrimitiveType):
         raise ValueError(f"{where}cannot sort by {name!r}: {field.field_type} is not a primitive type")
