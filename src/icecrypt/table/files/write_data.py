@@ -270,10 +270,10 @@ def table_sort_order(metadata: dict[str, Any]) -> SortOrder | None:
 def sortable(order: SortOrder | ZOrder | None, schema: Schema) -> bool:
     """Whether every field of ``order`` has a primitive source in ``schema`` outside lists
     and maps (an order read from storage may name a dropped or a repeated column: such
-    files are written unsorted and say so, ``sort_order_id`` 0).  A z-order was checked
-    against the schema when it was made."""
+    files are written unsorted and say so, ``sort_order_id`` 0).  A z-order's columns were
+    checked when it was made: they must still be there (a column dropped since: unsorted)."""
     if isinstance(order, ZOrder):
-        return True
+        return set(order.source_ids) <= struct_path_ids(schema)
     if order is None or not order.fields:
         return False
     for field in order.fields:
