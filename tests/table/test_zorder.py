@@ -218,8 +218,8 @@ def test_rewrite_writes_each_file_in_javas_zorder(table):
     assert {r["sort_order_id"] for r in table.inspect.files().to_pylist()} == {0}  # none of the table's orders
     assert table.scan().to_arrow().sort_by("id").equals(before)
     assert table.verify().ok and table.snapshots()[-1].summary["operation"] == "replace"
-    # the option sort-order, and the procedure's spelling in capitals
-    table.rewrite_data_files(options={"rewrite-all": "true", "strategy": "sort", "sort-order": "ZORDER(y), zorder(id)",
+    # the option sort-order; names and the keyword in any case (Spark's default resolution)
+    table.rewrite_data_files(options={"rewrite-all": "true", "strategy": "sort", "sort-order": "ZORDER(Y), zorder(id)",
                                       "max-output-size": "3"})
     for _, stored in _files(table):
         z = [java_zvalue((r["y"], r["id"]), [DoubleType(), LongType()], max_output=3) for r in stored.to_pylist()]

@@ -122,7 +122,7 @@ def parse_zorder(text: Any, schema: Schema, identity_sources: set[int], options:
                          "gives its z-value)")
     ids = []
     for name in names:
-        field = schema.find_field(name) if _has(schema, name) else None
+        field = _find(schema, name)
         if field is None:
             raise ValueError(f"{where}cannot z-order by {name!r}: no such column")
         if not isinstance(field.field_type, (*_WHOLE, FloatType, DoubleType, BooleanType, *_VARIABLE)):
@@ -151,12 +151,15 @@ def _split_terms(text: str) -> list[str]:
     return terms
 
 
-def _has(schema: Schema, name: str) -> bool:
-    try:
-        schema.find_field(name)
-    except ValueError:
-        return False
-    return True
+def _find(schema: Schema, name: str) -> Any:
+    """The field ``name`` names: exactly, or else ignoring case (as Spark's default
+    resolution, under which Java's procedure looks columns up)."""
+    for case_sensitive in (True, False):
+        try:
+            return schema.find_field(name, case_sensitive=case_sensitive)
+        except ValueError:
+            pass
+    return None
 
 
 def _positive_option(options: dict[str, Any], name: str, default: int, where: str) -> int:
