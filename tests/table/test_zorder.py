@@ -208,8 +208,9 @@ def _files(table):
 
 def test_rewrite_writes_each_file_in_javas_zorder(table):
     before = table.scan().to_arrow().sort_by("id")
-    result = table.rewrite_data_files(strategy="sort", sort_order="zorder(x, y, name, region)",
-                                      options={"rewrite-all": "true", "var-length-contribution": "4"})
+    with pytest.warns(UserWarning, match="'region' left out: an identity partition column"):
+        result = table.rewrite_data_files(strategy="sort", sort_order="zorder(x, y, name, region)",
+                                          options={"rewrite-all": "true", "var-length-contribution": "4"})
     assert result.rewritten_data_files == 12 and result.added_data_files == 2  # one per region
     types = [IntegerType(), DoubleType(), StringType()]  # region: an identity partition column, left out
     for _, stored in _files(table):
@@ -261,3 +262,12 @@ def test_a_zorder_whose_column_is_gone_writes_unsorted_files():
 
     schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "x", IntegerType()))
     assert sortable(ZOrder((1, 2)), schema) and not sortable(ZOrder((1, 3)), schema)
+
+
+def test_a_column_named_like_the_keyword_is_a_plain_sort_column(tmp_path):
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("zorder_rank", pa.int32())])
+    t = EncryptedTable.create(str(tmp_path / "p"), schema, kms=None, table_key_id=None)
+    t.append(pa.table({"id": [1, 2, 3], "zorder_rank": [2, 3, 1]}, schema=schema))
+    t.rewrite_data_files(strategy="sort", sort_order="zorder_rank DESC", options={"rewrite-all": "true"})
+    ((_, stored),) = _files(t)
+    assert stored["id"].to_pylist() == [2, 1, 3]

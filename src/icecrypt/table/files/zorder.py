@@ -18,14 +18,16 @@ Each column becomes bytes that sort as its values do:
 The columns' bits are interleaved (the first bit of each column, then the second, ...; a
 column out of bytes is passed over) into at most ``max-output-size`` bytes, and the rows
 are sorted by those bytes, unsigned.  Decimals, times, nanosecond timestamps and nested
-types cannot be z-ordered (as in Java); identity partition columns are left out (their
-value is constant within a partition; all of them: refused).
+types cannot be z-ordered (as in Java); identity partition columns are left out with a
+warning (their value is constant within a partition; all of them: refused); a column
+named twice contributes twice, as in Java.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,7 @@ _CHUNK_ROWS = 1 << 16
 _CANONICAL_NAN = np.uint64(0x7FF8000000000000)
 _SIGN = np.uint64(1 << 63)
 _ZORDER = re.compile(r"\s*zorder\s*\((?P<columns>[^()]*)\)\s*", re.IGNORECASE)
+_ZORDER_CALL = re.compile(r"(?<![\w`])zorder\s*\(", re.IGNORECASE)  # (a column named zorder_rank is a plain one)
 _WHOLE = (IntegerType, LongType, DateType, TimestampType, TimestamptzType)
 _VARIABLE = (StringType, UUIDType, BinaryType, FixedType)
 
@@ -108,7 +111,7 @@ def parse_zorder(text: Any, schema: Schema, identity_sources: set[int], options:
     """A :class:`ZOrder` for ``text`` when it is ``zorder(a, b, ...)`` (one or more such
     terms, comma-separated), None when it names no z-order; ValueError when it mixes
     z-order with plain sort columns or names a column that cannot be z-ordered."""
-    if not isinstance(text, str) or "zorder" not in text.lower():
+    if not isinstance(text, str) or not _ZORDER_CALL.search(text):
         return None
     terms = _split_terms(text)
     matched = [_ZORDER.fullmatch(term) for term in terms]
@@ -130,8 +133,11 @@ def parse_zorder(text: Any, schema: Schema, identity_sources: set[int], options:
                              "unsupported")
         if field.field_id not in struct_path_ids(schema):
             raise ValueError(f"{where}cannot z-order by {name!r}: a field inside a list or map")
-        if field.field_id not in identity_sources and field.field_id not in ids:
-            ids.append(field.field_id)
+        if field.field_id in identity_sources:  # as Java: left out, with a warning
+            warnings.warn(f"{where}z-order: column {name!r} left out: an identity partition column is constant "
+                          "within a partition", stacklevel=3)
+            continue
+        ids.append(field.field_id)  # a column named twice counts twice, as in Java
     if not ids:
         raise ValueError(f"{where}cannot z-order: every column given is an identity partition column (constant "
                          "within a partition)")
