@@ -123,7 +123,7 @@ def parse_zorder(text: Any, schema: Schema, identity_sources: set[int], options:
     if any(f.name.lower() == Z_COLUMN.lower() for f in schema.fields):
         raise ValueError(f"{where}cannot z-order: the table has a column named {Z_COLUMN!r} (the name Iceberg "
                          "gives its z-value)")
-    ids = []
+    ids, reachable = [], struct_path_ids(schema)
     for name in names:
         field = _find(schema, name)
         if field is None:
@@ -131,7 +131,7 @@ def parse_zorder(text: Any, schema: Schema, identity_sources: set[int], options:
         if not isinstance(field.field_type, (*_WHOLE, FloatType, DoubleType, BooleanType, *_VARIABLE)):
             raise ValueError(f"{where}cannot z-order by column {name!r} of type {field.field_type}: the type is "
                              "unsupported")
-        if field.field_id not in struct_path_ids(schema):
+        if field.field_id not in reachable:
             raise ValueError(f"{where}cannot z-order by {name!r}: a field inside a list or map")
         if field.field_id in identity_sources:  # as Java: left out, with a warning
             warnings.warn(f"{where}z-order: column {name!r} left out: an identity partition column is constant "
