@@ -217,11 +217,19 @@ OPT_SKIP_DELETES = "streaming-skip-delete-snapshots"
 _STREAM_OPTIONS = (OPT_STREAM_FROM_TIMESTAMP, OPT_MAX_FILES_PER_BATCH, OPT_MAX_ROWS_PER_BATCH, OPT_SKIP_OVERWRITES,
                    OPT_SKIP_DELETES)
 
+#: reads and writes, set by icecrypt's SQL catalog only (org.icecrypt.spark.catalog.SourceRewrite):
+#: a copy-on-write UPDATE, MERGE INTO or row-level DELETE of a table on an object store, as
+#: JSON ``{"command", "snapshot_id", "filters", "read"}``.  The read returns every live row
+#: of each data file the filters may match at that snapshot; the write's commit replaces
+#: those files (``read`` false: none) by the files written
+OPT_REWRITE = "icecrypt.rewrite"
+
 #: options of this source that are not KMS properties (``_common`` strips its own)
 _OWN_OPTIONS = frozenset({OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_BRANCH, OPT_TAG, OPT_LOCATION_MAP, OPT_FILTER,
                           OPT_TABLE_KEY_ID, OPT_WRITE_FORMAT, OPT_TARGET_FILE_SIZE, OPT_CATALOG, OPT_METADATA_TABLE,
                           OPT_OVERWRITE_MODE, OPT_OVERWRITE_FILTER, OPT_ISOLATION_LEVEL,
-                          OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG, *_STREAM_OPTIONS, OPT_NATIVE})
+                          OPT_WAP_ID, *_INCREMENTAL_OPTIONS, OPT_CHANGELOG, *_STREAM_OPTIONS, OPT_NATIVE,
+                          OPT_REWRITE})
 _KMS_PREFIX = "encryption.kms"
 
 
@@ -324,6 +332,67 @@ def _no_incremental(options: Mapping[str, str], where: str) -> None:
     given = [name for name in (*_INCREMENTAL_OPTIONS, OPT_CHANGELOG) if str(options.get(name) or "").strip()]
     if given and (given != [OPT_CHANGELOG] or _changelog(options)):
         raise ValueError(f"{NAME}: option(s) {', '.join(given)} (incremental reads) have no meaning {where}")
+
+
+class Rewrite:
+    """Option ``icecrypt.rewrite`` (:data:`OPT_REWRITE`), checked: what a copy-on-write
+    statement of the SQL catalog reads and replaces."""
+
+    def __init__(self, raw: str, options: Mapping[str, str], location: str) -> None:
+        try:
+            value = json.loads(raw)
+            command, snapshot_id, filters, read = (value["command"], value["snapshot_id"], value["filters"],
+                                                   value["read"])  # fmt: skip
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"{NAME}: table {location}: option {OPT_REWRITE} is malformed") from None
+        if (command not in ("update", "merge", "delete") or not isinstance(filters, list) or type(read) is not bool
+                or not (snapshot_id is None or type(snapshot_id) is int)):  # fmt: skip
+            raise ValueError(f"{NAME}: table {location}: option {OPT_REWRITE} is malformed")
+        if options.get(OPT_WAP_ID):
+            raise ValueError(f"{NAME}: table {location}: a {command.upper()} is not staged for write-audit-publish "
+                             f"(spark.wap.id, option {OPT_WAP_ID}); nothing was written")
+        given = [o for o in (OPT_FILTER, OPT_SNAPSHOT_ID, OPT_AS_OF_TIMESTAMP, OPT_TAG, OPT_METADATA_TABLE,
+                             OPT_OVERWRITE_MODE, OPT_OVERWRITE_FILTER, *_INCREMENTAL_OPTIONS) if options.get(o)]
+        if given:
+            raise ValueError(f"{NAME}: table {location}: option {OPT_REWRITE} goes with no option {given[0]}")
+        self.command, self.snapshot_id, self.filters, self.read = command, snapshot_id, filters, read
+        self.location = location
+
+    def row_filter(self, table: EncryptedTable) -> BooleanExpression:
+        """The filters, on the columns of the snapshot's schema (one without an Iceberg form
+        is left out: more files are read and replaced, never fewer)."""
+        from pyiceberg.expressions import AlwaysTrue
+
+        from icecrypt.spark._sql.filters import to_filter
+
+        if self.snapshot_id is None:
+            return AlwaysTrue()
+        return to_filter(self.filters, table.schema_for(table.snapshot(self.snapshot_id)))
+
+    def tasks(self, table: EncryptedTable, columns: Sequence[str] | None) -> list[FileScanTask]:
+        """The scan's tasks: every live row of each file the filters may match (none when the
+        scan was never built or the table had no snapshot)."""
+        import dataclasses
+
+        from pyiceberg.expressions import AlwaysTrue
+
+        if not self.read or self.snapshot_id is None:
+            return []
+        tasks = table.scan(columns=columns, row_filter=self.row_filter(table), snapshot_id=self.snapshot_id).plan_files()
+        return [dataclasses.replace(t, read=dataclasses.replace(t.read, row_filter=AlwaysTrue())) for t in tasks]
+
+    def files(self, table: EncryptedTable) -> list[str]:
+        """The data files the scan read: the ones the commit replaces."""
+        return list(dict.fromkeys(t.file.path for t in self.tasks(table, None)))
+
+
+#: the row lineage columns a rewrite's rows carry (icecrypt.table.model.metadata_columns.LINEAGE)
+_LINEAGE_COLUMNS = ("_row_id", "_last_updated_sequence_number")
+
+
+def _rewrite(options: Mapping[str, str], location: str) -> Rewrite | None:
+    raw = options.get(OPT_REWRITE)
+    return None if raw is None else Rewrite(raw, options, location)
 
 
 def _kms_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -451,7 +520,10 @@ class IcebergReader(DataSourceReader):
         self.location = _location(self.options, "load")
         table = _open_table(self.options, self.location)
         self.columns = list(schema.fieldNames())
+        self.rewrite = _rewrite(self.options, self.location)
         self.row_filter = parse_row_filter(self.options.get(OPT_FILTER))
+        if self.rewrite is not None and self.rewrite.snapshot_id is not None:
+            self.options[OPT_SNAPSHOT_ID] = str(self.rewrite.snapshot_id)  # the columns as that snapshot has them
         try:
             scan = _new_scan(table, self.options, self.columns, self.row_filter)
         except ValueError as exc:
@@ -468,6 +540,8 @@ class IcebergReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         table = getattr(self, "_table", None) or _open_table(self.options, self.location)
         try:
+            if self.rewrite is not None:
+                return [TaskPartition(i, task) for i, task in enumerate(self.rewrite.tasks(table, self.columns))]
             scan = _new_scan(table, self.options, self.columns, self.row_filter)
             tasks = scan.plan_changes() if isinstance(scan, ChangelogScan) else scan.plan_files()
         except Exception as exc:
@@ -631,8 +705,20 @@ class IcebergWriter(DataSourceArrowWriter):
         if self.wap_id is not None and (overwrite or self.branch is not None):
             raise ValueError(f"{NAME}: option {OPT_WAP_ID} stages an append; it goes with neither "
                              f"{OPT_BRANCH} nor an overwrite")
+        self.rewrite = _rewrite(self.options, self.location)
+        if self.rewrite is not None and overwrite:
+            raise ValueError(f"{NAME}: table {self.location}: option {OPT_REWRITE} goes with an append")
+        # a rewrite's rows carry their row lineage after the table's columns (SourceRewrite)
+        self.lineage = self.rewrite is not None and all(n in schema.fieldNames() for n in _LINEAGE_COLUMNS)
+        if self.lineage:
+            schema = StructType([f for f in schema.fields if f.name not in _LINEAGE_COLUMNS])
         self.dynamic, self.overwrite_filter, self.isolation = self._overwrite_options(overwrite)
         table, self.created = self._open_or_create(schema)
+        if self.rewrite is not None and table.format_version >= 3 and not self.lineage:
+            raise NotImplementedError(
+                f"{NAME}: table {self.location}: a copy-on-write {self.rewrite.command.upper()} that cannot carry the "
+                "rows' lineage (a table column takes the name _row_id or _last_updated_sequence_number) is not "
+                "supported on an object store; nothing was written")
         # one id for every data file of this job (file names carry it), so the driver
         # finds what attempts that died before reporting left behind
         self.operation_id = str(uuid.uuid4())
@@ -646,6 +732,8 @@ class IcebergWriter(DataSourceArrowWriter):
         # where the job starts: a dynamic or filtered overwrite validates the commits since
         # (Java's validateFromSnapshot), so one that added rows it would replace is a conflict
         self.start_snapshot_id = _head_id(table.metadata, self.branch or MAIN_BRANCH)
+        if self.rewrite is not None:  # the snapshot the statement read (validated from at commit)
+            self.start_snapshot_id = self.rewrite.snapshot_id
         self.filesystem = table.filesystem
         self.location_map = table.location_map or None
         self.table_roots = table.pin.roots()  # abort deletes nothing outside these
@@ -755,7 +843,7 @@ class IcebergWriter(DataSourceArrowWriter):
         try:
             data_files = write_files(self._table(), batches(), file_format=self.file_format,
                                      target_file_size=self.target_file_size, operation_id=self.operation_id,
-                                     task_id=_task_attempt_id(), lineage=lineage)
+                                     task_id=_task_attempt_id(), lineage=lineage or self.lineage)
         except Exception as exc:
             raise file_error(exc, f"{NAME}: writing data files of table {self.location}") from exc
         return TaskDataFiles(data_files)
@@ -763,7 +851,7 @@ class IcebergWriter(DataSourceArrowWriter):
     # --- driver -------------------------------------------------------------------------------
 
     def commit(self, messages: list[TaskDataFiles | None]) -> None:
-        from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite_files, overwrite_files_by_filter
+        from icecrypt.table.ops.rowlevel import dynamic_partition_overwrite_files, merge_files, overwrite_files_by_filter
         from icecrypt.table.ops.write import append_files, overwrite_files
 
         data_files = [f for message in messages if message is not None for f in message.data_files]
@@ -771,7 +859,14 @@ class IcebergWriter(DataSourceArrowWriter):
             table = self._table(commit=True)
             # deletes the data files if it fails (a tag named as branch, WAP not enabled, a
             # conflict with a concurrent commit, ...)
-            if self.overwrite_filter is not None:
+            if self.rewrite is not None:
+                removed = self.rewrite.files(table)
+                if not removed and not data_files:
+                    return  # the statement read no file and wrote no row: nothing changed
+                merge_files(table, data_files, removed=removed, kind=self.rewrite.command,
+                            conflict_filter=self.rewrite.row_filter(table), branch=self.branch,
+                            start_snapshot_id=self.start_snapshot_id)
+            elif self.overwrite_filter is not None:
                 overwrite_files_by_filter(table, data_files, self.overwrite_filter, isolation_level=self.isolation,
                                           branch=self.branch, start_snapshot_id=self.start_snapshot_id)  # fmt: skip
             elif self.dynamic:
@@ -834,7 +929,7 @@ class IcebergWriter(DataSourceArrowWriter):
                 self.filesystem.delete_dir(metadata_dir)
 
     def __repr__(self) -> str:
-        kind = "append"
+        kind = "append" if self.rewrite is None else f"copy-on-write {self.rewrite.command}"
         if self.overwrite:
             kind = "overwrite filtered" if self.overwrite_filter else "overwrite dynamic" if self.dynamic else "overwrite"
         return f"<IcebergWriter {self.location} {kind}>"

@@ -202,8 +202,9 @@ def object_store(described: dict[str, Any], spec: dict[str, Any], table: Any,
     properties, pin and KMS; every key stays in the data source's Python), with the
     selected snapshot, branch or tag as the source's options.  Reads and appends
     (``INSERT INTO``, ``INSERT OVERWRITE`` of the whole table, CTAS: ``write._stage``) work,
-    and ``DELETE FROM`` by a row filter (the driver's, as for every table); the other
-    row-level statements are refused, as Spark refuses them on such a source."""
+    ``DELETE FROM`` by a row filter (the driver's, as for every table), and the other
+    row-level statements as copy-on-write rewrites through the source (the JVM's
+    ``SourceRewrite``: option ``icecrypt.rewrite`` of :mod:`icecrypt.spark._iceberg`)."""
     from icecrypt.spark import _iceberg as ib
 
     if selection.changelog:

@@ -112,13 +112,19 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
                                    "Partition to which a row belongs to", null));
         }
         if (lineage()) {
-            // as Iceberg: an updated or reinserted row keeps its id; its sequence number is the new commit's
-            out.add(metadataColumn(Scans.ROW_ID_COLUMN, DataTypes.LongType, true, "Implicit row ID that is "
-                + "automatically assigned", new boolean[] {true, true, false}));
-            out.add(metadataColumn(Scans.SEQUENCE_COLUMN, DataTypes.LongType, true, "Sequence number when the row "
-                + "was last updated", new boolean[] {false, false, false}));
+            out.addAll(java.util.Arrays.asList(lineageMetadataColumns()));
         }
         return out.toArray(new MetadataColumn[0]);
+    }
+
+    /** _row_id and _last_updated_sequence_number, as Iceberg declares them. */
+    static MetadataColumn[] lineageMetadataColumns() {
+        // as Iceberg: an updated or reinserted row keeps its id; its sequence number is the new commit's
+        return new MetadataColumn[] {
+            metadataColumn(Scans.ROW_ID_COLUMN, DataTypes.LongType, true, "Implicit row ID that is "
+                + "automatically assigned", new boolean[] {true, true, false}),
+            metadataColumn(Scans.SEQUENCE_COLUMN, DataTypes.LongType, true, "Sequence number when the row "
+                + "was last updated", new boolean[] {false, false, false})};
     }
 
     /** {@code preserve}: on reinsert, update, delete (Spark's defaults when null). */

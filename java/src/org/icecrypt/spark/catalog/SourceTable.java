@@ -5,15 +5,17 @@
  * writes go through the data source Spark runs in its Python workers; the driver's
  * description names the table by this catalog (the source opens the same catalog: pins,
  * KMS) and gives the selected snapshot, branch or tag as the source's options.  Those
- * options hold catalog and KMS properties, never a key.  Reads and appends work, and
- * overwriting the whole table (and CTAS: StagedSourceTable); DELETE FROM with a condition
- * that has an Iceberg row filter form is the driver's, as for every table of the catalog
- * (IcebergTable); UPDATE, MERGE INTO and other deletes are refused by Spark (the source
- * supports no row-level operation).
+ * options hold catalog and KMS properties, never a key.  Reads (with the row lineage
+ * columns) and appends work, and overwriting the whole table (and CTAS:
+ * StagedSourceTable); DELETE FROM with a condition that has an Iceberg row filter form is
+ * the driver's, as for every table of the catalog (IcebergTable); UPDATE, MERGE INTO and
+ * the other deletes are copy-on-write rewrites through the source (SourceRewrite).
  */
 package org.icecrypt.spark.catalog;
 
+import java.util.Arrays;
 import java.util.EnumSet;
+import java.util.List;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.Optional;
@@ -21,27 +23,40 @@ import java.util.Set;
 
 import com.fasterxml.jackson.databind.JsonNode;
 
+import org.apache.spark.sql.connector.catalog.MetadataColumn;
 import org.apache.spark.sql.connector.catalog.SupportsDeleteV2;
+import org.apache.spark.sql.connector.catalog.SupportsMetadataColumns;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsRowLevelOperations;
 import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.expressions.Expressions;
+import org.apache.spark.sql.connector.expressions.NamedReference;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.expressions.filter.Predicate;
+import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.RowLevelOperation;
+import org.apache.spark.sql.connector.write.RowLevelOperationBuilder;
+import org.apache.spark.sql.connector.write.RowLevelOperationInfo;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
 import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
+class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, SupportsRowLevelOperations,
+        SupportsMetadataColumns {
     private final CatalogContext catalog;
     private final JsonNode description;
     private final StructType schema;
     private final Map<String, String> options;
     private final Table source;
+    private final Table withLineage;  // the source read with the row lineage columns after the table's (null: none)
 
     SourceTable(CatalogContext catalog, JsonNode description) {
         this.catalog = catalog;
@@ -51,6 +66,41 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
         PythonDataSourceV2 provider = new PythonDataSourceV2();
         provider.setShortName(description.path("source").asText());
         this.source = provider.getTable(schema, new Transform[0], options);
+        this.withLineage = lineage() ? provider.getTable(withLineage(schema), new Transform[0], options) : null;
+    }
+
+    /** Whether the rows have lineage (format version 3) that no data column hides. */
+    private boolean lineage() {
+        List<String> names = Arrays.asList(schema.fieldNames());
+        return Integer.parseInt(properties().getOrDefault("format-version", "2").trim()) >= 3
+            && !names.contains(Scans.ROW_ID_COLUMN) && !names.contains(Scans.SEQUENCE_COLUMN);
+    }
+
+    private static StructType withLineage(StructType schema) {
+        return schema.add(Scans.ROW_ID_COLUMN, DataTypes.LongType, true)
+            .add(Scans.SEQUENCE_COLUMN, DataTypes.LongType, true);
+    }
+
+    /** _row_id and _last_updated_sequence_number (the source reads them), as the catalog's other tables have them. */
+    @Override
+    public MetadataColumn[] metadataColumns() {
+        if (withLineage == null) {
+            return new MetadataColumn[0];
+        }
+        return java.util.Arrays.stream(IcebergTable.lineageMetadataColumns()).toArray(MetadataColumn[]::new);
+    }
+
+    /** The lineage columns a row-level statement's rows carry (none without lineage). */
+    NamedReference[] lineageColumns() {
+        if (withLineage == null) {
+            return new NamedReference[0];
+        }
+        return new NamedReference[] {Expressions.column(Scans.ROW_ID_COLUMN), Expressions.column(Scans.SEQUENCE_COLUMN)};
+    }
+
+    /** The source's table that reads the lineage columns too (for a scan that asks for them). */
+    Table sourceWithLineage() {
+        return withLineage != null ? withLineage : source;
     }
 
     @Override
@@ -102,7 +152,7 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
     }
 
     /** The statement's options over the description's (the table is the description's, always). */
-    private CaseInsensitiveStringMap merged(CaseInsensitiveStringMap given) {
+    CaseInsensitiveStringMap merged(CaseInsensitiveStringMap given) {
         Map<String, String> out = new HashMap<>(given);
         for (String key : options.keySet()) {
             if (given.containsKey(key) && !given.get(key).equals(options.get(key))) {
@@ -114,9 +164,34 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
         return new CaseInsensitiveStringMap(out);
     }
 
+    /** The source's scan; with the lineage columns when the statement reads them. */
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap given) {
-        return ((SupportsRead) source).newScanBuilder(merged(given));
+        CaseInsensitiveStringMap options = merged(given);
+        if (withLineage == null) {
+            return ((SupportsRead) source).newScanBuilder(options);
+        }
+        return new LineageAware(options);
+    }
+
+    private final class LineageAware implements ScanBuilder, SupportsPushDownRequiredColumns {
+        private final CaseInsensitiveStringMap options;
+        private boolean lineage;
+
+        LineageAware(CaseInsensitiveStringMap options) {
+            this.options = options;
+        }
+
+        @Override
+        public void pruneColumns(StructType required) {
+            List<String> names = Arrays.asList(required.fieldNames());
+            lineage = names.contains(Scans.ROW_ID_COLUMN) || names.contains(Scans.SEQUENCE_COLUMN);
+        }
+
+        @Override
+        public Scan build() {
+            return ((SupportsRead) (lineage ? withLineage : source)).newScanBuilder(options).build();
+        }
     }
 
     @Override
@@ -125,11 +200,15 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
             throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
                 + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
         }
-        final CaseInsensitiveStringMap all = merged(info.options());
-        return ((SupportsWrite) source).newWriteBuilder(new LogicalWriteInfo() {
+        return ((SupportsWrite) source).newWriteBuilder(writeInfo(info, merged(info.options()), info.schema()));
+    }
+
+    /** {@code info} with these options and this schema. */
+    static LogicalWriteInfo writeInfo(LogicalWriteInfo info, CaseInsensitiveStringMap options, StructType schema) {
+        return new LogicalWriteInfo() {
             @Override
             public CaseInsensitiveStringMap options() {
-                return all;
+                return options;
             }
 
             @Override
@@ -139,7 +218,7 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
 
             @Override
             public StructType schema() {
-                return info.schema();
+                return schema;
             }
 
             @Override
@@ -151,7 +230,35 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2 {
             public Optional<StructType> metadataSchema() {
                 return info.metadataSchema();
             }
-        });
+        };
+    }
+
+    /** The source's table (its scans and writes). */
+    Table source() {
+        return source;
+    }
+
+    /** What the driver needs to find the table again (identifier, snapshot, branch, ids). */
+    JsonNode ref() {
+        return description.get("ref");
+    }
+
+    /**
+     * UPDATE, MERGE INTO, and DELETE FROM whose condition has no row filter form: copy-on-write
+     * through the source (SourceRewrite), whatever write.<command>.mode says.
+     */
+    @Override
+    public RowLevelOperationBuilder newRowLevelOperationBuilder(RowLevelOperationInfo info) {
+        if (description.path("time_travel").asBoolean(false)) {
+            throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
+                + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
+        }
+        if (!info.options().isEmpty()) {
+            throw new IllegalArgumentException("icecrypt catalog: table " + name() + ": option "
+                + info.options().keySet().iterator().next() + " is not supported for " + info.command());
+        }
+        RowLevelOperation.Command command = info.command();
+        return () -> new SourceRewrite(this, command);
     }
 
     @Override
