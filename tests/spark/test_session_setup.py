@@ -30,13 +30,26 @@ def _run(mode: str, tmp_path: Path, env: dict[str, str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_register_on_a_session_without_the_extension_warns_once(tmp_path):
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+def test_register_on_a_session_without_the_extension_warns_once(tmp_path, moto_server):
+    """... and, icecrypt's jar there but not its extension, an UPDATE of a table on S3 fails
+    before anything is written (a Python source's writer cannot take Spark's own plan of it)."""
+    bucket = f"plain-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    client = moto_server.boto3_client("s3")
+    client.create_bucket(Bucket=bucket)
+    s3 = {"endpoint": moto_server.endpoint, "key": moto_server.access_key_id,
+          "secret": moto_server.secret_access_key, "region": moto_server.region, "bucket": bucket}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "ICECRYPT_JOB_S3": json.dumps(s3)}
     result = _run("plain", tmp_path, env)
     assert len(result["warnings"]) == 1, result
     warning = result["warnings"][0]
     assert warning.startswith("RuntimeWarning: "), warning
     assert "icecrypt.spark.configure" in warning and "without icecrypt's session extension" in warning, warning
+    assert result["update"] is not None and "session extension" in result["update"], result
+    assert "nothing was written" in result["update"], result
+    assert result["table"] == [[1, "a"], [2, "b"]] and result["snapshots"] == 1, result
+    data = [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])
+            if "/data/" in o["Key"] and not o["Key"].endswith("/")]
+    assert len(data) == 1, data  # the INSERT's file only
 
 
 def test_configure_runs_workers_on_the_drivers_interpreter(tmp_path):

@@ -196,6 +196,25 @@ def test_row_level_statements_keep_row_lineage_on_s3(s3cat):
     assert cat.rows("SELECT id, s FROM {c}.db.lineage ORDER BY id") == [(1, "x"), (2, "b"), (3, "c")]
 
 
+def test_plaintext_tables_on_s3(s3cat):
+    """A table without encryption.key-id on S3 (the catalog has a KMS): INSERT, CTAS, UPDATE
+    and MERGE work and write plain Parquet (before: every write failed, the source taking
+    the table for an encrypted one without keys)."""
+    cat = s3cat
+    cat.sql("CREATE TABLE {c}.db.plain (id bigint, s string) USING iceberg")
+    cat.sql("INSERT INTO {c}.db.plain VALUES (1, 'a'), (2, 'b')")
+    cat.sql("CREATE TABLE {c}.db.plain_copy USING iceberg AS SELECT * FROM {c}.db.plain WHERE id = 2")
+    cat.sql("UPDATE {c}.db.plain SET s = 'x' WHERE id = 1")
+    cat.sql("MERGE INTO {c}.db.plain t USING {c}.db.plain_copy u ON t.id = u.id "
+            "WHEN MATCHED THEN DELETE WHEN NOT MATCHED BY SOURCE THEN UPDATE SET s = concat(t.s, '!')")
+    assert cat.rows("SELECT * FROM {c}.db.plain") == [(1, "x!")]
+    assert cat.rows("SELECT * FROM {c}.db.plain_copy") == [(2, "b")]
+    assert not cat.table("db.plain").encrypted
+    for name in ("plain", "plain_copy"):
+        data = _data_objects(cat, name)
+        assert data and all(v[:4] == b"PAR1" for v in data.values()), sorted(data)
+
+
 def test_partition_overwrite_is_refused_on_s3(s3cat):
     cat = s3cat
     cat.sql("CREATE TABLE IF NOT EXISTS {c}.db.rowlevel (id bigint, s string) USING iceberg PARTITIONED BY (s) "

@@ -206,6 +206,7 @@ def object_store(described: dict[str, Any], spec: dict[str, Any], table: Any,
     row-level statements as copy-on-write rewrites through the source (the JVM's
     ``SourceRewrite``: option ``icecrypt.rewrite`` of :mod:`icecrypt.spark._iceberg`)."""
     from icecrypt.spark import _iceberg as ib
+    from icecrypt.spark._common import ENCRYPTION_NONE, OPT_ENCRYPTION
 
     if selection.changelog:
         raise Unsupported(f"{described['name']}: the changelog of a table on an object store is not served in SQL "
@@ -222,6 +223,8 @@ def object_store(described: dict[str, Any], spec: dict[str, Any], table: Any,
                           (ib.OPT_BRANCH, branch), (ib.OPT_TAG, tag)):
         if value is not None:
             options[option] = str(value)
+    if not described["encrypted"]:  # the catalog's (pinned) view of the table: the source takes it as plaintext
+        options[OPT_ENCRYPTION] = ENCRYPTION_NONE
     if described["ref"].get("wap_id") is not None:
         options[ib.OPT_WAP_ID] = described["ref"]["wap_id"]
     if branch is None and described["ref"].get("branch") not in (None, "main"):
