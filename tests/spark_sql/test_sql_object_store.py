@@ -196,6 +196,23 @@ def test_row_level_statements_keep_row_lineage_on_s3(s3cat):
     assert cat.rows("SELECT id, s FROM {c}.db.lineage ORDER BY id") == [(1, "x"), (2, "b"), (3, "c")]
 
 
+def test_metadata_columns_on_s3(s3cat):
+    """_file, _pos, _spec_id and _deleted read on S3 as the table API reads them; with
+    _deleted selected, a row a deletion vector removed is read and marked (as Iceberg)."""
+    cat = s3cat
+    cat.sql("CREATE TABLE {c}.db.meta (id bigint, s string) USING iceberg TBLPROPERTIES "
+            "('encryption.key-id'='master', 'write.delete.mode'='merge-on-read')")
+    cat.sql("INSERT INTO {c}.db.meta VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    cat.sql("DELETE FROM {c}.db.meta WHERE id = 2")
+    assert cat.rows("SELECT id FROM {c}.db.meta ORDER BY id") == [(1,), (3,)]
+    assert cat.rows("SELECT id, _deleted FROM {c}.db.meta ORDER BY id") == [(1, False), (2, True), (3, False)]
+    got = cat.rows("SELECT id, _file, _pos, _spec_id FROM {c}.db.meta ORDER BY id")
+    api = cat.table("db.meta").scan(columns=["id", "_file", "_pos", "_spec_id"]).to_arrow()
+    assert got == sorted(zip(*(api[c].to_pylist() for c in api.column_names)))
+    assert all(r[1].startswith(f"s3://{cat.bucket}/") and r[3] == 0 for r in got), got
+    assert cat.rows("SELECT count(*) FROM {c}.db.meta WHERE _deleted") == [(1,)]
+
+
 def test_plaintext_tables_on_s3(s3cat):
     """A table without encryption.key-id on S3 (the catalog has a KMS): INSERT, CTAS, UPDATE
     and MERGE work and write plain Parquet (before: every write failed, the source taking

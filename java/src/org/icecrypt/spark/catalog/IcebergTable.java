@@ -128,7 +128,7 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
     }
 
     /** {@code preserve}: on reinsert, update, delete (Spark's defaults when null). */
-    private static MetadataColumn metadataColumn(String name, DataType type, boolean nullable, String comment,
+    static MetadataColumn metadataColumn(String name, DataType type, boolean nullable, String comment,
                                                  boolean[] preserve) {
         return new MetadataColumn() {
             @Override

@@ -144,7 +144,11 @@ public final class SourceRewrite implements RowLevelOperation {
             String rewrite = rewrite(filters, true);
             scanned = rewrite;
             CaseInsensitiveStringMap options = new CaseInsensitiveStringMap(options(given, rewrite, true));
-            return ((SupportsRead) table.sourceWithLineage()).newScanBuilder(options).build();
+            List<String> lineage = new ArrayList<>();
+            for (NamedReference column : table.lineageColumns()) {
+                lineage.add(column.fieldNames()[0]);
+            }
+            return ((SupportsRead) table.sourceWith(lineage)).newScanBuilder(options).build();
         }
     }
 

@@ -5,14 +5,15 @@
  * writes go through the data source Spark runs in its Python workers; the driver's
  * description names the table by this catalog (the source opens the same catalog: pins,
  * KMS) and gives the selected snapshot, branch or tag as the source's options.  Those
- * options hold catalog and KMS properties, never a key.  Reads (with the row lineage
- * columns) and appends work, and overwriting the whole table (and CTAS:
+ * options hold catalog and KMS properties, never a key.  Reads (with the metadata
+ * columns but _partition) and appends work, and overwriting the whole table (and CTAS:
  * StagedSourceTable); DELETE FROM with a condition that has an Iceberg row filter form is
  * the driver's, as for every table of the catalog (IcebergTable); UPDATE, MERGE INTO and
  * the other deletes are copy-on-write rewrites through the source (SourceRewrite).
  */
 package org.icecrypt.spark.catalog;
 
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.EnumSet;
 import java.util.List;
@@ -56,7 +57,8 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
     private final StructType schema;
     private final Map<String, String> options;
     private final Table source;
-    private final Table withLineage;  // the source read with the row lineage columns after the table's (null: none)
+    private final PythonDataSourceV2 provider;
+    private final List<MetadataColumn> metadata;  // the metadata columns the source reads
 
     SourceTable(CatalogContext catalog, JsonNode description) {
         this.catalog = catalog;
@@ -66,41 +68,68 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
         PythonDataSourceV2 provider = new PythonDataSourceV2();
         provider.setShortName(description.path("source").asText());
         this.source = provider.getTable(schema, new Transform[0], options);
-        this.withLineage = lineage() ? provider.getTable(withLineage(schema), new Transform[0], options) : null;
+        this.provider = provider;
+        this.metadata = metadata(schema, lineage());
     }
 
-    /** Whether the rows have lineage (format version 3) that no data column hides. */
+    /** Whether the table has row lineage (format version 3). */
     private boolean lineage() {
+        return Integer.parseInt(properties().getOrDefault("format-version", "2").trim()) >= 3;
+    }
+
+    /**
+     * The metadata columns the source reads (as the catalog's other tables have them, but
+     * _partition), those no data column hides: _file, _pos, _spec_id, _deleted (selected,
+     * a deleted row is read and marked, as Iceberg reads it), and with lineage _row_id and
+     * _last_updated_sequence_number.
+     */
+    private static List<MetadataColumn> metadata(StructType schema, boolean lineage) {
+        List<MetadataColumn> all = new ArrayList<>(Arrays.asList(
+            IcebergTable.metadataColumn(Scans.FILE_COLUMN, DataTypes.StringType, false,
+                                        "Path of the file in which a row is stored", null),
+            IcebergTable.metadataColumn(Scans.POS_COLUMN, DataTypes.LongType, false,
+                                        "Ordinal position of a row in the source data file", null),
+            IcebergTable.metadataColumn(Scans.SPEC_ID_COLUMN, DataTypes.IntegerType, false,
+                                        "Spec ID used to track the file containing a row", null),
+            IcebergTable.metadataColumn(DELETED_COLUMN, DataTypes.BooleanType, false,
+                                        "Whether the row has been deleted", null)));
+        if (lineage) {
+            all.addAll(Arrays.asList(IcebergTable.lineageMetadataColumns()));
+        }
         List<String> names = Arrays.asList(schema.fieldNames());
-        return Integer.parseInt(properties().getOrDefault("format-version", "2").trim()) >= 3
-            && !names.contains(Scans.ROW_ID_COLUMN) && !names.contains(Scans.SEQUENCE_COLUMN);
+        all.removeIf(column -> names.contains(column.name()));
+        return all;
     }
 
-    private static StructType withLineage(StructType schema) {
-        return schema.add(Scans.ROW_ID_COLUMN, DataTypes.LongType, true)
-            .add(Scans.SEQUENCE_COLUMN, DataTypes.LongType, true);
-    }
+    /** Iceberg's metadata column of deleted rows (MetadataColumns.IS_DELETED). */
+    static final String DELETED_COLUMN = "_deleted";
 
-    /** _row_id and _last_updated_sequence_number (the source reads them), as the catalog's other tables have them. */
     @Override
     public MetadataColumn[] metadataColumns() {
-        if (withLineage == null) {
-            return new MetadataColumn[0];
-        }
-        return java.util.Arrays.stream(IcebergTable.lineageMetadataColumns()).toArray(MetadataColumn[]::new);
+        return metadata.toArray(new MetadataColumn[0]);
     }
 
-    /** The lineage columns a row-level statement's rows carry (none without lineage). */
+    /** The lineage columns a row-level statement's rows carry (none without lineage, or when a data column hides one). */
     NamedReference[] lineageColumns() {
-        if (withLineage == null) {
+        List<String> names = new ArrayList<>();
+        for (MetadataColumn column : metadata) {
+            names.add(column.name());
+        }
+        if (!names.contains(Scans.ROW_ID_COLUMN) || !names.contains(Scans.SEQUENCE_COLUMN)) {
             return new NamedReference[0];
         }
         return new NamedReference[] {Expressions.column(Scans.ROW_ID_COLUMN), Expressions.column(Scans.SEQUENCE_COLUMN)};
     }
 
-    /** The source's table that reads the lineage columns too (for a scan that asks for them). */
-    Table sourceWithLineage() {
-        return withLineage != null ? withLineage : source;
+    /** The source's table that reads the metadata columns {@code names} after the table's columns. */
+    Table sourceWith(List<String> names) {
+        StructType out = schema;
+        for (MetadataColumn column : metadata) {
+            if (names.contains(column.name())) {
+                out = out.add(column.name(), column.dataType(), column.isNullable());
+            }
+        }
+        return out.size() == schema.size() ? source : provider.getTable(out, new Transform[0], options);
     }
 
     @Override
@@ -164,33 +193,33 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
         return new CaseInsensitiveStringMap(out);
     }
 
-    /** The source's scan; with the lineage columns when the statement reads them. */
+    /** The source's scan; with the metadata columns the statement reads. */
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap given) {
         CaseInsensitiveStringMap options = merged(given);
-        if (withLineage == null) {
+        if (metadata.isEmpty()) {
             return ((SupportsRead) source).newScanBuilder(options);
         }
-        return new LineageAware(options);
+        return new WithMetadata(options);
     }
 
-    private final class LineageAware implements ScanBuilder, SupportsPushDownRequiredColumns {
+    private final class WithMetadata implements ScanBuilder, SupportsPushDownRequiredColumns {
         private final CaseInsensitiveStringMap options;
-        private boolean lineage;
+        private List<String> required = new ArrayList<>();
 
-        LineageAware(CaseInsensitiveStringMap options) {
+        WithMetadata(CaseInsensitiveStringMap options) {
             this.options = options;
         }
 
+        /** Every data column is read (the source prunes none); the metadata columns asked for after them. */
         @Override
-        public void pruneColumns(StructType required) {
-            List<String> names = Arrays.asList(required.fieldNames());
-            lineage = names.contains(Scans.ROW_ID_COLUMN) || names.contains(Scans.SEQUENCE_COLUMN);
+        public void pruneColumns(StructType columns) {
+            required = Arrays.asList(columns.fieldNames());
         }
 
         @Override
         public Scan build() {
-            return ((SupportsRead) (lineage ? withLineage : source)).newScanBuilder(options).build();
+            return ((SupportsRead) sourceWith(required)).newScanBuilder(options).build();
         }
     }
 
