@@ -154,6 +154,19 @@ def test_update_delete_and_merge_on_s3(s3cat):
     check()
 
 
+def test_row_level_statements_on_an_empty_table_on_s3(s3cat):
+    """A table without a snapshot: UPDATE and DELETE commit nothing, MERGE inserts."""
+    cat = s3cat
+    cat.sql("CREATE TABLE {c}.db.empty (id bigint, s string) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
+    cat.sql("UPDATE {c}.db.empty SET s = 'x' WHERE id = 1")
+    cat.sql("DELETE FROM {c}.db.empty WHERE id + 1 = 2")
+    assert cat.table("db.empty").snapshots() == []
+    cat.sql("MERGE INTO {c}.db.empty t USING (SELECT 1 AS id, 'new' AS s) u ON t.id = u.id "
+            "WHEN MATCHED THEN DELETE WHEN NOT MATCHED THEN INSERT *")
+    assert cat.rows("SELECT * FROM {c}.db.empty") == [(1, "new")]
+    assert len(cat.table("db.empty").snapshots()) == 1
+
+
 def test_a_failed_merge_on_s3_changes_nothing(s3cat):
     """A MERGE whose source matches one target row twice fails (Spark's cardinality check)
     and leaves the table and its objects as they were."""
