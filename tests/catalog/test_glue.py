@@ -114,6 +114,21 @@ def test_namespaces_are_glue_databases(glue_catalog, glue, moto_server, glue_buc
         glue_catalog.drop_namespace(name)
 
 
+def test_namespace_properties_are_the_databases(glue_catalog, glue, glue_bucket):
+    name = f"ns_{uuid.uuid4().hex[:8]}"
+    glue_catalog.create_namespace(name, {"location": f"s3://{glue_bucket}/p/{name}", "comment": "orders", "a": "1"})
+    assert glue_catalog.namespace_properties(name) == {"location": f"s3://{glue_bucket}/p/{name}", "comment": "orders",
+                                                       "a": "1"}
+    assert glue.get_database(Name=name)["Database"]["Description"] == "orders"
+    glue_catalog.update_namespace_properties(name, removals=["comment", "a"], updates={"b": "2"})
+    assert glue_catalog.namespace_properties(name) == {"location": f"s3://{glue_bucket}/p/{name}", "b": "2"}
+    record = glue.get_database(Name=name)["Database"]
+    assert record["Parameters"] == {"b": "2"} and "Description" not in record
+    glue_catalog.drop_namespace(name)
+    with pytest.raises(NoSuchNamespaceError, match=name):
+        glue_catalog.update_namespace_properties(name, updates={"c": "3"})
+
+
 def test_namespace_names_glue_refuses(glue_catalog, database):
     # Glue has one level of databases
     assert not glue_catalog.namespace_exists((database, "sub"))

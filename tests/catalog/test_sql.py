@@ -69,6 +69,29 @@ def test_namespaces(catalog):
         catalog.create_namespace("a..b")
 
 
+def test_namespace_properties(catalog):
+    catalog.create_namespace("db", {"owner": "me", "comment": "orders"})
+    assert catalog.namespace_properties("db") == {"owner": "me", "comment": "orders"}
+    catalog.update_namespace_properties("db", removals=["comment"], updates={"owner": "you", "team": "x"})
+    assert catalog.namespace_properties("db") == {"owner": "you", "team": "x"}
+    catalog.update_namespace_properties("db", removals=["absent"])  # removing what is not there: nothing
+    assert catalog.namespace_properties("db") == {"owner": "you", "team": "x"}
+    with pytest.raises(ValueError, match="both removed and set"):
+        catalog.update_namespace_properties("db", removals=["team"], updates={"team": "y"})
+    with pytest.raises(ValueError, match="'exists'"):
+        catalog.update_namespace_properties("db", updates={"exists": "false"})
+    assert catalog.namespace_properties("db") == {"owner": "you", "team": "x"}
+    with pytest.raises(NoSuchNamespaceError, match="nope"):
+        catalog.namespace_properties("nope")
+    with pytest.raises(NoSuchNamespaceError, match="nope"):
+        catalog.update_namespace_properties("nope", updates={"a": "b"})
+    catalog.create_namespace("bare")
+    assert catalog.namespace_properties("bare") == {}
+    catalog.update_namespace_properties("bare", updates={"a": "b"})
+    assert catalog.namespace_properties("bare") == {"a": "b"}
+    assert catalog.list_namespaces() == [("bare",), ("db",)]
+
+
 def test_create_append_load_encrypted(catalog):
     catalog.create_namespace("db")
     table = catalog.create_table("db.events", SCHEMA, table_key_id="keyA", properties={"owner": "test"})

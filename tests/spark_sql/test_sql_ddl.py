@@ -47,6 +47,32 @@ def test_namespaces(new_catalog):
             catalog.sql("SHOW TABLES IN {c}.missing")
 
 
+def test_namespace_properties(new_catalog):
+    """CREATE NAMESPACE ... COMMENT / LOCATION / WITH PROPERTIES keeps them, DESCRIBE shows
+    them, ALTER NAMESPACE sets and unsets them (a hadoop catalog keeps none: refused)."""
+    catalog = new_catalog("sql")
+    catalog.sql("CREATE NAMESPACE {c}.ns COMMENT 'the orders' WITH PROPERTIES ('team'='sales', 'tier'='1')")
+
+    def described() -> dict:
+        return {r[0]: r[1] for r in catalog.rows("DESCRIBE NAMESPACE EXTENDED {c}.ns")}
+
+    shown = described()
+    assert shown["Comment"] == "the orders" and "(team,sales)" in shown["Properties"], shown
+    assert "(tier,1)" in shown["Properties"], shown
+    catalog.sql("ALTER NAMESPACE {c}.ns SET PROPERTIES ('tier'='2', 'region'='eu')")
+    catalog.sql("ALTER NAMESPACE {c}.ns UNSET PROPERTIES ('team')")
+    shown = described()
+    assert "(tier,2)" in shown["Properties"] and "(region,eu)" in shown["Properties"], shown
+    assert "team" not in shown["Properties"], shown
+    assert catalog.icecrypt().namespace_properties("ns") == {"comment": "the orders", "tier": "2",
+                                                                   "region": "eu"}
+    with pytest.raises(AnalysisException, match="SCHEMA_NOT_FOUND|not found|cannot be found"):
+        catalog.sql("ALTER NAMESPACE {c}.missing SET PROPERTIES ('a'='b')")
+    hadoop = new_catalog("hadoop")
+    hadoop.sql("CREATE NAMESPACE {c}.ns")
+    assert "keeps no namespace properties" in _error(hadoop, "ALTER NAMESPACE {c}.ns SET PROPERTIES ('a'='b')")
+
+
 def test_create_table_transforms_and_properties(kinds):
     kinds.sql("CREATE TABLE {c}.db.parts (id bigint, n int, s string, d date, ts timestamp, tn timestamp_ntz, "
               "dec decimal(9,2), b binary) USING iceberg PARTITIONED BY (identity(n), bucket(8, id), truncate(3, s), "

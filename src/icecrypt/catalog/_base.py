@@ -18,7 +18,7 @@ import os
 import posixpath
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -438,6 +438,29 @@ class Catalog:
         """Drop an empty namespace (NoSuchNamespaceError, NamespaceNotEmptyError)."""
         self._ns_drop(self._namespace(namespace))
 
+    def namespace_properties(self, namespace: Identifier) -> dict[str, str]:
+        """The properties of ``namespace`` (NoSuchNamespaceError): those it was created or
+        updated with (a namespace that exists only through its tables has none)."""
+        ns = self._namespace(namespace)
+        if not self._ns_exists(ns):
+            raise NoSuchNamespaceError(f"{self._describe(ns)} does not exist")
+        return self._ns_properties(ns)
+
+    def update_namespace_properties(self, namespace: Identifier, removals: Iterable[str] = (),
+                                    updates: Mapping[str, str] | None = None) -> None:
+        """Remove the properties ``removals`` and set ``updates`` of ``namespace``, at once
+        (NoSuchNamespaceError; ValueError for a key in both)."""
+        ns = self._namespace(namespace)
+        removed = {str(k) for k in removals}
+        changed = {str(k): str(v) for k, v in (updates or {}).items()}
+        both = removed & set(changed)
+        if both:
+            raise ValueError(f"{self._describe(ns)}: property {sorted(both)[0]!r} is both removed and set")
+        if not self._ns_exists(ns):
+            raise NoSuchNamespaceError(f"{self._describe(ns)} does not exist")
+        if removed or changed:
+            self._ns_update(ns, removed, changed)
+
     # --- tables -----------------------------------------------------------------------------
 
     def _store(
@@ -769,6 +792,12 @@ class Catalog:
         raise NotImplementedError
 
     def _ns_drop(self, namespace: tuple[str, ...]) -> None:
+        raise NotImplementedError
+
+    def _ns_properties(self, namespace: tuple[str, ...]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _ns_update(self, namespace: tuple[str, ...], removals: set[str], updates: dict[str, str]) -> None:
         raise NotImplementedError
 
     def _table_location(self, namespace: tuple[str, ...], name: str) -> str | None:

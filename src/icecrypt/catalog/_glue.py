@@ -185,6 +185,9 @@ def _error_code(exc: BaseException) -> str | None:
 #: in ``GlueCatalog._call``'s ``errors``: answer None for this Glue error code
 _NONE = object()
 
+#: the namespace properties a Glue database keeps as its description (PyIceberg's, Iceberg Java's)
+_DESCRIPTION_KEYS = frozenset({"Description", "comment"})
+
 
 class GlueCatalog(Catalog):
     """Iceberg tables in AWS Glue, their files on S3 (configured by the ``s3.*``
@@ -300,7 +303,7 @@ class GlueCatalog(Catalog):
         for key, value in (properties or {}).items():
             if key == "location":  # as PyIceberg and Java map them
                 database_input["LocationUri"] = value
-            elif key == "Description":
+            elif key in _DESCRIPTION_KEYS:
                 database_input["Description"] = value
             else:
                 parameters[key] = value
@@ -323,6 +326,44 @@ class GlueCatalog(Catalog):
 
     def _ns_list(self) -> list[tuple[str, ...]]:
         return [(database["Name"],) for database in self._pages("list databases", "get_databases", "DatabaseList")]
+
+    def _ns_properties(self, namespace: tuple[str, ...]) -> dict[str, str]:
+        """The database's parameters, its location as ``location`` and its description as
+        ``comment`` (Iceberg Java's names, which Spark shows)."""
+        database = self._get_database(self._database(namespace)) or {}
+        out = {str(k): str(v) for k, v in (database.get("Parameters") or {}).items()}
+        if database.get("LocationUri"):
+            out["location"] = database["LocationUri"]
+        if database.get("Description"):
+            out["comment"] = database["Description"]
+        return out
+
+    def _ns_update(self, namespace: tuple[str, ...], removals: set[str], updates: dict[str, str]) -> None:
+        name = self._database(namespace)
+        database = self._get_database(name)
+        if database is None:
+            raise self._no_database(name)()
+        parameters = {k: v for k, v in (database.get("Parameters") or {}).items() if k not in removals}
+        database_input: dict[str, Any] = {"Name": name}
+        location, description = database.get("LocationUri"), database.get("Description")
+        if "location" in removals:
+            location = None
+        if removals & _DESCRIPTION_KEYS:
+            description = None
+        for key, value in updates.items():
+            if key == "location":
+                location = value
+            elif key in _DESCRIPTION_KEYS:
+                description = value
+            else:
+                parameters[key] = value
+        database_input["Parameters"] = parameters
+        if location:
+            database_input["LocationUri"] = location
+        if description:
+            database_input["Description"] = description
+        errors = {"EntityNotFoundException": self._no_database(name)}
+        self._call(f"update database {name}", "update_database", errors, Name=name, DatabaseInput=database_input)
 
     def _ns_drop(self, namespace: tuple[str, ...]) -> None:
         database = self._database(namespace)

@@ -310,6 +310,30 @@ class SqlCatalog(Catalog):
             n = self._namespaces.c
             conn.execute(delete(self._namespaces).where(n.catalog_name == self.name, n.namespace == _show(namespace)))
 
+    def _ns_properties(self, namespace: tuple[str, ...]) -> dict[str, str]:
+        from sqlalchemy import select
+
+        n = self._namespaces.c
+        stmt = select(n.property_key, n.property_value).where(n.catalog_name == self.name,
+                                                               n.namespace == _show(namespace))
+        with self._db("namespace properties") as conn:
+            return {k: v for k, v in conn.execute(stmt) if k != NAMESPACE_EXISTS_PROPERTY and v is not None}
+
+    def _ns_update(self, namespace: tuple[str, ...], removals: set[str], updates: dict[str, str]) -> None:
+        from sqlalchemy import delete, insert
+
+        if NAMESPACE_EXISTS_PROPERTY in removals | set(updates):
+            raise ValueError(f"{self._describe(namespace)}: property {NAMESPACE_EXISTS_PROPERTY!r} is the catalog's own")
+        n = self._namespaces.c
+        text = _show(namespace)
+        rows = {NAMESPACE_EXISTS_PROPERTY: "true", **updates}  # a namespace known by its tables only gets its row
+        with self._db("namespace properties update", write=True) as conn:
+            conn.execute(delete(self._namespaces).where(n.catalog_name == self.name, n.namespace == text,
+                                                        n.property_key.in_(removals | set(rows))))
+            conn.execute(insert(self._namespaces), [
+                {"catalog_name": self.name, "namespace": text, "property_key": k, "property_value": v}
+                for k, v in rows.items()])
+
     # --- tables ---------------------------------------------------------------------------------
 
     def _table_location(self, namespace: tuple[str, ...], name: str) -> str | None:

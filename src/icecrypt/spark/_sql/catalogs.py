@@ -153,6 +153,15 @@ class PathCatalog:
                                f"properties ({', '.join(sorted(properties))})")
         os.makedirs(path)
 
+    def namespace_properties(self, namespace: tuple[str, ...]) -> dict[str, str]:
+        if not self.namespace_exists(namespace):
+            raise NoSuchNamespaceError(f"{self._describe(namespace, 'namespace')} does not exist")
+        return {}  # a directory: no properties
+
+    def update_namespace_properties(self, namespace: tuple[str, ...], removals: Any = (),
+                                    updates: Mapping[str, str] | None = None) -> None:
+        raise CatalogError(f"{self._describe(namespace, 'namespace')}: a hadoop catalog keeps no namespace properties")
+
     def list_namespaces(self) -> list[tuple[str, ...]]:
         found = []
         for directory, names, _ in os.walk(self.warehouse):

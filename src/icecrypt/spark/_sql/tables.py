@@ -41,7 +41,16 @@ def _namespace_metadata(bridge: Any, request: dict[str, Any]) -> Any:
     namespace = identifier(request["namespace"])
     if not namespace or not catalog.namespace_exists(namespace):
         raise NoSuchNamespaceError(f"catalog {catalog.name!r}: namespace {'.'.join(namespace)} does not exist")
-    return {}
+    return catalog.namespace_properties(namespace)
+
+
+@method("alter_namespace")
+def _alter_namespace(bridge: Any, request: dict[str, Any]) -> Any:
+    """ALTER NAMESPACE ... SET / UNSET PROPERTIES (and SET LOCATION): one update."""
+    _, catalog = catalog_of(request)
+    catalog.update_namespace_properties(identifier(request["namespace"]), request.get("remove") or [],
+                                        request.get("set") or {})
+    return True
 
 
 @method("create_namespace")

@@ -161,9 +161,31 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
     }
 
     @Override
-    public void alterNamespace(String[] namespace, NamespaceChange... changes) {
-        throw new UnsupportedOperationException("icecrypt catalog '" + context.name + "': namespace "
-            + String.join(".", namespace) + ": altering a namespace's properties is not supported");
+    public void alterNamespace(String[] namespace, NamespaceChange... changes) throws NoSuchNamespaceException {
+        ObjectNode request = context.request();
+        CatalogContext.namespace(request, "namespace", namespace);
+        ObjectNode set = request.putObject("set");
+        ArrayNode remove = request.putArray("remove");
+        for (NamespaceChange change : changes) {
+            if (change instanceof NamespaceChange.SetProperty) {
+                NamespaceChange.SetProperty property = (NamespaceChange.SetProperty) change;
+                set.put(property.property(), property.value());
+            } else if (change instanceof NamespaceChange.RemoveProperty) {
+                remove.add(((NamespaceChange.RemoveProperty) change).property());
+            } else {
+                throw new UnsupportedOperationException("icecrypt catalog '" + context.name + "': namespace "
+                    + String.join(".", namespace) + ": " + change + " is not supported");
+            }
+        }
+        try {
+            context.call("alter_namespace", request);
+        } catch (CatalogContext.Failure e) {
+            NoSuchNamespaceException missing = e.noSuchNamespace(namespace);
+            if (missing != null) {
+                throw missing;
+            }
+            throw e.unchecked();
+        }
     }
 
     @Override
