@@ -336,18 +336,26 @@ def _no_incremental(options: Mapping[str, str], where: str) -> None:
 
 class Rewrite:
     """Option ``icecrypt.rewrite`` (:data:`OPT_REWRITE`), checked: what a copy-on-write
-    statement of the SQL catalog reads and replaces."""
+    statement of the SQL catalog reads and replaces -- the live rows of each data file of
+    the snapshot that the filters may match and, when ``files`` is a list (Spark's runtime
+    group filter ran), that is in it.  ``read``: false when the statement's scan was never
+    built (nothing is replaced); a write whose scan has not run (``read`` null) is refused."""
 
     def __init__(self, raw: str, options: Mapping[str, str], location: str) -> None:
         try:
             value = json.loads(raw)
-            command, snapshot_id, filters, read = (value["command"], value["snapshot_id"], value["filters"],
-                                                   value["read"])  # fmt: skip
+            command, snapshot_id, filters, files, read = (value["command"], value["snapshot_id"], value["filters"],
+                                                          value["files"], value["read"])  # fmt: skip
         except (ValueError, TypeError, KeyError):
             raise ValueError(f"{NAME}: table {location}: option {OPT_REWRITE} is malformed") from None
-        if (command not in ("update", "merge", "delete") or not isinstance(filters, list) or type(read) is not bool
+        if (command not in ("update", "merge", "delete") or not isinstance(filters, list)
+                or not (files is None or (isinstance(files, list) and all(isinstance(f, str) for f in files)))
+                or not (read is None or type(read) is bool)
                 or not (snapshot_id is None or type(snapshot_id) is int)):  # fmt: skip
             raise ValueError(f"{NAME}: table {location}: option {OPT_REWRITE} is malformed")
+        if read is None:
+            raise ValueError(f"{NAME}: table {location}: the {command.upper()}'s scan has not run, so the files it "
+                             "replaces are unknown; nothing was written")
         if options.get(OPT_WAP_ID):
             raise ValueError(f"{NAME}: table {location}: a {command.upper()} is not staged for write-audit-publish "
                              f"(spark.wap.id, option {OPT_WAP_ID}); nothing was written")
@@ -356,6 +364,7 @@ class Rewrite:
         if given:
             raise ValueError(f"{NAME}: table {location}: option {OPT_REWRITE} goes with no option {given[0]}")
         self.command, self.snapshot_id, self.filters, self.read = command, snapshot_id, filters, read
+        self.only = None if files is None else set(files)
         self.location = location
 
     def row_filter(self, table: EncryptedTable) -> BooleanExpression:
@@ -370,15 +379,17 @@ class Rewrite:
         return to_filter(self.filters, table.schema_for(table.snapshot(self.snapshot_id)))
 
     def tasks(self, table: EncryptedTable, columns: Sequence[str] | None) -> list[FileScanTask]:
-        """The scan's tasks: every live row of each file the filters may match (none when the
-        scan was never built or the table had no snapshot)."""
+        """The scan's tasks: every live row of each file read (none when the scan was never
+        built or the table had no snapshot)."""
         import dataclasses
 
         from pyiceberg.expressions import AlwaysTrue
 
-        if not self.read or self.snapshot_id is None:
+        if not self.read or self.snapshot_id is None or self.only == set():
             return []
         tasks = table.scan(columns=columns, row_filter=self.row_filter(table), snapshot_id=self.snapshot_id).plan_files()
+        if self.only is not None:
+            tasks = [t for t in tasks if t.file.path in self.only]
         return [dataclasses.replace(t, read=dataclasses.replace(t.read, row_filter=AlwaysTrue())) for t in tasks]
 
     def files(self, table: EncryptedTable) -> list[str]:

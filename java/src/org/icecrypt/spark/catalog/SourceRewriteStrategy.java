@@ -63,10 +63,13 @@ public final class SourceRewriteStrategy extends SparkStrategy {
         for (Object ordinal : CollectionConverters.asJava(data.projections().rowProjection().colOrdinals())) {
             columns.add(output.get((Integer) ordinal));
         }
-        if (data.projections().metadataProjection().isDefined()) {  // then the rows' lineage
+        if (data.projections().metadataProjection().isDefined()) {  // then the rows' lineage (not _file)
             for (Object ordinal : CollectionConverters.asJava(
                     data.projections().metadataProjection().get().colOrdinals())) {
-                columns.add(output.get((Integer) ordinal));
+                Attribute column = output.get((Integer) ordinal);
+                if (!Scans.FILE_COLUMN.equals(column.name())) {
+                    columns.add(column);
+                }
             }
         }
         LogicalPlan rows = new Project(CollectionConverters.asScala(columns).toList(), data.query());

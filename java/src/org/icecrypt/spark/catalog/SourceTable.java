@@ -56,8 +56,7 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
     private final JsonNode description;
     private final StructType schema;
     private final Map<String, String> options;
-    private final Table source;
-    private final PythonDataSourceV2 provider;
+    private final Table source;  // for what the table is (capabilities); scans and writes take fresh ones
     private final List<MetadataColumn> metadata;  // the metadata columns the source reads
 
     SourceTable(CatalogContext catalog, JsonNode description) {
@@ -65,10 +64,7 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
         this.description = description;
         this.schema = (StructType) DataType.fromJson(description.get("schema").toString());
         this.options = CatalogContext.stringMap(description.get("options"));
-        PythonDataSourceV2 provider = new PythonDataSourceV2();
-        provider.setShortName(description.path("source").asText());
-        this.source = provider.getTable(schema, new Transform[0], options);
-        this.provider = provider;
+        this.source = fresh(schema);
         this.metadata = metadata(schema, lineage());
     }
 
@@ -109,6 +105,11 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
         return metadata.toArray(new MetadataColumn[0]);
     }
 
+    /** Whether {@code name} is one of the metadata columns the source reads. */
+    boolean hasMetadataColumn(String name) {
+        return metadata.stream().anyMatch(column -> column.name().equals(name));
+    }
+
     /** The lineage columns a row-level statement's rows carry (none without lineage, or when a data column hides one). */
     NamedReference[] lineageColumns() {
         List<String> names = new ArrayList<>();
@@ -129,7 +130,18 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
                 out = out.add(column.name(), column.dataType(), column.isNullable());
             }
         }
-        return out.size() == schema.size() ? source : provider.getTable(out, new Transform[0], options);
+        return fresh(out);
+    }
+
+    /**
+     * The source's table with these columns, on a provider of its own: Spark's Python data
+     * source provider keeps the first data source and read plan it makes for any later
+     * scan, whatever its options or columns, so each scan and write gets its own.
+     */
+    private Table fresh(StructType columns) {
+        PythonDataSourceV2 provider = new PythonDataSourceV2();
+        provider.setShortName(description.path("source").asText());
+        return provider.getTable(columns, new Transform[0], options);
     }
 
     @Override
@@ -198,7 +210,7 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap given) {
         CaseInsensitiveStringMap options = merged(given);
         if (metadata.isEmpty()) {
-            return ((SupportsRead) source).newScanBuilder(options);
+            return ((SupportsRead) fresh(schema)).newScanBuilder(options);
         }
         return new WithMetadata(options);
     }
@@ -229,7 +241,7 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
             throw new UnsupportedOperationException("icecrypt catalog: table " + name() + " is selected at a snapshot "
                 + "or tag (VERSION/TIMESTAMP AS OF): it cannot be written");
         }
-        return ((SupportsWrite) source).newWriteBuilder(writeInfo(info, merged(info.options()), info.schema()));
+        return ((SupportsWrite) fresh(schema)).newWriteBuilder(writeInfo(info, merged(info.options()), info.schema()));
     }
 
     /** {@code info} with these options and this schema. */
@@ -262,9 +274,9 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
         };
     }
 
-    /** The source's table (its scans and writes). */
+    /** The source's table for a scan or write (on a provider of its own: {@link #fresh}). */
     Table source() {
-        return source;
+        return fresh(schema);
     }
 
     /** What the driver needs to find the table again (identifier, snapshot, branch, ids). */
