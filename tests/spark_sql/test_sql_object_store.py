@@ -369,3 +369,33 @@ def test_a_malformed_or_misplaced_rewrite_option_is_refused(raw, options):
 
     with pytest.raises(ValueError, match="table db.t"):
         Rewrite(raw, options, "db.t")
+
+
+def test_a_file_the_group_filter_found_outside_the_snapshot_is_a_conflict(s3cat):
+    """Spark's runtime group filter reads the table as it stands; a file it reports that the
+    statement's snapshot does not hold (a commit came between) fails the read and the
+    commit, rather than leaving that file's rows unchanged."""
+    import json
+
+    from icecrypt.errors import CommitConflictError
+    from icecrypt.spark._iceberg import Rewrite
+
+    cat = s3cat
+    cat.sql("CREATE TABLE {c}.db.raced (id bigint) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
+    cat.sql("INSERT INTO {c}.db.raced VALUES (1)")
+    table = cat.table("db.raced")
+    snapshot = table.current_snapshot_id
+    old = {row["file_path"] for row in table.inspect.files().to_pylist()}
+    table.append(pa.table({"id": pa.array([2], pa.int64())}))  # the commit that comes between
+    new = {row["file_path"] for row in cat.table("db.raced").inspect.files().to_pylist()} - old
+
+    def rewrite(files):
+        return Rewrite(json.dumps({"command": "update", "snapshot_id": snapshot, "filters": [], "files": files,
+                                   "read": True}), {}, "db.raced")
+
+    table = cat.table("db.raced")
+    assert [t.file.path for t in rewrite(sorted(old)).tasks(table, None)] == sorted(old)
+    with pytest.raises(CommitConflictError, match="run it again"):
+        rewrite(sorted(old | new)).tasks(table, None)
+    with pytest.raises(CommitConflictError, match="does not hold"):
+        rewrite(sorted(new)).files(table)

@@ -385,10 +385,22 @@ class Rewrite:
 
         from pyiceberg.expressions import AlwaysTrue
 
-        if not self.read or self.snapshot_id is None or self.only == set():
+        if not self.read or self.only == set():
             return []
-        tasks = table.scan(columns=columns, row_filter=self.row_filter(table), snapshot_id=self.snapshot_id).plan_files()
+        tasks = [] if self.snapshot_id is None else table.scan(
+            columns=columns, row_filter=self.row_filter(table), snapshot_id=self.snapshot_id).plan_files()
         if self.only is not None:
+            # Spark's group filter read the table as it stands: a file it found that the
+            # statement's snapshot lacks means a commit came between, whose rows the
+            # statement would not see (a compaction's copy of a matched row, an append)
+            foreign = self.only - {t.file.path for t in tasks}
+            if foreign:
+                from icecrypt.errors import CommitConflictError
+
+                raise CommitConflictError(
+                    f"{NAME}: table {self.location}: the {self.command.upper()} found rows to change in "
+                    f"{sorted(foreign)[0]}, which its snapshot {self.snapshot_id} does not hold: the table changed "
+                    "while the statement ran; nothing was committed, run it again")
             tasks = [t for t in tasks if t.file.path in self.only]
         return [dataclasses.replace(t, read=dataclasses.replace(t.read, row_filter=AlwaysTrue())) for t in tasks]
 
