@@ -39,9 +39,9 @@ def _namespace_metadata(bridge: Any, request: dict[str, Any]) -> Any:
 
     _, catalog = catalog_of(request)
     namespace = identifier(request["namespace"])
-    if not namespace or not catalog.namespace_exists(namespace):
-        raise NoSuchNamespaceError(f"catalog {catalog.name!r}: namespace {'.'.join(namespace)} does not exist")
-    return catalog.namespace_properties(namespace)
+    if not namespace:
+        raise NoSuchNamespaceError(f"catalog {catalog.name!r}: the catalog's root is not a namespace")
+    return catalog.namespace_properties(namespace)  # NoSuchNamespaceError when it does not exist
 
 
 @method("alter_namespace")

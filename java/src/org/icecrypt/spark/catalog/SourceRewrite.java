@@ -190,12 +190,11 @@ public final class SourceRewrite implements RowLevelOperation {
         private final StructType schema;
         private List<String> files;  // null: every file the filters select
 
-        @SuppressWarnings("deprecation")
         RewriteScan(CaseInsensitiveStringMap given, ArrayNode filters, List<String> columns) {
             this.given = given;
             this.filters = filters;
             this.columns = columns;
-            this.schema = table.sourceWith(columns).schema();
+            this.schema = table.withMetadata(columns);
         }
 
         /** The source's scan of this rewrite (a table of its own: SourceTable.fresh). */

@@ -112,25 +112,26 @@ class SourceTable implements SupportsRead, SupportsWrite, SupportsDeleteV2, Supp
 
     /** The lineage columns a row-level statement's rows carry (none without lineage, or when a data column hides one). */
     NamedReference[] lineageColumns() {
-        List<String> names = new ArrayList<>();
-        for (MetadataColumn column : metadata) {
-            names.add(column.name());
-        }
-        if (!names.contains(Scans.ROW_ID_COLUMN) || !names.contains(Scans.SEQUENCE_COLUMN)) {
+        if (!hasMetadataColumn(Scans.ROW_ID_COLUMN) || !hasMetadataColumn(Scans.SEQUENCE_COLUMN)) {
             return new NamedReference[0];
         }
         return new NamedReference[] {Expressions.column(Scans.ROW_ID_COLUMN), Expressions.column(Scans.SEQUENCE_COLUMN)};
     }
 
-    /** The source's table that reads the metadata columns {@code names} after the table's columns. */
-    Table sourceWith(List<String> names) {
+    /** The table's columns, then the metadata columns {@code names} (in the order of {@link #metadataColumns}). */
+    StructType withMetadata(List<String> names) {
         StructType out = schema;
         for (MetadataColumn column : metadata) {
             if (names.contains(column.name())) {
                 out = out.add(column.name(), column.dataType(), column.isNullable());
             }
         }
-        return fresh(out);
+        return out;
+    }
+
+    /** The source's table that reads the metadata columns {@code names} after the table's columns. */
+    Table sourceWith(List<String> names) {
+        return fresh(withMetadata(names));
     }
 
     /**
