@@ -39,6 +39,7 @@ from pyiceberg.types import (
     TimestamptzNanoType,
     TimestamptzType,
     TimeType,
+    UnknownType,
     UUIDType,
 )
 
@@ -227,9 +228,58 @@ def _small_field(field: pa.Field) -> pa.Field:
     return pa.field(field.name, _small_types(field.type), field.nullable, field.metadata)
 
 
+#: Arrow types of Iceberg's primitives, as PyIceberg's ``schema_to_pyarrow`` gives them
+#: (with the 32-bit offsets :func:`_small_types` gives strings and binaries)
+_ARROW_PRIMITIVES: dict[type, pa.DataType] = {
+    BooleanType: pa.bool_(), IntegerType: pa.int32(), LongType: pa.int64(), FloatType: pa.float32(),
+    DoubleType: pa.float64(), DateType: pa.date32(), TimeType: pa.time64("us"),
+    TimestampType: pa.timestamp("us"), TimestamptzType: pa.timestamp("us", tz="UTC"),
+    TimestampNanoType: pa.timestamp("ns"), TimestamptzNanoType: pa.timestamp("ns", tz="UTC"),
+    StringType: pa.string(), BinaryType: pa.binary(), UUIDType: pa.uuid(), UnknownType: pa.null(),
+}
+
+
+def _arrow_type(t: IcebergType) -> pa.DataType | None:
+    """The Arrow type of ``t`` in a written schema, or None for a type left to PyIceberg
+    (geometry, geography and any type newer than this table)."""
+    if type(t) in _ARROW_PRIMITIVES:
+        return _ARROW_PRIMITIVES[type(t)]
+    if isinstance(t, DecimalType):
+        return pa.decimal128(t.precision, t.scale)
+    if isinstance(t, FixedType):
+        return pa.binary(len(t))
+    if isinstance(t, StructType):
+        fields = [_arrow_field(f) for f in t.fields]
+        return None if any(f is None for f in fields) else pa.struct(fields)
+    if isinstance(t, ListType):
+        element = _arrow_field(t.element_field)
+        return None if element is None else pa.list_(element)
+    if isinstance(t, MapType):
+        key, value = _arrow_field(t.key_field), _arrow_field(t.value_field)
+        return None if key is None or value is None else pa.map_(key, value)
+    return None
+
+
+def _arrow_field(field: NestedField) -> pa.Field | None:
+    arrow_type = _arrow_type(field.field_type)
+    if arrow_type is None:
+        return None
+    metadata = {b"doc": field.doc} if field.doc else {}  # PyIceberg's keys, in its order
+    metadata[b"PARQUET:field_id"] = str(field.field_id)
+    return pa.field(field.name, arrow_type, nullable=field.optional, metadata=metadata)
+
+
 def arrow_write_schema(schema: Schema) -> pa.Schema:
     """The Arrow schema data files of ``schema`` are written with: field ids in each
-    field's ``PARQUET:field_id`` metadata, nullability from ``required``."""
+    field's ``PARQUET:field_id`` metadata, nullability from ``required``.
+
+    PyIceberg's ``schema_to_pyarrow`` with 32-bit offsets, made here: importing it imports
+    ``pyarrow.dataset`` and pandas (0.7 s of CPU, most of what a Spark worker that only
+    asks for a table's schema did).  A schema holding a type not made here (geometry,
+    geography, a type newer than this code) is left to PyIceberg."""
+    fields = [_arrow_field(f) for f in schema.fields]
+    if all(f is not None for f in fields):
+        return pa.schema(fields)
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
     converted = schema_to_pyarrow(schema, include_field_ids=True)
