@@ -34,17 +34,6 @@ def test_the_preloaded_modules_start_no_thread_and_import_no_pyarrow():
     assert json.loads(proc.stdout) == {"threads": 1, "pyarrow": [], "loaded": True}
 
 
-def test_the_sitecustomize_it_hides_still_runs(tmp_path):
-    """A distribution's ``sitecustomize`` later on the path runs as it would without the
-    preload directory in front; outside Spark's daemon nothing is preloaded."""
-    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.icecrypt_next_ran = True\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([WORKER_PRELOAD, str(tmp_path)]))
-    probe = "import sys; print(getattr(sys, 'icecrypt_next_ran', False), 'pyiceberg.table' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "False"]
-
-
 @pytest.mark.spark
 def test_the_shared_sessions_workers_use_the_installed_pyspark_and_the_preload(spark):
     from pyspark.sql.functions import udf

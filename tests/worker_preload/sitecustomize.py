@@ -46,21 +46,5 @@ def preload() -> None:
     gc.freeze()
 
 
-def _next_sitecustomize() -> None:
-    """Run the ``sitecustomize`` this one hides (a distribution's, later on the path), as
-    the interpreter would have without this directory in front."""
-    import importlib.machinery
-    import importlib.util
-    import os
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-    if spec is not None and spec.loader is not None:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-
-
-_next_sitecustomize()
 if _in_daemon():
     preload()
