@@ -5,6 +5,7 @@ PyIceberg's imports pandas, most of what a Spark worker asking for a schema spen
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -68,18 +69,9 @@ def _same(schema: Schema) -> None:
     assert arrow_write_schema(schema).equals(expected, check_metadata=True)
 
 
-class _Ids:
-    def __init__(self) -> None:
-        self.next = 0
-
-    def __call__(self) -> int:
-        self.next += 1
-        return self.next
-
-
 @st.composite
 def _schemas(draw, extra=None) -> Schema:
-    ids = _Ids()
+    ids = itertools.count(1).__next__  # field ids, unique within the schema
     docs = st.none() | st.text(min_size=1, max_size=5)
 
     def field_type(depth: int):
