@@ -5,6 +5,21 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from typing import Any
+
+# pyarrow filesystem types whose ``move`` is an atomic rename (of a file within its
+# directory, or of a whole directory)
+_RENAMING_TYPES = frozenset({"local", "hdfs", "mock"})
+
+
+def renames_atomically(filesystem: Any) -> bool:
+    """Whether ``filesystem.move`` (a pyarrow filesystem, or a SubTree view of one) is a
+    rename: object stores copy and delete instead."""
+    import pyarrow.fs as pafs
+
+    while isinstance(filesystem, pafs.SubTreeFileSystem):
+        filesystem = filesystem.base_fs
+    return filesystem.type_name in _RENAMING_TYPES
 
 
 def fsync_directory(directory: str) -> None:

@@ -69,6 +69,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from icecrypt import ags1
+from icecrypt._atomic import renames_atomically
 from icecrypt._encrypting import EncryptingHandler, is_encrypted_filesystem
 from icecrypt._encfs import (
     EncryptingStream,
@@ -87,16 +88,6 @@ __all__ = [
     "KeyResolver",
     "is_encrypted_filesystem",
 ]
-
-# Filesystems whose ``move`` of a file is an atomic rename within one directory.
-_RENAMING_TYPES = frozenset({"local", "hdfs", "mock"})
-
-
-def _renames_atomically(fs: pafs.FileSystem) -> bool:
-    while isinstance(fs, pafs.SubTreeFileSystem):
-        fs = fs.base_fs
-    return fs.type_name in _RENAMING_TYPES
-
 
 # --------------------------------------------------------------------------- files
 
@@ -183,7 +174,7 @@ class _EncryptedOutputStream(EncryptingStream):
     ):
         self._handler = handler
         self._metadata = metadata
-        self.renames = _renames_atomically(handler.base)
+        self.renames = renames_atomically(handler.base)
         super().__init__(handler._registry, path, key_metadata)
         _guard.track(self)
 

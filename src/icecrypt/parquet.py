@@ -49,7 +49,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pyarrow.parquet.encryption as pqe
 
-from icecrypt._atomic import fsync_directory
+from icecrypt._atomic import fsync_directory, renames_atomically
 from icecrypt._encrypting import is_encrypted_filesystem
 from icecrypt.errors import AuthenticationError, FormatError
 from icecrypt.keys import StandardKeyMetadata
@@ -76,8 +76,6 @@ DEFAULT_COMPRESSION = "zstd"
 #: Iceberg's ``encryption.data-key-length`` default (TableProperties.ENCRYPTION_DEK_LENGTH_DEFAULT)
 DEFAULT_KEY_LENGTH = DEFAULT_DATA_KEY_LENGTH
 _KEY_LENGTHS = (16, 24, 32)
-# pyarrow filesystem types whose ``move`` of a file is an atomic rename
-_RENAMING_FILESYSTEMS = frozenset({"local", "hdfs", "mock"})
 
 KeyMetadataLike = StandardKeyMetadata | bytes | bytearray | memoryview
 PathLike = str | os.PathLike[str]
@@ -210,30 +208,13 @@ def _decrypting(name: str) -> Iterator[None]:
 # --- file systems ----------------------------------------------------------------------
 
 
-def _base_filesystem(filesystem: pafs.FileSystem) -> pafs.FileSystem:
-    while isinstance(filesystem, pafs.SubTreeFileSystem):
-        filesystem = filesystem.base_fs
-    return filesystem
-
-
-def _is_encrypting_filesystem(filesystem: pafs.FileSystem) -> bool:
-    """Whether ``filesystem`` (or the base of a SubTreeFileSystem) is icecrypt.arrow's
-    EncryptedFileSystem, which would encrypt the natively encrypted bytes again."""
-    return is_encrypted_filesystem(_base_filesystem(filesystem))
-
-
-def _renames_atomically(filesystem: pafs.FileSystem) -> bool:
-    """Whether ``filesystem.move`` of a file is a rename within its directory."""
-    return _base_filesystem(filesystem).type_name in _RENAMING_FILESYSTEMS
-
-
 def _resolve(path: PathLike, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
     """The filesystem and path to use; None means the local file system."""
     if filesystem is None:
         return pafs.LocalFileSystem(), os.path.abspath(os.fspath(path))
     if not isinstance(filesystem, pafs.FileSystem):
         raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem, not {type(filesystem).__name__}")
-    if _is_encrypting_filesystem(filesystem):
+    if is_encrypted_filesystem(filesystem):
         raise ValueError(
             "icecrypt.parquet encrypts natively: pass the EncryptedFileSystem's base filesystem "
             "(the handler's .base), not the EncryptedFileSystem itself"
@@ -413,7 +394,7 @@ class _AtomicTarget:
             directory, base = os.path.split(self.path)
             fd, self._tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
             os.close(fd)
-        elif _renames_atomically(self._fs):
+        elif renames_atomically(self._fs):
             directory, base = posixpath.split(self.path)
             self._tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(8)}.tmp")
         self._target = self._tmp or self.path

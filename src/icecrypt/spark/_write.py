@@ -17,6 +17,19 @@ in the key manifest at commit.
   temporaries of attempts that died mid-write.
 * ``abort()`` removes every file of the job, temporaries included.
 
+Stragglers.  Spark calls ``abort()`` (or ``commit()``) as soon as the job's outcome is
+known, while attempts it gave up on may still be running: a failed task's writer, a
+speculative copy.  Such an attempt must not leave a file behind after the driver has
+cleaned up.  Where ``move`` is a rename (local, HDFS), the tasks therefore write inside
+the job's hidden staging directory ``.icecrypt-<job id>``, which only the driver creates,
+and publish by renaming the finished file out of it.  The driver first renames that
+directory away (the fence), then lists the job's files and removes the discarded ones,
+then deletes the renamed directory: an attempt that has not yet published can no longer
+create or publish anything (its paths no longer exist), and one that has is in the
+listing.  Object stores have neither temporaries nor renames: a task's upload appears
+whole when it completes, and one that completes after the driver listed the directory
+stays as an unreferenced ``part-`` file, without a key.
+
 Overwrite: the manifest first gains the new files' keys, then the directory's previous
 data files are deleted, then their keys are dropped, so the directory is readable at
 every step; only Spark's two save modes exist for Python data sources (append,
@@ -25,6 +38,7 @@ overwrite).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import posixpath
 import re
@@ -36,6 +50,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
+from icecrypt._atomic import renames_atomically
 from icecrypt.errors import IcecryptError
 from icecrypt.keys import StandardKeyMetadata
 from icecrypt.spark import _keys
@@ -54,6 +69,8 @@ from icecrypt.spark._schema import arrow_for_write
 __all__ = ["EncryptedFileWriter", "TaskFiles", "read_manifest"]
 
 _JOB_ID = re.compile(r"[0-9a-f]{32}\Z")
+#: the job's hidden staging directory is this followed by the job id
+_STAGING = ".icecrypt-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +137,10 @@ class EncryptedFileWriter(DataSourceArrowWriter):
         self.directory = directory
         self.prefix = prefix
         filesystem.create_dir(directory, recursive=True)
+        # the tasks write here and rename out; the driver fences it off before cleaning up
+        self.staging = f"{directory.rstrip('/')}/{_STAGING}{job_id}" if renames_atomically(filesystem) else None
+        if self.staging is not None:
+            filesystem.create_dir(self.staging, recursive=False)
         self.transport = key_transport(self.options)
         # keys.transport=task: no job KEK, the tasks return their key metadata as made
         self.kek = None if self.transport == TRANSPORT_TASK else _keys.new_job_kek(self.options)
@@ -151,14 +172,21 @@ class EncryptedFileWriter(DataSourceArrowWriter):
 
         path = self._task_path()
         uri = self.prefix + path
+        staged = path if self.staging is None else f"{self.staging}/{posixpath.basename(path)}"
         try:
-            key_metadata = self.write_file(batches, schema, path, _keys.new_file_key(self.options))
+            key_metadata = self.write_file(batches, schema, staged, _keys.new_file_key(self.options))
             if self.kek is None:
                 written = WrittenFile(uri, key_metadata=key_metadata)
             else:
                 written = WrittenFile(uri, wrapped_key=_keys.seal_key(self.options, self.kek, key_metadata))
+            if staged != path:
+                self.filesystem.move(staged, path)  # publish
         except Exception as exc:
-            _remove(self.filesystem, path)
+            _remove(self.filesystem, staged)
+            if self.staging is not None and self.filesystem.get_file_info(self.staging).type == pafs.FileType.NotFound:
+                # the driver fenced the job off: it ended without this attempt
+                raise IcecryptError(f"{self.source}: job {self.job_id} ended (committed or aborted) before this "
+                                    f"attempt published {uri}; nothing of it is kept") from exc
             raise file_error(exc, f"{self.source}: writing {uri}", path) from exc
         return TaskFiles((written,))
 
@@ -182,19 +210,49 @@ class EncryptedFileWriter(DataSourceArrowWriter):
                 and info.path not in keep
                 and not any(part.startswith(("_", ".")) for part in info.path[len(root):].split("/"))]
 
+    def _fence(self) -> str | None:
+        """Rename the staging directory away, so that no attempt still running can create
+        or publish a file of this job any more; returns its new path (to delete once the
+        job's files are listed), or None."""
+        if self.staging is None:
+            return None
+        closed = f"{self.staging}.{uuid.uuid4().hex[:12]}.closed"
+        try:
+            self.filesystem.move(self.staging, closed)
+        except FileNotFoundError:
+            return None  # fenced already (an abort after a failed commit)
+        return closed
+
+    def _remove_fenced(self, closed: str | None) -> None:
+        if closed is None:
+            return
+        try:
+            self.filesystem.delete_dir(closed)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise IcecryptError(f"cannot remove the staging directory {self.prefix}{closed}: {exc}") from exc
+
     def commit(self, messages: list[TaskFiles | None]) -> None:
         from icecrypt.keys.manifest import write_key_manifest
 
-        written = {f.uri: f for message in messages if message is not None for f in message.files}
-        keys = {uri: self._key_of(f) for uri, f in written.items()}
-        manager = _keys.manifest_manager(self.options)
-        manifest_fs, manifest_path, existing = read_manifest(self.options)
-        merged = {**existing, **keys}
-        write_key_manifest(manifest_path, merged, manager, filesystem=manifest_fs)
+        closed = self._fence()
+        try:
+            written = {f.uri: f for message in messages if message is not None for f in message.files}
+            keys = {uri: self._key_of(f) for uri, f in written.items()}
+            manager = _keys.manifest_manager(self.options)
+            manifest_fs, manifest_path, existing = read_manifest(self.options)
+            merged = {**existing, **keys}
+            write_key_manifest(manifest_path, merged, manager, filesystem=manifest_fs)
+        except BaseException:
+            with contextlib.suppress(Exception):  # Spark aborts next; its error is the one to see
+                self._remove_fenced(closed)
+            raise
         committed = {uri[len(self.prefix):] for uri in written}
         for path in self._job_files():
             if path not in committed:  # an attempt Spark discarded
                 _remove(self.filesystem, path)
+        self._remove_fenced(closed)
         if self.overwrite:
             previous = self._previous_files(committed)
             for path in previous:
@@ -214,8 +272,10 @@ class EncryptedFileWriter(DataSourceArrowWriter):
                             f"this job sends keys (keys.transport={self.transport})")
 
     def abort(self, messages: list[TaskFiles | None]) -> None:
+        closed = self._fence()
         for path in self._job_files():
             _remove(self.filesystem, path)
+        self._remove_fenced(closed)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.prefix}{self.directory} job={self.job_id}>"

@@ -1,0 +1,144 @@
+"""Attempts that outlive their job: a task attempt still writing when the driver commits or
+aborts (a failed task's writer, a speculative copy) leaves nothing behind.
+
+Spark's own timing decides when that happens, so these tests take the writer objects as
+Spark uses them (built on the "driver", pickled to a "task") and put the driver's
+``commit``/``abort`` at each point of a task's write: before it starts, while it writes,
+between writing its file and publishing it.  No Spark session is needed.
+"""
+
+from __future__ import annotations
+
+import pickle
+from itertools import count
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark")
+
+from icecrypt import avro, parquet  # noqa: E402
+from icecrypt.errors import IcecryptError  # noqa: E402
+from icecrypt.keys.manifest import read_key_manifest  # noqa: E402
+from icecrypt.kms.local import LocalKms  # noqa: E402
+from icecrypt.spark._avro import AvroWriter  # noqa: E402
+from icecrypt.spark._parquet import ParquetWriter  # noqa: E402
+
+MASTER_KEY = "master"
+TABLE = pa.table({"id": pa.array(range(300), pa.int64()), "s": [f"r{i}" for i in range(300)]})
+READERS = {".parquet": parquet.read_table, ".avro": avro.read}
+
+
+_ATTEMPTS = count(1)
+
+
+class _Attempts:
+    """A new task attempt id per write (outside Spark every write is attempt 0)."""
+
+    def _task_path(self) -> str:
+        return f"{self.directory}/part-00000-{self.job_id}-{next(_ATTEMPTS)}{self.extension}"
+
+
+class Parquet(_Attempts, ParquetWriter):
+    pass
+
+
+class Avro(_Attempts, AvroWriter):
+    pass
+
+
+@pytest.fixture(params=[Parquet, Avro], ids=["parquet", "avro"])
+def job(request, tmp_path):
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, [MASTER_KEY])
+    out = tmp_path / "out"
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore),
+               "encryption.key-id": MASTER_KEY, "keys.manifest": str(tmp_path / "keys.json"), "path": str(out)}
+    writer = request.param(options, None, False)
+    return writer, out, LocalKms(keystore)
+
+
+def _task(writer):
+    """The writer as a task gets it."""
+    return pickle.loads(pickle.dumps(writer))
+
+
+def _everything(out):
+    return sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+
+
+def test_the_staging_directory_is_hidden_and_gone_after_commit(job):
+    writer, out, kms = job
+    assert _everything(out) == [f".icecrypt-{writer.job_id}"]
+    message = _task(writer).write(iter(TABLE.to_batches(max_chunksize=100)))
+    (written,) = message.files
+    writer.commit([message])
+    name = written.uri.rsplit("/", 1)[1]
+    assert _everything(out) == [name]
+    keys = read_key_manifest(out.parent / "keys.json", kms)
+    assert READERS[writer.extension](written.uri, keys[written.uri]).equals(TABLE)
+
+
+def test_an_attempt_started_after_abort_writes_nothing(job):
+    writer, out, _ = job
+    task = _task(writer)
+    writer.abort([])
+    assert _everything(out) == []
+    with pytest.raises(IcecryptError, match="before this attempt published .*part-00000"):
+        task.write(iter(TABLE.to_batches(max_chunksize=100)))
+    assert _everything(out) == []
+
+
+def test_an_abort_while_an_attempt_writes_leaves_nothing(job):
+    writer, out, _ = job
+    task = _task(writer)
+
+    def batches():
+        yield from TABLE.slice(0, 100).to_batches()
+        writer.abort([])  # the driver gives up on the job while the file is half written
+        yield from TABLE.slice(100).to_batches(max_chunksize=100)
+
+    with pytest.raises(IcecryptError, match="before this attempt published .*part-00000"):
+        task.write(batches())
+    assert _everything(out) == []
+
+
+def test_an_abort_before_an_attempt_publishes_leaves_nothing(job, monkeypatch):
+    writer, out, _ = job
+    task = _task(writer)
+    write_file = type(task).write_file
+
+    def then_abort(self, *args, **kwargs):
+        result = write_file(self, *args, **kwargs)
+        writer.abort([])  # the file is complete in the staging directory, not yet published
+        return result
+
+    monkeypatch.setattr(type(task), "write_file", then_abort)
+    with pytest.raises(IcecryptError, match="ended .committed or aborted. before this attempt published"):
+        task.write(iter(TABLE.to_batches()))
+    assert _everything(out) == []
+
+
+def test_a_straggler_after_commit_is_refused_and_an_unreported_attempt_removed(job):
+    writer, out, kms = job
+    reported = _task(writer).write(iter(TABLE.to_batches()))
+    unreported = _task(writer).write(iter(TABLE.to_batches()))  # a copy Spark discarded
+    straggler = _task(writer)
+    writer.commit([reported])
+    with pytest.raises(IcecryptError, match="before this attempt published"):
+        straggler.write(iter(TABLE.to_batches()))
+    (kept,) = reported.files
+    assert unreported.files[0].uri != kept.uri
+    assert _everything(out) == [kept.uri.rsplit("/", 1)[1]]
+    assert list(read_key_manifest(out.parent / "keys.json", kms)) == [kept.uri]
+
+
+def test_a_failed_commit_then_abort_leaves_nothing(job, tmp_path):
+    writer, out, _ = job
+    message = _task(writer).write(iter(TABLE.to_batches()))
+    (tmp_path / "keystore.json").unlink()  # the commit cannot reach the KMS
+    with pytest.raises(Exception, match="keystore"):
+        writer.commit([message])
+    writer.abort([message])
+    assert _everything(out) == []
+    assert not (tmp_path / "keys.json").exists()
