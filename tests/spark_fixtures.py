@@ -36,6 +36,10 @@ def spark_conf() -> dict[str, str]:
     }
 
 
+#: first on the path of the shared session's Python workers: its ``sitecustomize`` has Spark's
+#: worker daemon import, once, the thread-free modules every fork of it used to import again
+WORKER_PRELOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_preload")
+
 #: the directories :func:`compiled_spark_home` made, removed by :func:`stop_spark`
 _HOMES: list[str] = []
 
@@ -70,8 +74,9 @@ def start_spark(app_name: str = "icecrypt-tests", master: str = "local[2]", *, c
     """Start a local Spark session whose Python workers run this interpreter.
 
     ``compiled_pyspark``: those workers import pyspark compiled, not from Spark's zip
-    (:func:`compiled_spark_home`).  The suite's shared session sets it; the benchmarks keep
-    Spark's own layout."""
+    (:func:`compiled_spark_home`), and are forks of a daemon that imported pyspark's worker
+    modules and pyiceberg's models once (:data:`WORKER_PRELOAD`).  The suite's shared
+    session sets it; the benchmarks keep Spark's own layout."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -84,18 +89,21 @@ def start_spark(app_name: str = "icecrypt-tests", master: str = "local[2]", *, c
     # once icecrypt.spark.register is called, icecrypt.iceberg reads take the native path
     import icecrypt.spark
 
-    spark_home = os.environ.get("SPARK_HOME")
+    saved = {name: os.environ.get(name) for name in ("SPARK_HOME", "PYTHONPATH")}
     if compiled_pyspark:
         # The JVM keeps the environment it starts with (its Python workers' paths are made
-        # from its SPARK_HOME); this process's own is given back once the JVM runs.
+        # from its SPARK_HOME and PYTHONPATH); this process's own is given back once the
+        # JVM runs.
         os.environ["SPARK_HOME"] = compiled_spark_home()
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (WORKER_PRELOAD, saved["PYTHONPATH"])))
     try:
         session = icecrypt.spark.configure(builder).getOrCreate()
     finally:
-        if spark_home is None:
-            os.environ.pop("SPARK_HOME", None)
-        else:
-            os.environ["SPARK_HOME"] = spark_home
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     session.sparkContext.setLogLevel("ERROR")
     return session
 

@@ -72,7 +72,7 @@ def main(source: str, sink: str, checkpoint: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from spark_fixtures import start_spark, stop_spark
 
-    spark = start_spark("icecrypt-stream-crash")
+    spark = start_spark("icecrypt-stream-crash", compiled_pyspark=True)
     try:
         spark.dataSource.register(PausingSource)
         stream = (spark.readStream.format("icecrypt.iceberg").options(**KMS)

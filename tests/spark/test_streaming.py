@@ -132,7 +132,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _run_until(source, sink, checkpoint, flags, pause: str, timeout: float = 420) -> list[str]:
     """Start the crash driver with ``pause``, wait until it stands there, SIGKILL its whole
     process group (driver, JVM, Python workers); the paused epoch's data files."""
-    env = dict(os.environ, ICECRYPT_TEST_PAUSE=pause, ICECRYPT_TEST_FLAGS=str(flags),
+    # TMPDIR: the driver's linked SPARK_HOME (spark_fixtures.compiled_spark_home), which the
+    # SIGKILL below leaves behind, goes with the test's own directory
+    tmp = flags.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = dict(os.environ, ICECRYPT_TEST_PAUSE=pause, ICECRYPT_TEST_FLAGS=str(flags), TMPDIR=str(tmp),
                PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     flag = flags / f"{pause.replace(':', '-')}.json"
     proc = subprocess.Popen([sys.executable, str(HERE / "streamcrash.py"), source, sink, str(checkpoint)], env=env,
