@@ -278,10 +278,16 @@ def test_ctas_and_rtas(cat):
     assert [f.name for f in table.schema.fields] == ["name", "id"]
     assert cat.rows("SELECT * FROM {c}.db.copy") == [("x", 10), ("y", 20), ("z", 30)]
     assert first in {s.snapshot_id for s in table.snapshots()}  # history kept
-    # a column an earlier spec partitioned by stays (icecrypt keeps every spec's sources): said clearly
-    with pytest.raises(Exception, match="source of partition field"):
-        cat.sql("REPLACE TABLE {c}.db.copy (k int) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
-    assert cat.rows("SELECT * FROM {c}.db.copy") == [("x", 10), ("y", 20), ("z", 30)]
+    # `id`, which the first spec partitioned by (bucket), can go, as in Java: that spec stays
+    # with the history, and its snapshot still reads with its own schema
+    cat.sql("REPLACE TABLE {c}.db.copy (k int) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
+    assert cat.rows("SELECT * FROM {c}.db.copy") == []
+    table = cat.table("db.copy")
+    assert [f.name for f in table.schema.fields] == ["k"] and len(table.specs) == 2
+    cat.sql("INSERT INTO {c}.db.copy VALUES (5)")
+    assert cat.rows("SELECT * FROM {c}.db.copy") == [(5,)]
+    assert cat.rows(f"SELECT * FROM {{c}}.db.copy VERSION AS OF {first}") == [(1, "x"), (2, "y")]
+    assert cat.table("db.copy").verify().ok
     cat.sql("REPLACE TABLE {c}.db.source (k int) USING iceberg")
     assert cat.rows("SELECT * FROM {c}.db.source") == []
     assert [f.name for f in cat.table("db.source").schema.fields] == ["k"]

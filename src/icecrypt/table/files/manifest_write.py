@@ -301,11 +301,13 @@ def write_manifest(
     spec: PartitionSpec,
     schema: Schema,
     content: int,
+    schemas: Sequence[Schema] = (),
 ) -> WrittenManifest:
     """Write one manifest (``content`` 0 = data, 1 = deletes) and return its
     manifest-list record (snapshot id, sequence numbers and first_row_id are filled in
-    by :func:`write_manifest_list`)."""
-    partition_type = partition_struct(spec, schema)
+    by :func:`write_manifest_list`).  ``schemas``, the table's schemas, type the fields
+    of an older ``spec`` whose source column ``schema`` dropped."""
+    partition_type = partition_struct(spec, schema, schemas)
     entry_struct = manifest_entry_struct(partition_type)
     avro_schema = struct_to_avro(entry_struct, "manifest_entry")
     metadata = {

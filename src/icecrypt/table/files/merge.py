@@ -114,12 +114,14 @@ def merge_manifests(
     io: TableIO,
     new_location: Callable[[], str],
     written: list[str],
+    schemas: Sequence[Schema] = (),
 ) -> tuple[list[Manifest], int]:
     """The manifests of one content kind (all data, or all deletes) after merging, in
     Java's order, and how many were replaced.  ``manifests[0]`` is Java's "first" (the
     new manifest when this commit has one).  ``read_entries`` reads a kept manifest's
     entries (inherited values explicit); merged manifests are written at
-    ``new_location()`` and their locations appended to ``written`` as they are created."""
+    ``new_location()`` and their locations appended to ``written`` as they are created.
+    ``schemas`` (the table's) type older specs' fields whose source ``schema`` dropped."""
     if not settings.enabled or not manifests:
         return list(manifests), 0
     first = manifests[0]
@@ -133,7 +135,8 @@ def merge_manifests(
             if len(bin_) == 1 or (any(m is first for m in bin_) and len(bin_) < settings.min_count):
                 result.extend(bin_)
                 continue
-            result.append(_merge_bin(bin_, spec_id, snapshot_id, specs, schema, read_entries, io, new_location, written))
+            result.append(_merge_bin(bin_, spec_id, snapshot_id, specs, (schema, schemas), read_entries, io,
+                                     new_location, written))
             replaced += len(bin_)
     return result, replaced
 
@@ -143,7 +146,7 @@ def _merge_bin(
     spec_id: int,
     snapshot_id: int,
     specs: dict[int, PartitionSpec],
-    schema: Schema,
+    schemas: tuple[Schema, Sequence[Schema]],
     read_entries: Callable[[dict[str, Any]], list[dict[str, Any]]],
     io: TableIO,
     new_location: Callable[[], str],
@@ -167,4 +170,5 @@ def _merge_bin(
             entries.append(entry)
     location = new_location()
     written.append(location)
-    return write_manifest(io, location, entries, spec=specs[spec_id], schema=schema, content=content)
+    schema, history = schemas
+    return write_manifest(io, location, entries, spec=specs[spec_id], schema=schema, content=content, schemas=history)

@@ -145,7 +145,7 @@ def _live(io: Any, manager: Any, snapshot: dict[str, Any] | None, cache: dict[st
 
 def _rewrite_manifest(
     io: Any, location: str, manifest: dict[str, Any], entries: list[dict[str, Any]], removed: set, snapshot_id: int,
-    specs: dict, schema: Any,
+    specs: dict, schema: Any, schemas: Any,
 ) -> tuple[WrittenManifest, list[dict[str, Any]]]:
     """``manifest`` rewritten with the entries whose key is in ``removed`` marked
     DELETED (by ``snapshot_id``) and the others EXISTING; returns it and the removed files."""
@@ -160,7 +160,8 @@ def _rewrite_manifest(
             entry["status"] = EXISTING
         out.append(entry)
     content = DATA if manifest["content"] == DATA else POSITION_DELETES
-    written = write_manifest(io, location, out, spec=specs[manifest["partition_spec_id"]], schema=schema, content=content)
+    written = write_manifest(io, location, out, spec=specs[manifest["partition_spec_id"]], schema=schema,
+                             content=content, schemas=schemas)
     return written, gone
 
 
@@ -492,7 +493,8 @@ def commit_rewrite(
                 key = (m["manifest_path"], hit)
                 if key not in rewritten_manifests:
                     written.append(loc := layout.metadata_file(f"{uuid.uuid4()}-m1.avro"))
-                    rewritten_manifests[key] = _rewrite_manifest(vio, loc, m, entries, removed, snapshot_id, specs, schema)
+                    rewritten_manifests[key] = _rewrite_manifest(vio, loc, m, entries, removed, snapshot_id, specs, schema,
+                                                                       w._schemas(version))
                 manifest, files = rewritten_manifests[key]
                 new_manifests.append(manifest)
                 gone.extend(files)
@@ -787,7 +789,8 @@ def rewrite_manifests(
                     e["status"] = EXISTING
                     chunk.append(e)
                 written.append(loc := layout.metadata_file(f"{uuid.uuid4()}-m{len(written)}.avro"))
-                new_manifests.append(write_manifest(io, loc, chunk, spec=specs[spec_id], schema=schema, content=content))
+                new_manifests.append(write_manifest(io, loc, chunk, spec=specs[spec_id], schema=schema, content=content,
+                                                    schemas=w._schemas(base)))
         _emit(progress, "commit", snapshot_id=snapshot_id)
 
         def build(version: dict[str, Any], vmanager: Any) -> w._Change:

@@ -90,17 +90,19 @@ def is_metadata(field: NestedField) -> bool:
 
 
 def partition_type(specs: Mapping[int, PartitionSpec], schema: Schema) -> StructType:
-    """The type of ``_partition``: every partition field of every spec (by partition
-    field id, in id order, the newest spec's name), all optional — a row of a file
-    written under another spec has nulls for the fields its spec lacks."""
+    """The type of ``_partition`` and of the metadata tables' ``partition``: every
+    partition field of every spec (by partition field id, in id order, the newest spec's
+    name), all optional — a row of a file written under another spec has nulls for the
+    fields its spec lacks.  A field whose source column ``schema`` no longer has is left
+    out, as Iceberg Java leaves it out of a table's partition type."""
     fields: dict[int, NestedField] = {}
+    columns = schema._lazy_id_to_field
     for spec_id in sorted(specs):
-        try:
-            struct = specs[spec_id].partition_type(schema)
-        except ValueError:
-            continue  # a spec over columns the schema dropped: its files read with nulls there
-        for field in struct.fields:
-            fields[field.field_id] = NestedField(field.field_id, field.name, field.field_type, required=False)
+        for field in specs[spec_id].fields:
+            source = columns.get(field.source_id)
+            if source is not None:
+                fields[field.field_id] = NestedField(field.field_id, field.name,
+                                                     field.transform.result_type(source.field_type), required=False)
     return StructType(*(fields[i] for i in sorted(fields)))
 
 

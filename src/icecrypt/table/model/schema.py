@@ -11,6 +11,7 @@ Iceberg Java resolves every field by id.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -289,11 +290,22 @@ def arrow_write_schema(schema: Schema) -> pa.Schema:
 # --- partition tuples ------------------------------------------------------------------
 
 
-def partition_struct(spec: PartitionSpec, schema: Schema) -> StructType:
-    """The ``partition`` struct of manifest entries: every field optional, as in Java."""
+def partition_struct(spec: PartitionSpec, schema: Schema, schemas: Sequence[Schema] = ()) -> StructType:
+    """The ``partition`` struct of manifest entries: every field optional, as in Java.
+
+    An older spec may partition by a column ``schema`` dropped since (Iceberg checks only
+    the current spec): its field keeps the type its source had in the newest of the
+    table's ``schemas`` that has it, so the spec's manifests are written as before."""
     fields = []
     for f in spec.fields:
-        source = schema.find_field(f.source_id)
+        source = schema._lazy_id_to_field.get(f.source_id)
+        for older in sorted(schemas, key=lambda s: s.schema_id, reverse=True):
+            if source is not None:
+                break
+            source = older._lazy_id_to_field.get(f.source_id)
+        if source is None:
+            raise ValueError(f"partition field {f.name!r} of spec {spec.spec_id}: no schema of the table has its "
+                             f"source column (field id {f.source_id})")
         fields.append(NestedField(f.field_id, f.name, f.transform.result_type(source.field_type), required=False))
     return StructType(*fields)
 

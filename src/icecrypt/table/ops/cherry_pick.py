@@ -110,7 +110,7 @@ def cherry_pick(table: Any, snapshot_id: int) -> int:
         for n, (spec_id, files) in enumerate(sorted(by_spec.items())):
             written.append(path := layout.metadata_file(f"{commit_id}-m{n}.avro"))
             manifests.append(write_manifest(io, path, w._added_entries(files, new_id), spec=specs[spec_id],
-                                            schema=schema, content=DATA))  # fmt: skip
+                                            schema=schema, content=DATA, schemas=w._schemas(base)))  # fmt: skip
         added = [f for files in by_spec.values() for f in files]
 
         def build(version: dict[str, Any], version_manager: Any) -> w._Change:

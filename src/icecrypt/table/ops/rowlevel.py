@@ -377,7 +377,8 @@ def _commit(base: _Base, plan: _Plan) -> int | None:
             for n, (spec_id, entries) in enumerate(sorted(by_spec.items()), 1):
                 written.append(manifest_location := layout.metadata_file(f"{commit_id}-d{n}.avro"))
                 once.append(write_manifest(
-                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=POSITION_DELETES
+                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=POSITION_DELETES,
+                    schemas=_write._schemas(metadata),
                 ))  # fmt: skip
         attempts = iter(range(1 << 30))
 
@@ -453,7 +454,8 @@ def _change_on(
         attempt_written.append(manifest_location := f"{prefix}-m{len(attempt_written)}.avro")
         content = DATA if manifest["content"] == DATA else POSITION_DELETES
         rewritten.append(write_manifest(
-            io, manifest_location, out, spec=specs[manifest["partition_spec_id"]], schema=schema, content=content
+            io, manifest_location, out, spec=specs[manifest["partition_spec_id"]], schema=schema, content=content,
+            schemas=_write._schemas(version),
         ))  # fmt: skip
     missing = (set(plan.removed) | with_vector) - found
     if missing:  # (validated above when the branch moved; here for any other cause)

@@ -287,7 +287,8 @@ class UpdateSchema(_Operation):
 
     def delete_column(self, path: str | tuple[str, ...]) -> UpdateSchema:
         """Drop a column (with everything nested in it).  Identifier fields and the
-        sources of partition fields or sort orders cannot be dropped."""
+        sources of the current partition spec and sort order cannot be dropped (those of
+        older ones can, as in Iceberg Java)."""
         field_id = self._existing(path, "delete")
         parent = self._fields[field_id][0]
         if parent != ROOT and not isinstance(self._fields[parent][2].field_type, StructType):
@@ -498,8 +499,12 @@ class UpdateSchema(_Operation):
         return Schema(*fields, schema_id=next_id, identifier_field_ids=identifier_ids)
 
     def _check_sources(self, gone: set[int]) -> None:
-        for what, source, _ in _sources(self._base):
-            if source in gone:
+        """The current spec's and sort order's sources stay (but for a format v1 spec's void
+        fields, the removed ones).  Older specs and orders may name a dropped column, as in
+        Iceberg Java (which checks only the defaults): their files keep the partition
+        values they were written with, typed as before."""
+        for what, source, transform in _sources(self._base, current_only=True):
+            if source in gone and transform != "void":
                 raise ValueError(f"cannot delete column {self._name(source)!r}: it is the source of {what}")
 
     def _check_partition_names(self, draft: Schema) -> None:
@@ -596,11 +601,15 @@ class UpdateSchema(_Operation):
 
 
 
-def _sources(metadata: Any) -> Iterable[tuple[str, int, str]]:
+def _sources(metadata: Any, *, current_only: bool = False) -> Iterable[tuple[str, int, str]]:
     """(what, source field id, transform) of every partition field and sort field of
-    the table (every spec and order it keeps: old files and orders still name them)."""
-    for key, id_key, what in (("partition-specs", "spec-id", "partition field"), ("sort-orders", "order-id", "sort field")):
+    the table (every spec and order it keeps: old files and orders still name them), or
+    of its default spec and sort order only."""
+    for key, id_key, what, default in (("partition-specs", "spec-id", "partition field", "default-spec-id"),
+                                       ("sort-orders", "order-id", "sort field", "default-sort-order-id")):
         for entry in metadata.get(key) or ():
+            if current_only and entry.get(id_key) != metadata.get(default):
+                continue
             for f in entry.get("fields") or ():
                 sources = f.get("source-ids") or [f.get("source-id")]
                 label = f"{what} {f.get('name')!r} of spec {entry.get(id_key)}" if what == "partition field" else (

@@ -100,6 +100,11 @@ def _schema(metadata: dict[str, Any]) -> Schema:
     raise FormatError(f"table metadata has no schema {schema_id}")
 
 
+def _schemas(metadata: Mapping[str, Any]) -> list[Schema]:
+    """Every schema of the table (what older specs' partition fields are typed by)."""
+    return [Schema.model_validate(entry) for entry in metadata.get("schemas") or ()]
+
+
 def _specs(metadata: dict[str, Any]) -> dict[int, PartitionSpec]:
     return {entry["spec-id"]: PartitionSpec.model_validate(entry) for entry in metadata.get("partition-specs") or ()}
 
@@ -807,7 +812,7 @@ def _merge_append(
         return _Change("append", [manifest], kept, added_files=data_files)
     common = dict(
         settings=settings, snapshot_id=snapshot_id, specs=_specs(version), schema=_schema(version),
-        read_entries=lambda record: _read_entries(io, record), io=io,
+        schemas=_schemas(version), read_entries=lambda record: _read_entries(io, record), io=io,
         new_location=lambda: layout.metadata_file(f"{uuid.uuid4()}-m0.avro"), written=merged_written,
     )  # fmt: skip
     data, replaced_data = merge_manifests([manifest, *(m for m in kept if m["content"] == DATA)], **common)
@@ -977,7 +982,8 @@ def _commit_overwrite(
                 manifest_location = layout.metadata_file(f"{commit_id}-m{n}.avro")
                 written.append(manifest_location)
                 new_manifests.append(write_manifest(
-                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=content
+                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=content,
+                    schemas=_schemas(base),
                 ))  # fmt: skip
         change = _Change("overwrite", new_manifests, [], data_files, removed, replaced, dict(summary or {}))
         _commit_planned(target, base_location, base, change, snapshot_id, branch)
@@ -1200,7 +1206,7 @@ def _commit_delete(
             content = DATA if manifest["content"] == DATA else POSITION_DELETES
             new_manifests.append(write_manifest(
                 io, manifest_location, rewritten, spec=specs[manifest["partition_spec_id"]], schema=schema,
-                content=content,
+                content=content, schemas=_schemas(base),
             ))  # fmt: skip
         added = [] if added is None else added
         if vectors:
@@ -1217,7 +1223,8 @@ def _commit_delete(
             for spec_id, entries in sorted(by_spec.items()):
                 written.append(manifest_location := next(names))
                 new_manifests.append(write_manifest(
-                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=POSITION_DELETES
+                    io, manifest_location, entries, spec=specs[spec_id], schema=schema, content=POSITION_DELETES,
+                    schemas=_schemas(base),
                 ))  # fmt: skip
         replaced = len(manifests) - len(kept)
         change = _Change(operation, new_manifests, kept, added, removed, replaced)

@@ -36,7 +36,8 @@ from icecrypt.table.files.manifest import (
     read_manifest,
 )
 from icecrypt.table.files.metadata import Snapshot
-from icecrypt.table.model.schema import arrow_storage_type
+from icecrypt.table.model.metadata_columns import partition_type as unified_partition_type
+from icecrypt.table.model.schema import arrow_storage_type, partition_struct
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
@@ -320,7 +321,8 @@ class InspectTable:
         spec = self._table.specs.get(manifest.spec_id)
         if spec is None:
             raise FormatError(f"manifest {manifest.path}: unknown partition spec id {manifest.spec_id}")
-        types = [f.field_type for f in spec.partition_type(self._table.schema).fields]
+        # typed as the manifest was written (an older spec's dropped source: its type then)
+        types = [f.field_type for f in partition_struct(spec, self._table.schema, self._table.model.schemas).fields]
         if len(types) != len(manifest.partitions):
             raise FormatError(
                 f"manifest list entry of {manifest.path}: {len(manifest.partitions)} partition summaries "
@@ -491,7 +493,8 @@ class InspectTable:
 
         snapshot = self._snapshot(snapshot_id)
         manifests = self._table.manifests(snapshot) if snapshot is not None else []
-        partition_type = self._table.model.specs_struct(spec_ids={m.spec_id for m in manifests})
+        partition_type = unified_partition_type({i: self._table.specs[i] for i in {m.spec_id for m in manifests}
+                                                 if i in self._table.specs}, self._table.schema)
         fields = list(_PARTITION_COUNTS)
         if partition_type.fields:
             fields[:0] = [
@@ -663,7 +666,7 @@ class InspectTable:
     def _file_fields(self) -> list[pa.Field]:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        partition: StructType = self._table.model.specs_struct()
+        partition: StructType = unified_partition_type(self._table.specs, self._table.schema)
         metrics = pa.struct([
             pa.field(name, pa.struct([
                 pa.field("column_size", pa.int64()),
