@@ -142,3 +142,27 @@ def test_a_failed_commit_then_abort_leaves_nothing(job, tmp_path):
     writer.abort([message])
     assert _everything(out) == []
     assert not (tmp_path / "keys.json").exists()
+
+
+def test_cleanup_never_follows_a_link_planted_as_the_staging_directory(tmp_path):
+    """Storage is input: a link planted where a job with a known id (option
+    ``write.job-id``) will stage, to a directory of the attacker's choosing, and one planted
+    inside the staging directory, are removed as links; what they point to is left alone."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_bytes(b"keep")
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, [MASTER_KEY])
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = "c" * 32
+    (out / f".icecrypt-{job_id}").symlink_to(victim)
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore),
+               "encryption.key-id": MASTER_KEY, "keys.manifest": str(tmp_path / "keys.json"), "path": str(out),
+               "write.job-id": job_id}
+    writer = Parquet(options, None, False)
+    (victim / "planted").symlink_to(victim)  # seen inside the staging directory
+    writer.abort([])
+    assert _everything(out) == []
+    assert sorted(p.name for p in victim.iterdir()) == ["planted", "precious"]
+    assert (victim / "precious").read_bytes() == b"keep"
