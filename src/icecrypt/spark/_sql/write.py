@@ -633,8 +633,8 @@ def _same_type(a: Any, b: Any) -> bool:
 
 
 def _replace(table: Any, schema: Any, spec: Any, properties: dict[str, str], key_id: str | None, what: str) -> None:
-    """Turn ``table`` (a transaction's) into one with ``schema``, ``spec`` and
-    ``properties`` (added to its own), keeping its history: Iceberg's replace."""
+    """Turn ``table`` (a transaction's) into one with ``schema``, ``spec``, no sort order
+    and ``properties`` (added to its own), keeping its history: Iceberg's replace."""
     current = table.properties.get("encryption.key-id") or None
     if key_id != current and key_id is not None:
         raise ValueError(f"{what}: REPLACE TABLE cannot change encryption.key-id (from {current!r} to {key_id!r}); "
@@ -644,8 +644,10 @@ def _replace(table: Any, schema: Any, spec: Any, properties: dict[str, str], key
     old = {f.name: f for f in table.schema.fields}
     new = {f.name: f for f in schema.fields}
     try:
-        # columns first (the current spec's sources stay until the spec has changed), then
-        # the order, the spec, the columns only the old spec needed, the properties
+        # unsorted first, as Java's replacement (the order's sources may go), then the
+        # columns (the current spec's sources stay until the spec has changed), their
+        # order, the spec, the columns only the old spec needed, the properties
+        table.replace_sort_order().commit()
         same_spec = [(f.name, str(f.transform), schema.find_column_name(f.source_id)) for f in spec.fields] == [
             (f.name, str(f.transform), table.schema.find_column_name(f.source_id)) for f in table.spec.fields]
         with table.update_schema(allow_incompatible_changes=True) as update:
