@@ -312,3 +312,22 @@ def test_struct_fields_are_refused_as_partition_sources(tmp_path):
         t.update_spec().add_identity("s.x").commit()
     assert t.refresh().metadata_location == before
     t.append(pa.table({"id": [1], "s": [{"x": 2}]}, schema=schema))
+
+
+def test_a_renamed_partition_field_shows_its_values_under_the_new_name(tmp_path):
+    """The metadata tables name a partition field as the newest spec does, for the files
+    of every spec (Java's unified partition type), and `partitions` groups them by value."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    data = pa.table({"id": pa.array([1, 2], pa.int64()), "cat": ["a", "b"]})
+    t = EncryptedTable.create(str(tmp_path / "r"), data.schema, kms=None, table_key_id=None,
+                              partition_spec=PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "cat")))
+    t.append(data)
+    with t.update_spec() as update:
+        update.rename_field("cat", "category")
+    t.append(data)
+    assert sorted((f["spec_id"], str(f["partition"])) for f in t.inspect.files().to_pylist()) == [
+        (0, "{'category': 'a'}"), (0, "{'category': 'b'}"), (1, "{'category': 'a'}"), (1, "{'category': 'b'}")]
+    assert sorted((str(p["partition"]), p["record_count"], p["file_count"]) for p in t.inspect.partitions().to_pylist()) == [
+        ("{'category': 'a'}", 2, 2), ("{'category': 'b'}", 2, 2)]

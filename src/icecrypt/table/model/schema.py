@@ -290,24 +290,34 @@ def arrow_write_schema(schema: Schema) -> pa.Schema:
 # --- partition tuples ------------------------------------------------------------------
 
 
-def partition_struct(spec: PartitionSpec, schema: Schema, schemas: Sequence[Schema] = ()) -> StructType:
+def partition_struct(spec: PartitionSpec, schema: Schema, schemas: Sequence[Schema] = (), *,
+                     unknown_dropped: bool = False) -> StructType:
     """The ``partition`` struct of manifest entries: every field optional, as in Java.
 
     An older spec may partition by a column ``schema`` dropped since (Iceberg checks only
     the current spec): its field keeps the type its source had in the newest of the
-    table's ``schemas`` that has it, so the spec's manifests are written as before."""
+    table's ``schemas`` that has it, so the spec's manifests are written as before; with
+    ``unknown_dropped``, the type its transform gives an unknown source, as Java's
+    ``PartitionSpec.partitionType`` (for display: an identity's values are not shown)."""
     fields = []
     for f in spec.fields:
-        source = schema._lazy_id_to_field.get(f.source_id)
-        for older in sorted(schemas, key=lambda s: s.schema_id, reverse=True):
-            if source is not None:
-                break
-            source = older._lazy_id_to_field.get(f.source_id)
-        if source is None:
-            raise ValueError(f"partition field {f.name!r} of spec {spec.spec_id}: no schema of the table has its "
-                             f"source column (field id {f.source_id})")
-        fields.append(NestedField(f.field_id, f.name, f.transform.result_type(source.field_type), required=False))
+        source_type = _source_type(spec, f, schema, schemas, unknown_dropped)
+        fields.append(NestedField(f.field_id, f.name, f.transform.result_type(source_type), required=False))
     return StructType(*fields)
+
+
+def _source_type(spec: PartitionSpec, field: Any, schema: Schema, schemas: Sequence[Schema], unknown: bool) -> Any:
+    source = schema._lazy_id_to_field.get(field.source_id)
+    for older in sorted(schemas, key=lambda s: s.schema_id, reverse=True):
+        if source is not None:
+            break
+        source = older._lazy_id_to_field.get(field.source_id)
+    if source is not None:
+        return source.field_type
+    if unknown:
+        return UnknownType()
+    raise ValueError(f"partition field {field.name!r} of spec {spec.spec_id}: no schema of the table has its "
+                     f"source column (field id {field.source_id})")
 
 
 # --- Avro (AvroSchemaUtil.convert) -----------------------------------------------------

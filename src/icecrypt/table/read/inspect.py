@@ -315,14 +315,16 @@ class InspectTable:
 
     def _summaries(self, manifest: ManifestFile) -> list[dict[str, Any]]:
         from pyiceberg.conversions import from_bytes
+        from pyiceberg.types import UnknownType
 
         if not manifest.partitions:
             return []
         spec = self._table.specs.get(manifest.spec_id)
         if spec is None:
             raise FormatError(f"manifest {manifest.path}: unknown partition spec id {manifest.spec_id}")
-        # typed as the manifest was written (an older spec's dropped source: its type then)
-        types = [f.field_type for f in partition_struct(spec, self._table.schema, self._table.model.schemas).fields]
+        # typed as Java types them: a field whose source was dropped has the type its
+        # transform gives an unknown source (bucket: int; identity: unknown, no bound shown)
+        types = [f.field_type for f in partition_struct(spec, self._table.schema, unknown_dropped=True).fields]
         if len(types) != len(manifest.partitions):
             raise FormatError(
                 f"manifest list entry of {manifest.path}: {len(manifest.partitions)} partition summaries "
@@ -330,7 +332,7 @@ class InspectTable:
             )
 
         def human(field: Any, field_type: Any, bound: bytes | None) -> str | None:
-            if not bound:
+            if not bound or isinstance(field_type, UnknownType):
                 return None
             try:
                 return field.transform.to_human_string(field_type, from_bytes(field_type, bound))
@@ -704,8 +706,20 @@ class InspectTable:
         ]
 
     def _partition(self, file: ContentFile) -> dict[str, Any]:
+        """A file's partition as the tables' ``partition`` column holds it: by partition
+        field id under the newest spec's name, without fields whose source was dropped."""
+        names = self._partition_names()
         spec = self._table.specs[file.spec_id]
-        return {field.name: _arrow_value(value) for field, value in zip(spec.fields, file.partition)}
+        return {names[field.field_id]: _arrow_value(value) for field, value in zip(spec.fields, file.partition)
+                if field.field_id in names}
+
+    def _partition_names(self) -> dict[int, str]:
+        cached = getattr(self, "_names_cache", None)
+        key = (self._table.model.schema(), tuple(self._table.specs))
+        if cached is None or cached[0] != key:
+            unified = unified_partition_type(self._table.specs, self._table.schema)
+            cached = self._names_cache = (key, {f.field_id: f.name for f in unified.fields})
+        return cached[1]
 
     def _file_row(self, entry: ManifestEntry) -> dict[str, Any]:
         file = entry.file
