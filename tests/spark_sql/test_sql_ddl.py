@@ -164,6 +164,32 @@ def test_alter_table_properties(kinds):
         assert kinds.table("db.props").metadata_location == before  # nothing committed
 
 
+def test_drop_a_column_only_an_older_spec_uses(new_catalog):
+    """As in Iceberg: the older spec's files stay readable and writable by every statement,
+    and the metadata tables leave the dropped source's field out."""
+    cat = new_catalog("sql")
+    cat.sql("CREATE NAMESPACE {c}.db")
+    cat.sql("CREATE TABLE {c}.db.ds (id bigint, day date, v string) USING iceberg PARTITIONED BY (day) "
+            f"TBLPROPERTIES ('encryption.key-id'='{MASTER}')")
+    cat.sql("INSERT INTO {c}.db.ds VALUES (1, DATE'2024-01-02', 'x'), (2, DATE'2024-01-03', 'y')")
+    assert "source of partition field" in _error(cat, "ALTER TABLE {c}.db.ds DROP COLUMN day")
+    cat.sql("ALTER TABLE {c}.db.ds REPLACE PARTITION FIELD day WITH bucket(2, id)")
+    cat.sql("ALTER TABLE {c}.db.ds DROP COLUMN day")
+    cat.sql("INSERT INTO {c}.db.ds VALUES (3, 'z')")
+    assert cat.rows("SELECT * FROM {c}.db.ds") == [(1, "x"), (2, "y"), (3, "z")]
+    assert cat.rows("SELECT id, _partition.id_bucket_2, _spec_id FROM {c}.db.ds") == [(1, None, 0), (2, None, 0), (3, 1, 1)]
+    assert cat.rows("SELECT partition.id_bucket_2, spec_id, record_count FROM {c}.db.ds.partitions") == [
+        (None, 0, 2), (1, 1, 1)]
+    cat.sql("DELETE FROM {c}.db.ds WHERE id = 1")
+    cat.sql("UPDATE {c}.db.ds SET v = 'w' WHERE id = 2")
+    cat.sql("MERGE INTO {c}.db.ds t USING (SELECT 3 AS id, 'q' AS v) s ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v")
+    assert cat.rows("SELECT * FROM {c}.db.ds") == [(2, "w"), (3, "q")]
+    cat.sql("CALL {c}.system.rewrite_data_files(table => 'db.ds', options => map('rewrite-all', 'true'))")
+    assert cat.rows("SELECT * FROM {c}.db.ds") == [(2, "w"), (3, "q")]
+    assert cat.rows("SELECT DISTINCT spec_id FROM {c}.db.ds.files") == [(1,)]
+    assert cat.table("db.ds").verify().ok
+
+
 def test_alter_table_refused_changes_change_nothing(kinds):
     kinds.sql("CREATE TABLE {c}.db.strict (id bigint, part string, v string) USING iceberg PARTITIONED BY (part)")
     before = kinds.table("db.strict").metadata_location
