@@ -10,10 +10,13 @@ between writing its file and publishing it.  No Spark session is needed.
 from __future__ import annotations
 
 import pickle
+import posixpath
 from itertools import count
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
+from faults.faultfs import FailingHandler
 
 pytest.importorskip("pyspark")
 
@@ -69,7 +72,7 @@ def _everything(out):
 
 def test_the_staging_directory_is_hidden_and_gone_after_commit(job):
     writer, out, kms = job
-    assert _everything(out) == [f".icecrypt-{writer.job_id}"]
+    assert _everything(out) == [f".icecrypt-{writer.job_id}", f".icecrypt-{writer.job_id}/_open"]
     message = _task(writer).write(iter(TABLE.to_batches(max_chunksize=100)))
     (written,) = message.files
     writer.commit([message])
@@ -146,8 +149,9 @@ def test_a_failed_commit_then_abort_leaves_nothing(job, tmp_path):
 
 def test_cleanup_never_follows_a_link_planted_as_the_staging_directory(tmp_path):
     """Storage is input: a link planted where a job with a known id (option
-    ``write.job-id``) will stage, to a directory of the attacker's choosing, and one planted
-    inside the staging directory, are removed as links; what they point to is left alone."""
+    ``write.job-id``) will stage, to a directory of the attacker's choosing, is removed as
+    a link before the job makes its own staging directory, and a link planted inside that
+    directory is removed as a link; what they point to is left alone."""
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_bytes(b"keep")
@@ -161,8 +165,46 @@ def test_cleanup_never_follows_a_link_planted_as_the_staging_directory(tmp_path)
                "encryption.key-id": MASTER_KEY, "keys.manifest": str(tmp_path / "keys.json"), "path": str(out),
                "write.job-id": job_id}
     writer = Parquet(options, None, False)
-    (victim / "planted").symlink_to(victim)  # seen inside the staging directory
+    assert not (out / f".icecrypt-{job_id}").is_symlink() and sorted(p.name for p in victim.iterdir()) == ["precious"]
+    (out / f".icecrypt-{job_id}" / "planted").symlink_to(victim)
     writer.abort([])
     assert _everything(out) == []
-    assert sorted(p.name for p in victim.iterdir()) == ["planted", "precious"]
+    assert sorted(p.name for p in victim.iterdir()) == ["precious"]
     assert (victim / "precious").read_bytes() == b"keep"
+
+
+class _HdfsLike(FailingHandler):
+    """Local files with HDFS's two traits that matter here: ``move`` is a rename, and
+    creating a file creates its missing parent directories."""
+
+    def get_type_name(self) -> str:
+        return "hdfs"
+
+    def open_output_stream(self, path: str, metadata):
+        self.base.create_dir(posixpath.dirname(path), recursive=True)
+        return super().open_output_stream(path, metadata)
+
+
+@pytest.mark.parametrize("writer_class", [Parquet, Avro], ids=["parquet", "avro"])
+def test_a_late_attempt_on_a_filesystem_that_creates_directories_publishes_nothing(tmp_path, monkeypatch,
+                                                                                  writer_class):
+    """Where writing a file creates its directory (HDFS), a late attempt recreates the
+    staging directory; without the driver's marker in it, the attempt does not publish."""
+    from icecrypt.spark import _write
+
+    filesystem = pafs.PyFileSystem(_HdfsLike(pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())))
+    monkeypatch.setattr(_write, "output_location", lambda options: (filesystem, "out", ""))
+    # a Python-implemented filesystem's type is "py::hdfs": taken for HDFS itself here
+    monkeypatch.setattr(_write, "renames_atomically", lambda fs: fs is filesystem)
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, [MASTER_KEY])
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore),
+               "encryption.key-id": MASTER_KEY, "keys.manifest": str(tmp_path / "keys.json"), "path": "out"}
+    writer = writer_class(options, None, False)
+    before = _task(writer)
+    kept = before.write(iter(TABLE.to_batches()))  # published before the job ended: listed, removed
+    late = _task(writer)
+    writer.abort([])
+    with pytest.raises(IcecryptError, match="before this attempt published"):
+        late.write(iter(TABLE.to_batches()))
+    assert kept.files and not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]

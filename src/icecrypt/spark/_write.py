@@ -21,12 +21,13 @@ Stragglers.  Spark calls ``abort()`` (or ``commit()``) as soon as the job's outc
 known, while attempts it gave up on may still be running: a failed task's writer, a
 speculative copy.  Such an attempt must not leave a file behind after the driver has
 cleaned up.  Where ``move`` is a rename (local, HDFS), the tasks therefore write inside
-the job's hidden staging directory ``.icecrypt-<job id>``, which only the driver creates,
-and publish by renaming the finished file out of it.  The driver first renames that
-directory away (the fence), then lists the job's files and removes the discarded ones,
-then deletes the renamed directory: an attempt that has not yet published can no longer
-create or publish anything (its paths no longer exist), and one that has is in the
-listing.  Object stores have neither temporaries nor renames: a task's upload appears
+the job's hidden staging directory ``.icecrypt-<job id>``, which only the driver creates
+(with a marker file in it), and publish by renaming the finished file out of it once they
+have seen the marker.  The driver first renames that directory away (the fence), then
+lists the job's files and removes the discarded ones, then deletes the renamed directory:
+an attempt that has not yet published can no longer create or publish anything (its paths
+no longer exist; where creating a file creates its directory, as on HDFS, the new
+directory has no marker), and one that has is in the listing.  Object stores have neither temporaries nor renames: a task's upload appears
 whole when it completes, and one that completes after the driver listed the directory
 stays as an unreferenced ``part-`` file, without a key.
 
@@ -71,6 +72,8 @@ __all__ = ["EncryptedFileWriter", "TaskFiles", "read_manifest"]
 _JOB_ID = re.compile(r"[0-9a-f]{32}\Z")
 #: the job's hidden staging directory is this followed by the job id
 _STAGING = ".icecrypt-"
+#: the file the driver puts in it: a directory without it is not the job's (any more)
+_STAGING_MARKER = "_open"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +143,11 @@ class EncryptedFileWriter(DataSourceArrowWriter):
         # the tasks write here and rename out; the driver fences it off before cleaning up
         self.staging = f"{directory.rstrip('/')}/{_STAGING}{job_id}" if renames_atomically(filesystem) else None
         if self.staging is not None:
+            # one left by a driver that died (a job id given again), or planted: not ours
+            self._remove_fenced(self._fence())
             filesystem.create_dir(self.staging, recursive=False)
+            with filesystem.open_output_stream(f"{self.staging}/{_STAGING_MARKER}"):
+                pass
         self.transport = key_transport(self.options)
         # keys.transport=task: no job KEK, the tasks return their key metadata as made
         self.kek = None if self.transport == TRANSPORT_TASK else _keys.new_job_kek(self.options)
@@ -180,15 +187,22 @@ class EncryptedFileWriter(DataSourceArrowWriter):
             else:
                 written = WrittenFile(uri, wrapped_key=_keys.seal_key(self.options, self.kek, key_metadata))
             if staged != path:
+                if not self._open():
+                    raise FileNotFoundError(f"{self.staging}/{_STAGING_MARKER}")
                 self.filesystem.move(staged, path)  # publish
         except Exception as exc:
             _remove(self.filesystem, staged)
-            if self.staging is not None and self.filesystem.get_file_info(self.staging).type == pafs.FileType.NotFound:
+            if self.staging is not None and not self._open():
                 # the driver fenced the job off: it ended without this attempt
                 raise IcecryptError(f"{self.source}: job {self.job_id} ended (committed or aborted) before this "
                                     f"attempt published {uri}; nothing of it is kept") from exc
             raise file_error(exc, f"{self.source}: writing {uri}", path) from exc
         return TaskFiles((written,))
+
+    def _open(self) -> bool:
+        """Whether the staging directory is still the driver's (not fenced off)."""
+        marker = f"{self.staging}/{_STAGING_MARKER}"
+        return self.filesystem.get_file_info(marker).type == pafs.FileType.File
 
     # --- driver -----------------------------------------------------------------------------
 
