@@ -308,10 +308,11 @@ def partition_struct(spec: PartitionSpec, schema: Schema, schemas: Sequence[Sche
 
 def _source_type(spec: PartitionSpec, field: Any, schema: Schema, schemas: Sequence[Schema], unknown: bool) -> Any:
     source = schema._lazy_id_to_field.get(field.source_id)
-    for older in sorted(schemas, key=lambda s: s.schema_id, reverse=True):
-        if source is not None:
-            break
-        source = older._lazy_id_to_field.get(field.source_id)
+    if source is None:  # (only then are the other schemas looked at)
+        for older in sorted(schemas, key=lambda s: s.schema_id, reverse=True):
+            source = older._lazy_id_to_field.get(field.source_id)
+            if source is not None:
+                break
     if source is not None:
         return source.field_type
     if unknown:

@@ -29,7 +29,7 @@ import secrets
 import time
 import types
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,9 +100,28 @@ def _schema(metadata: dict[str, Any]) -> Schema:
     raise FormatError(f"table metadata has no schema {schema_id}")
 
 
-def _schemas(metadata: Mapping[str, Any]) -> list[Schema]:
-    """Every schema of the table (what older specs' partition fields are typed by)."""
-    return [Schema.model_validate(entry) for entry in metadata.get("schemas") or ()]
+class _Schemas(Sequence[Schema]):
+    """Every schema of the table (what older specs' partition fields are typed by),
+    parsed on first use: only a spec whose source column was dropped needs them."""
+
+    def __init__(self, metadata: Mapping[str, Any]) -> None:
+        self._entries = list(metadata.get("schemas") or ())
+        self._parsed: list[Schema] | None = None
+
+    def _all(self) -> list[Schema]:
+        if self._parsed is None:
+            self._parsed = [Schema.model_validate(entry) for entry in self._entries]
+        return self._parsed
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _schemas(metadata: Mapping[str, Any]) -> Sequence[Schema]:
+    return _Schemas(metadata)
 
 
 def _specs(metadata: dict[str, Any]) -> dict[int, PartitionSpec]:

@@ -714,11 +714,11 @@ class InspectTable:
                 if field.field_id in names}
 
     def _partition_names(self) -> dict[int, str]:
+        model = self._table.model  # replaced when the table object moves to another version
         cached = getattr(self, "_names_cache", None)
-        key = (self._table.model.schema(), tuple(self._table.specs))
-        if cached is None or cached[0] != key:
+        if cached is None or cached[0] is not model:
             unified = unified_partition_type(self._table.specs, self._table.schema)
-            cached = self._names_cache = (key, {f.field_id: f.name for f in unified.fields})
+            cached = self._names_cache = (model, {f.field_id: f.name for f in unified.fields})
         return cached[1]
 
     def _file_row(self, entry: ManifestEntry) -> dict[str, Any]:
