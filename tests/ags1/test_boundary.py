@@ -9,6 +9,7 @@ runs this file under AddressSanitizer + UBSan and under ThreadSanitizer.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import hashlib
 import mmap
@@ -698,6 +699,8 @@ def _fork_child(work) -> tuple[int, bytes]:
             # thread blocked in C
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             signal.alarm(120)
+            # before that, where every thread of a hung child is (Python frames), on stderr
+            faulthandler.dump_traceback_later(100, exit=True)
             os.close(r)
             data = work()
             while data:
@@ -749,7 +752,10 @@ def test_fork_while_the_pool_is_sealing():
     t.start()
     children = []
     try:
-        while runs[0] == 0:  # the pool has started
+        # the pool has started and each helper has sealed (drawn nonces): a helper's first
+        # RAND_bytes sets up OpenSSL's per-thread state under OpenSSL's global locks, and a
+        # child forked while a parent thread holds one of those hangs in OpenSSL, not here
+        while runs[0] < 4:
             stop.wait(0.001)
         for _ in range(4 if SANITIZED else 8):
             children.append(_fork_child(child_work)[1])
