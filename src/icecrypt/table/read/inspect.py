@@ -497,6 +497,7 @@ class InspectTable:
         manifests = self._table.manifests(snapshot) if snapshot is not None else []
         partition_type = unified_partition_type({i: self._table.specs[i] for i in {m.spec_id for m in manifests}
                                                  if i in self._table.specs}, self._table.schema)
+        names = {f.field_id: f.name for f in partition_type.fields}  # the struct's own names
         fields = list(_PARTITION_COUNTS)
         if partition_type.fields:
             fields[:0] = [
@@ -520,7 +521,7 @@ class InspectTable:
                 file = entry.file
                 if evaluators is not None and not evaluators.partition(file):
                     continue
-                partition = self._partition(file)
+                partition = self._partition(file, names)
                 key = tuple(sorted(partition.items(), key=lambda item: item[0]))  # as Java: by value, across specs
                 row = groups.get(key)
                 if row is None:
@@ -705,10 +706,11 @@ class InspectTable:
             pa.field("readable_metrics", metrics),
         ]
 
-    def _partition(self, file: ContentFile) -> dict[str, Any]:
-        """A file's partition as the tables' ``partition`` column holds it: by partition
-        field id under the newest spec's name, without fields whose source was dropped."""
-        names = self._partition_names()
+    def _partition(self, file: ContentFile, names: dict[int, str] | None = None) -> dict[str, Any]:
+        """A file's partition as a ``partition`` column holds it: by partition field id under
+        the name ``names`` gives it (default: the newest spec's), without the fields it
+        leaves out (those whose source was dropped)."""
+        names = self._partition_names() if names is None else names
         spec = self._table.specs[file.spec_id]
         return {names[field.field_id]: _arrow_value(value) for field, value in zip(spec.fields, file.partition)
                 if field.field_id in names}
