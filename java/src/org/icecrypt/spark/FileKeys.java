@@ -27,6 +27,7 @@
 package org.icecrypt.spark;
 
 import java.io.IOException;
+import java.lang.ref.WeakReference;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
@@ -126,7 +127,7 @@ public final class FileKeys {
                 wipe(parsed);
             }
         }
-        String cacheKey = readId + ":" + digest(text);
+        String cacheKey = readId + ":" + digestOf(text);
         TaskContext task = TaskContext.get();
         synchronized (CACHE) {
             Entry entry = cached(cacheKey, task);
@@ -219,6 +220,29 @@ public final class FileKeys {
         for (FileKey key : keys.values()) {
             key.wipe();
         }
+    }
+
+    /** The entry text digested last (held weakly: it may go with its read) and its digest. */
+    private static WeakReference<String> lastText = new WeakReference<>(null);
+    private static String lastDigest;
+
+    /**
+     * {@link #digest} of {@code text}, hashed once per text instance: a read's files share the
+     * one instance of its broadcast configuration, and the text names every file of the read,
+     * so hashing it again for each file made a read of n files cost n times the text.
+     */
+    private static String digestOf(String text) {
+        synchronized (CACHE) {
+            if (lastText.get() == text) {
+                return lastDigest;
+            }
+        }
+        String computed = digest(text);
+        synchronized (CACHE) {
+            lastText = new WeakReference<>(text);
+            lastDigest = computed;
+        }
+        return computed;
     }
 
     /** The SHA-256 digest of the entry text, in hex (what finds a cached entry, with the read id). */
