@@ -113,6 +113,32 @@ def test_icecrypt_table_renamed_readded_columns_and_deletes(nspark, tmp_path):
     assert "FileScan parquet" not in plan and "(Python)" in plan
 
 
+def test_a_read_of_more_files_than_sparks_listing_threshold(nspark, tmp_path):
+    """Past spark.sql.sources.parallelPartitionDiscovery.threshold (32 paths) Spark lists a
+    read's files in a job of its own; the read's keys and deletes, which that job is not
+    given (NativeRouting.plannedRead), still reach the reader: 40 files, then deletes in
+    every one of them (the LiveRows read of 40 files)."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    keystore = tmp_path / "keystore.json"
+    LocalKms.create_keystore(keystore, ["master"])
+    kms = LocalKms(keystore)
+    schema = pa.schema([("id", pa.int64()), ("p", pa.int64())])
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="p"))
+    table = EncryptedTable.create(str(tmp_path / "t"), schema, kms=kms, table_key_id="master", partition_spec=spec)
+    table.append(pa.table({"id": pa.array(range(400), pa.int64()), "p": pa.array([i % 40 for i in range(400)], pa.int64())}))
+    assert len(list(table.scan().plan_files())) == 40
+    options = {"encryption.kms-type": "local", "encryption.kms.local.keystore": str(keystore)}
+    native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
+    assert native == python == scan and len(scan) == 400
+    assert "FileScan parquet" in plan and "MapInArrow" not in plan
+    table.delete("id < 40")  # a row of each file
+    native, python, scan, plan, _ = _three_ways(nspark, table.location, table, options)
+    assert native == python == scan and len(scan) == 360
+    assert "FileScan icecrypt-live-rows" in plan and "FileScan parquet" not in plan and "MapInArrow" not in plan
+
+
 def test_tampered_file_fails_the_native_read_naming_it(nspark, tmp_path):
     name = "enc_parquet_dek16"
     root = copy_table(name, tmp_path)

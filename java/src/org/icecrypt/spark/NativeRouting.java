@@ -289,8 +289,27 @@ public final class NativeRouting extends Rule<LogicalPlan> {
             read.put(pairs[i], pairs[i + 1]);
         }
         String[] files = split(paths);
-        Dataset<Row> loaded = session.read().format(format).schema((StructType) DataType.fromJson(schemaJson))
-            .options(read).load(files);
+        // Spark lists the files while it resolves the relation, past
+        // spark.sql.sources.parallelPartitionDiscovery.threshold (32 paths) in a job of one
+        // task per file, and each task carries the listing's Hadoop configuration: with the
+        // read's keys (and deletes) in it, a read of n files shipped the keys of all n files
+        // n times (a read of 3,000 small files spent two thirds of its time there). The
+        // relation is resolved without what only its reader needs, which is then put into
+        // its options.
+        Map<String, String> readerOnly = new HashMap<>();
+        for (String name : READER_ONLY) {
+            String value = read.remove(name);
+            if (value != null) {
+                readerOnly.put(name, value);
+            }
+        }
+        StructType schema = (StructType) DataType.fromJson(schemaJson);
+        Dataset<Row> loaded = withOptions(session.read().format(format).schema(schema).options(read).load(files),
+            readerOnly);
+        if (loaded == null) {  // not a file source's relation: as Spark resolves it with every option
+            read.putAll(readerOnly);
+            loaded = session.read().format(format).schema(schema).options(read).load(files);
+        }
         Set<Path> listed = listedFiles(loaded);
         if (listed == null || !listed.equals(planned(session, files, listed))) {
             return null;
@@ -311,6 +330,33 @@ public final class NativeRouting extends Rule<LogicalPlan> {
             columns[i] = functions.col("`" + name.replace("`", "``") + "`").cast(output[i].dataType()).alias(name);
         }
         return loaded.select(columns);
+    }
+
+    /** Read options only the reader of a planned read uses (not the listing of its files). */
+    private static final String[] READER_ONLY = {FileKeys.KEYS, LiveRows.DELETES};
+
+    /**
+     * {@code loaded} (a file source's relation) with {@code more} added to its options; null
+     * when its plan is not a file source's relation.
+     */
+    private static Dataset<Row> withOptions(Dataset<Row> loaded, Map<String, String> more) {
+        if (more.isEmpty()) {
+            return loaded;
+        }
+        LogicalPlan plan = loaded.queryExecution().analyzed();
+        if (!(plan instanceof LogicalRelation) || !(((LogicalRelation) plan).relation() instanceof HadoopFsRelation)) {
+            return null;
+        }
+        LogicalRelation relation = (LogicalRelation) plan;
+        HadoopFsRelation files = (HadoopFsRelation) relation.relation();
+        Map<String, String> options = new HashMap<>(CollectionConverters.asJava(files.options()));
+        options.putAll(more);
+        HadoopFsRelation reading = files.copy(files.location(), files.partitionSchema(), files.dataSchema(),
+            files.bucketSpec(), files.fileFormat(), scala.collection.immutable.Map$.MODULE$.from(
+                CollectionConverters.asScala(options)), files.sparkSession());
+        return org.apache.spark.sql.classic.Dataset$.MODULE$.ofRows(
+            (org.apache.spark.sql.classic.SparkSession) files.sparkSession(),
+            relation.copy(reading, relation.output(), relation.catalogTable(), relation.isStreaming(), relation.stream()));
     }
 
     /** A file Spark's file index lists for a native read that the read did not plan. */
