@@ -2,7 +2,7 @@
 3,000, ``--rows`` rows each, identity-partitioned) read by ``spark.read.format("icecrypt.iceberg")``
 on the native path (Spark's own Parquet reader, icecrypt's key factory), against Spark's
 ``spark.read.parquet`` over the same number of plaintext files with the same rows (a twin
-written by pyarrow, one file per partition, named as planned paths are: one path per file).
+written by pyarrow, one file per partition value, each given to Spark as a path of its own).
 
 Both go through Spark's file listing: past ``spark.sql.sources.parallelPartitionDiscovery
 .threshold`` (32 paths) it is a job of one task per file, which is most of such a read.
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def main() -> None:
         paths = []
         for p in range(args.files):
             path = plain / f"p={p}-00000.parquet"
-            pq.write_table(rows.filter(pa.compute.equal(rows["p"], p)), path)
+            pq.write_table(rows.filter(pc.equal(rows["p"], p)), path)
             paths.append(str(path))
         spark = start_spark("icecrypt-native-files")
         try:
