@@ -305,7 +305,7 @@ def _data_files(table: Any, directory: str, fs_directory: str, secret: bytes, ke
 
     from icecrypt.parquet import open_file
     from icecrypt.table.files.io import delete_file
-    from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan, data_file_record
+    from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan, data_file_record, drop_nan_bounds
 
     schema = table.schema
     stats_plan = _statistics_plan(schema, table.properties)
@@ -321,29 +321,10 @@ def _data_files(table: Any, directory: str, fs_directory: str, secret: bytes, ke
             delete_file(table.locations, info.path)
             continue
         stats = _parquet_stats(metadata, {}, schema, stats_plan)
-        _drop_nan_bounds(stats, schema)
+        drop_nan_bounds(stats, schema)
         records.append(data_file_record(f"{directory}/{info.base_name}", "PARQUET", {}, metadata.num_rows, info.size,
                                         key, stats, 0))
     return records
-
-
-def _drop_nan_bounds(stats: dict[str, Any], schema: Any) -> None:
-    """Bounds of float and double columns that are NaN (Iceberg's bounds never are; a NaN
-    bound would make readers skip files wrongly)."""
-    import math
-    import struct
-
-    from pyiceberg.types import DoubleType, FloatType
-
-    from icecrypt.spark._native import _fields
-
-    kinds = {f.field_id: ("<f" if isinstance(f.field_type, FloatType) else "<d")
-             for f in _fields(schema) if isinstance(f.field_type, (FloatType, DoubleType))}
-    for name in ("lower_bounds", "upper_bounds"):
-        if stats.get(name):
-            kept = [r for r in stats[name]
-                    if r["key"] not in kinds or not math.isnan(struct.unpack(kinds[r["key"]], r["value"])[0])]
-            stats[name] = kept or None
 
 
 def _remove_job_files(table: Any, path: str, *, keep_data: bool = False) -> None:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 #: that needs one layer (a Spark worker reading data files) does not import the others (the
 #: writers, maintenance and what they import, pandas among them)
 _EXPORTS = {
+    "AddFilesError": "icecrypt.table.ops.add_files",
+    "AddFilesResult": "icecrypt.table.ops.add_files",
     "ChangelogScan": "icecrypt.table.read.incremental",
     "ChangelogTask": "icecrypt.table.read.incremental",
     "ConvertTableResult": "icecrypt.table.maintenance.encrypt",
@@ -52,6 +54,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AddFilesError",
+    "AddFilesResult",
     "ConvertTableResult",
     "ChangelogScan",
     "ChangelogTask",
@@ -99,6 +103,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs
+    from icecrypt.table.ops.add_files import AddFilesError, AddFilesResult
     from icecrypt.table.maintenance.encrypt import ConvertTableResult, decrypt_table, encrypt_table
     from icecrypt.table.read.inspect import METADATA_TABLES, InspectTable
     from icecrypt.table.files.io import Locations, PlaintextFileError

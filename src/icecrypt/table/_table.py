@@ -561,6 +561,18 @@ class EncryptedTable:
 
         return _write.append(self, data, **options)
 
+    def add_files(self, files: Any, *, partition_values: Any = None, check_duplicate_files: bool = True,
+                  branch: str | None = None) -> Any:
+        """Add existing plaintext Parquet files under the table's directories as they are,
+        in one append snapshot (Iceberg's ``add_files``; a plaintext table only); returns
+        an ``AddFilesResult``.  ``partition_values``: per file, its identity partition
+        columns' values as Hive-style directory text; other partition values come from the
+        files' statistics.  See ``icecrypt.table.ops.add_files``."""
+        from icecrypt.table.ops.add_files import add_files
+
+        return add_files(self, files, partition_values=partition_values, check_duplicate_files=check_duplicate_files,
+                         branch=branch)
+
     def overwrite(self, data: Any, overwrite_filter: BooleanExpression | str | None = None, **options: Any) -> int | None:
         """Replace all of the table's rows with ``data`` (one ``overwrite`` snapshot);
         ``branch=``: of that branch.  With ``overwrite_filter`` only the rows matching it

@@ -400,8 +400,8 @@ def _records(pending: PendingWrite, files: list[list[Any]]) -> list[dict[str, An
     from pyiceberg.schema import Schema
 
     from icecrypt.parquet import open_file
-    from icecrypt.spark._native_write import _drop_nan_bounds, file_key
-    from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan, data_file_record
+    from icecrypt.spark._native_write import file_key
+    from icecrypt.table.files.write_data import _parquet_stats, _statistics_plan, data_file_record, drop_nan_bounds
     from icecrypt.table.model.metadata_columns import LINEAGE
 
     table = pending.table
@@ -439,7 +439,7 @@ def _records(pending: PendingWrite, files: list[list[Any]]) -> list[dict[str, An
                              "operation on a table with row lineage writes (refused)")
         stats = _parquet_stats(metadata, {}, lineage_schema if stored else schema,
                                lineage_plan if stored else stats_plan)
-        _drop_nan_bounds(stats, schema)
+        drop_nan_bounds(stats, schema)
         partition = {f.name: _decode(v, f.field_type) for f, v in zip(partition_fields, values, strict=True)}
         records.append(data_file_record(f"{pending.recorded_root}/{relative}", "PARQUET", partition, rows, size, key,
                                         stats, pending.sort_order_id))

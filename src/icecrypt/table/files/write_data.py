@@ -521,6 +521,30 @@ def _parquet_stats(metadata: pq.FileMetaData, nan_counts: dict[int, int], schema
     }
 
 
+def drop_nan_bounds(stats: dict[str, Any], schema: Schema) -> None:
+    """Remove the float and double bounds that are NaN from ``stats`` (as
+    :func:`_parquet_stats` gives them) of a file another writer wrote: Iceberg's bounds
+    never are NaN, and a NaN bound would make readers skip files wrongly."""
+    import math
+    import struct
+
+    kinds = {}
+    for name in ("lower_bounds", "upper_bounds"):
+        for record in stats.get(name) or ():
+            if record["key"] not in kinds:
+                try:
+                    field_type = schema.find_type(record["key"])
+                except ValueError:
+                    field_type = None
+                kinds[record["key"]] = ("<f" if isinstance(field_type, FloatType)
+                                        else "<d" if isinstance(field_type, DoubleType) else None)
+    for name in ("lower_bounds", "upper_bounds"):
+        if stats.get(name):
+            kept = [r for r in stats[name]
+                    if kinds[r["key"]] is None or not math.isnan(struct.unpack(kinds[r["key"]], r["value"])[0])]
+            stats[name] = kept or None
+
+
 class _PartitionWriter:
     """Rows of one partition: buffered into row groups, rolled into files."""
 

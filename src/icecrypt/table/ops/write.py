@@ -229,6 +229,7 @@ class _Change:
     summary_extra: dict[str, str] = field(default_factory=dict)  # e.g. entries-processed (rewrite manifests)
     order: list[Any] | None = None  # the manifest list in its final order (manifest merging), else new then kept
     attempt_written: list[str] = field(default_factory=list)  # files this attempt wrote (removed if it loses)
+    updates: list[Any] = field(default_factory=list)  # further table updates of the same commit
 
 
 def _tally(files: list[dict[str, Any]]) -> dict[str, int]:
@@ -374,7 +375,7 @@ def _snapshot_updates(
     )  # fmt: skip
     try:
         snapshot = _new_snapshot(base, parent, change, snapshot_id, list_location, next_row_id)
-        updates: list[_model.TableUpdate] = []
+        updates: list[_model.TableUpdate] = list(change.updates)
         if manager is not None:
             snapshot["key-id"] = manager.wrap_manifest_list_key_metadata(key).key_id
             known = {entry.get("key-id") for entry in base.get("encryption-keys") or ()}
@@ -739,6 +740,7 @@ def append_files(
     table: Any, data_files: list[dict[str, Any]], *, branch: str | None = None, wap_id: str | None = None,
     on_retry: Callable[[int], None] | None = None, summary: Mapping[str, str] | None = None,
     check: Callable[[dict[str, Any], Callable[[Mapping[str, Any]], SnapshotChanges]], None] | None = None,
+    keep_data_files: bool = False, properties: Mapping[str, str] | None = None,
 ) -> int | None:
     """Commit data files written by :func:`write_files` as one append snapshot; returns
     its id (the current one if there are none).  A concurrent commit is not lost: the
@@ -756,10 +758,13 @@ def append_files(
     what a snapshot of that version changed by its manifests (``SnapshotChanges``, read
     with that version's keys); whatever it raises stops the commit, and the data files
     are deleted as for any failure (a streaming sink's test that its epoch is not
-    already committed)."""
+    already committed).  ``keep_data_files``: the data files are the caller's (added as
+    they are, ``add_files``): never deleted.  ``properties``: table properties the same
+    commit sets where a version does not already have them (``add_files``' name mapping).
+    """
     target = _Target.of(table)
     io: TableIO | None = None
-    written = [f["file_path"] for f in data_files]
+    written = [] if keep_data_files else [f["file_path"] for f in data_files]
     merged_written: list[str] = []  # manifests written by merging, in any attempt
     try:
         extra_summary = _summary_properties(summary)
@@ -794,6 +799,9 @@ def append_files(
                                    layout)
             change.summary_extra.update(extra)
             change.summary_extra.update(extra_summary)
+            missing = {k: v for k, v in (properties or {}).items() if k not in (version.get("properties") or {})}
+            if missing:
+                change.updates.append(_model.SetProperties(missing))
             last[:] = [change]
             return change
 
