@@ -87,9 +87,6 @@ def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]
 
     if snapshot_id is None:
         return _empty(table)
-    if table.properties.get("schema.name-mapping.default"):
-        raise NotImplementedError(f"{what}: the table has a name mapping (data files without field ids): the SQL "
-                                  "catalog reads data files by field id (read it with icecrypt.iceberg)")
     schema = table.schema_for(table.snapshot(snapshot_id))
     read_schema = next((s for s in table.model.schemas if s.schema_id == schema_id), schema)
     row_filter = to_filter(filters, schema, read_schema=read_schema)
@@ -127,6 +124,7 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
                                   "read of the SQL catalog does not apply (stream it with icecrypt.iceberg)")
     replaced = _live_positions(table, snapshot_id, equality, what) if equality else {}
     partition_of = _partition_encoder(table, schema, what) if partition else None
+    by_name = _by_name(table, schema, what)
     files: dict[str, Any] = {}
     entries = []
     deleted_by_path: dict[str, tuple[int, Any]] = {}
@@ -162,6 +160,9 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
                  group[0].first_row_id, file.sequence_number, group[0].spec_id]
         if partition_of is not None:
             entry.append(partition_of(group[0]))
+        if by_name is not None:
+            entry += [None] * (8 - len(entry))
+            entry.append(by_name.constants(group[0]))
         entries.append(entry)
     read_id = uuid.uuid4().hex
     if table.encrypted and files:
@@ -172,9 +173,87 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
         "files": entries,
         "deletes": _deletes_option(deleted_by_path) if deleted_by_path else "",
         "snapshot_id": snapshot_id,
-        "pushable": pushable_columns(table),
+        "pushable": [c for c in pushable_columns(table) if by_name is None or c not in by_name.columns],
         "data_files": list(by_file),
+        "by_name": by_name.columns if by_name is not None else None,
     }
+
+
+class _ByName:
+    """How the scan of a table with a name mapping reads its files: by column name, and
+    each top-level column an identity partition field takes its values from (``columns``)
+    as a per-file constant (``constants``: [whether the file's spec partitions by it, its
+    value], the value encoded as ``_partition`` values are)."""
+
+    def __init__(self, table: Any, schema: Any, what: str) -> None:
+        from pyiceberg.transforms import IdentityTransform
+
+        sources: dict[int, Any] = {}
+        for spec in table.specs.values():
+            for field in spec.fields:
+                if isinstance(field.transform, IdentityTransform):
+                    sources.setdefault(field.source_id, field)
+        top = [f for f in schema.fields if f.field_id in sources and partition_encodable(f.field_type)]
+        self.columns = [f.name for f in top]
+        self._ids = [f.field_id for f in top]
+        self._encoders = [_encoder(f.field_type, f"{what}: column {f.name}") for f in top]
+        self._identity = {spec_id: [isinstance(f.transform, IdentityTransform) for f in spec.fields]
+                          for spec_id, spec in table.specs.items()}
+        self._specs = table.specs
+
+    def constants(self, task: Any) -> list[list[Any]]:
+        values = {f.source_id: v for f, v, identity in
+                  zip(self._specs[task.spec_id].fields, task.partition, self._identity[task.spec_id]) if identity}
+        return [[source_id in values, None if values.get(source_id) is None else encode(values[source_id])]
+                for source_id, encode in zip(self._ids, self._encoders)]
+
+
+def _by_name(table: Any, schema: Any, what: str) -> _ByName | None:
+    """None for a table without a name mapping (files read by field id).  With one, the
+    files (added as they were, without field ids) are read by column name, which is only
+    right if a name means one field in every file: refused for an encrypted table, and
+    when a column was ever renamed (a file may hold it under its old name) or the mapping
+    gives a field more names than its own."""
+    from pyiceberg.table.name_mapping import parse_mapping_from_json
+
+    raw = table.properties.get("schema.name-mapping.default")
+    if not raw:
+        return None
+    refused = f"{what}: the table has a name mapping (data files without field ids)"
+    if table.encrypted:
+        raise NotImplementedError(f"{refused} and is encrypted: the SQL catalog reads such a table's files by field "
+                                  "id only (read it with icecrypt.iceberg)")
+    names: dict[int, str] = {}
+
+    def walk(node: Any) -> None:
+        if not isinstance(node, dict):
+            return
+        for field in node.get("fields") or ():
+            if names.setdefault(field["id"], field["name"]) != field["name"]:
+                raise NotImplementedError(
+                    f"{refused}, and column {names[field['id']]!r} (field id {field['id']}) was renamed to "
+                    f"{field['name']!r}: a file may hold it under either name, and the SQL catalog reads such a "
+                    "table's files by name (read it with icecrypt.iceberg)"
+                )  # fmt: skip
+            walk(field["type"])
+        for key in ("element", "key", "value"):
+            walk(node.get(key))
+
+    for version in table.metadata.get("schemas") or ():
+        walk(version)
+    try:
+        mapping = parse_mapping_from_json(raw)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{what}: schema.name-mapping.default is not a name mapping ({exc})") from None
+    stack = list(mapping)
+    while stack:
+        mapped = stack.pop()
+        stack.extend(mapped.fields or ())
+        if mapped.field_id in names and list(mapped.names) != [names[mapped.field_id]]:
+            raise NotImplementedError(f"{refused}, which names field id {mapped.field_id} {list(mapped.names)}: the "
+                                      "SQL catalog reads such a table's files by the field's one name (read it with "
+                                      "icecrypt.iceberg)")
+    return _ByName(table, schema, what)
 
 
 def plan_changelog(table: Any, options: dict[str, str], filters: list[dict[str, Any]], what: str,

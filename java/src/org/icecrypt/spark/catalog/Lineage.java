@@ -16,6 +16,15 @@
  * _last_updated_sequence_number the stored value, else the file's data sequence number.
  * Batches are mapped column by column (a computed column is a view, LineageVector);
  * rows into one reused row.
+ *
+ * A table with a name mapping (files added as they were, without field ids: add_files,
+ * Iceberg's migrate) is read by column name (the plan's by_name: the driver checked that
+ * no column was ever renamed, so a name is one field id in every file).  Such a file may
+ * lack its identity partition columns (a Hive-style directory held them): each top-level
+ * column an identity partition field takes its value from is planned per file as a
+ * constant, with whether the file's spec partitions by it; where it does, the scan's
+ * column is the constant (Iceberg's readers take identity partition values from the
+ * metadata, never from the file), else the file's own values.
  */
 package org.icecrypt.spark.catalog;
 
@@ -52,6 +61,9 @@ final class Lineage implements Serializable {
     private final boolean specId;
     private final StructType partition;  // the type of _partition, null when it is not read
     private final StructType changes;  // a changelog's change columns the scan reads, in order
+    private final boolean byName;  // read by column name: no field ids in what Spark's reader is asked
+    private final int[] constantOf;  // per data column: its index among the plan's by_name constants, or -1
+    private final StructType constants;  // the constant columns' types, in the plan's by_name order
 
     Lineage(Scans.IcebergScan scan) {
         this.data = scan.annotated;
@@ -68,11 +80,62 @@ final class Lineage implements Serializable {
             }
         }
         this.changes = read;
+        JsonNode names = scan.plan.path("by_name");
+        this.byName = names.isArray();
+        this.constantOf = new int[data.length()];
+        StructType types = new StructType();
+        for (int i = 0; i < data.length(); i++) {
+            constantOf[i] = -1;
+            for (int k = 0; byName && k < names.size(); k++) {
+                if (names.get(k).asText().equals(data.fields()[i].name())) {
+                    constantOf[i] = types.length();
+                    types = types.add("_icecrypt_constant_" + k, data.fields()[i].dataType(), true);
+                }
+            }
+        }
+        this.constants = types;
     }
 
-    /** Whether the reader's rows must be mapped (a lineage column is asked for). */
+    /** Whether the reader's rows must be mapped (a lineage column, or a file's constant column). */
     boolean needed() {
+        return lineage() || constants.length() > 0;
+    }
+
+    private boolean lineage() {
         return rowId || sequence;
+    }
+
+    /** Whether Spark's reader is asked by column name, not field id (a table with a name mapping). */
+    boolean byName() {
+        return byName;
+    }
+
+    /** {@code schema} without Parquet field ids (nested fields too): read by name. */
+    static StructType withoutIds(StructType schema) {
+        StructField[] fields = schema.fields();
+        StructField[] out = new StructField[fields.length];
+        for (int i = 0; i < fields.length; i++) {
+            StructField field = fields[i];
+            Metadata metadata = new MetadataBuilder().withMetadata(field.metadata()).remove(Scans.FIELD_ID).build();
+            out[i] = new StructField(field.name(), withoutIds(field.dataType()), field.nullable(), metadata);
+        }
+        return new StructType(out);
+    }
+
+    private static DataType withoutIds(DataType type) {
+        if (type instanceof StructType) {
+            return withoutIds((StructType) type);
+        }
+        if (type instanceof org.apache.spark.sql.types.ArrayType) {
+            org.apache.spark.sql.types.ArrayType array = (org.apache.spark.sql.types.ArrayType) type;
+            return new org.apache.spark.sql.types.ArrayType(withoutIds(array.elementType()), array.containsNull());
+        }
+        if (type instanceof org.apache.spark.sql.types.MapType) {
+            org.apache.spark.sql.types.MapType map = (org.apache.spark.sql.types.MapType) type;
+            return new org.apache.spark.sql.types.MapType(withoutIds(map.keyType()), withoutIds(map.valueType()),
+                map.valueContainsNull());
+        }
+        return type;
     }
 
     private boolean index() {
@@ -82,9 +145,12 @@ final class Lineage implements Serializable {
     /** What Spark's reader reads of each file. */
     StructType requiredSchema() {
         StructType out = data;
-        if (needed()) {
+        if (lineage()) {
             out = out.add(stored(Scans.ROW_ID_COLUMN, Scans.ROW_ID_FIELD_ID))
                 .add(stored(Scans.SEQUENCE_COLUMN, Scans.SEQUENCE_FIELD_ID));
+        }
+        if (byName) {
+            out = withoutIds(out);
         }
         // nullable: a column Spark's reader requires must be in the file
         return index() ? out.add(Scans.ROW_INDEX, DataTypes.LongType, true) : out;
@@ -118,7 +184,7 @@ final class Lineage implements Serializable {
             }
             values.add(partitionRow(value, partition));
         }
-        if (needed()) {
+        if (lineage()) {
             JsonNode first = planned.get(4);
             values.add(first == null || first.isNull() ? null : first.asLong());
             values.add(planned.get(5).asLong());
@@ -132,6 +198,23 @@ final class Lineage implements Serializable {
                 JsonNode value = change.get(java.util.Arrays.asList(IcebergTable.CHANGE_COLUMNS).indexOf(field.name()));
                 values.add(field.dataType() == DataTypes.StringType ? (Object) UTF8String.fromString(value.asText())
                     : field.dataType() == DataTypes.IntegerType ? (Object) value.asInt() : (Object) value.asLong());
+            }
+        }
+        if (constants.length() > 0) {
+            JsonNode planConstants = planned.get(8);
+            for (int i = 0; i < data.length(); i++) {
+                int k = constantOf[i];
+                if (k < 0) {
+                    continue;
+                }
+                JsonNode constant = planConstants == null ? null : planConstants.get(k);
+                if (constant == null || !constant.isArray() || constant.size() != 2) {
+                    throw new IllegalStateException("icecrypt catalog: the driver planned no constant of column "
+                        + data.fields()[i].name() + " for " + planned.get(0).asText());
+                }
+                values.add(CatalogContext.sparkValue(constant.get(1), constants.fields()[k].dataType(),
+                    "the partition value of column " + data.fields()[i].name()));
+                values.add(constant.get(0).asBoolean());
             }
         }
         return values.isEmpty() ? InternalRow.empty() : new GenericInternalRow(values.toArray());
@@ -158,11 +241,15 @@ final class Lineage implements Serializable {
         if (partition != null) {
             out = out.add(Scans.PARTITION_COLUMN, partition, true);
         }
-        if (needed()) {
+        if (lineage()) {
             out = out.add("_icecrypt_first_row_id", DataTypes.LongType, true)
                 .add("_icecrypt_data_sequence_number", DataTypes.LongType, true);
         }
-        return out.merge(changes, false);
+        out = out.merge(changes, false);
+        for (int k = 0; k < constants.length(); k++) {
+            out = out.add(constants.fields()[k]).add("_icecrypt_constant_used_" + k, DataTypes.BooleanType, false);
+        }
+        return out;
     }
 
     /** The scan's rows (or batches) of the reader's. */
@@ -171,16 +258,24 @@ final class Lineage implements Serializable {
         int n = data.length();
         int storedRowId = n;
         int storedSequence = n + 1;
-        int rowIndex = index() ? n + 2 : -1;
-        int next = n + 2 + (index() ? 1 : 0);  // the file's constants (partitionSchema)
+        int stored = lineage() ? 2 : 0;
+        int rowIndex = index() ? n + stored : -1;
+        int next = n + stored + (index() ? 1 : 0);  // the file's constants (partitionSchema)
         int location = file ? next++ : -1;
         int spec = specId ? next++ : -1;
         int partitionAt = partition != null ? next++ : -1;
         int first = next;
         int dataSequence = first + 1;
+        next += lineage() ? 2 : 0;
+        int changesAt = next;
+        int constantsAt = changesAt + changes.length();  // per constant: its value, then whether it is used
         int width = n + (pos ? 1 : 0) + (file ? 1 : 0) + (specId ? 1 : 0) + (partition != null ? 1 : 0)
-            + (rowId ? 1 : 0) + (sequence ? 1 : 0);
+            + (rowId ? 1 : 0) + (sequence ? 1 : 0) + changes.length();
         int partitionWidth = partition != null ? partition.size() : 0;
+        int[] constantAt = new int[n];
+        for (int i = 0; i < n; i++) {
+            constantAt[i] = constantOf[i] < 0 ? -1 : constantsAt + 2 * constantOf[i];
+        }
         if (columnar) {
             Iterator<Object> batches = (Iterator<Object>) (Iterator<?>) raw;
             return (Iterator<InternalRow>) (Iterator<?>) batches.map(item -> {
@@ -188,7 +283,9 @@ final class Lineage implements Serializable {
                 ColumnVector[] out = new ColumnVector[width];
                 int k = 0;
                 for (int i = 0; i < n; i++) {
-                    out[k++] = in.column(i);
+                    int c = constantAt[i];
+                    boolean constant = c >= 0 && in.numRows() > 0 && in.column(c + 1).getBoolean(0);
+                    out[k++] = in.column(constant ? c : i);
                 }
                 if (pos) {
                     out[k++] = in.column(rowIndex);
@@ -208,6 +305,9 @@ final class Lineage implements Serializable {
                 if (sequence) {
                     out[k++] = new LineageVector(in.column(storedSequence), in.column(dataSequence), null);
                 }
+                for (int i = 0; i < changes.length(); i++) {
+                    out[k++] = in.column(changesAt + i);
+                }
                 return new ColumnarBatch(out, in.numRows());
             });
         }
@@ -215,11 +315,17 @@ final class Lineage implements Serializable {
         for (int i = 0; i < n; i++) {
             types[i] = data.fields()[i].dataType();
         }
+        DataType[] changeTypes = new DataType[changes.length()];
+        for (int i = 0; i < changeTypes.length; i++) {
+            changeTypes[i] = changes.fields()[i].dataType();
+        }
         GenericInternalRow row = new GenericInternalRow(width);
         return raw.map(in -> {
             int k = 0;
             for (int i = 0; i < n; i++) {
-                row.update(k++, in.isNullAt(i) ? null : in.get(i, types[i]));
+                int c = constantAt[i];
+                int from = c >= 0 && in.getBoolean(c + 1) ? c : i;
+                row.update(k++, in.isNullAt(from) ? null : in.get(from, types[i]));
             }
             if (pos) {
                 row.update(k++, in.getLong(rowIndex));
@@ -240,6 +346,9 @@ final class Lineage implements Serializable {
             if (sequence) {
                 row.update(k++, !in.isNullAt(storedSequence) ? (Object) in.getLong(storedSequence)
                     : in.isNullAt(dataSequence) ? null : (Object) in.getLong(dataSequence));
+            }
+            for (int i = 0; i < changeTypes.length; i++) {
+                row.update(k++, in.isNullAt(changesAt + i) ? null : in.get(changesAt + i, changeTypes[i]));
             }
             return row;
         });

@@ -16,7 +16,8 @@
  * deletes, LiveRows' (the same reader giving only the live rows); FileDecryption gives
  * parquet-java each encrypted file's keys.  Columns are matched by Iceberg field id
  * (parquet.field.id in the read schema; spark.sql.parquet.fieldId.read.enabled is
- * turned on for the session, as the native read does).  Predicates are also evaluated by
+ * turned on for the session, as the native read does), or in a table with a name
+ * mapping by name (Lineage).  Predicates are also evaluated by
  * Spark after the scan: pruning only ever drops files and row groups that cannot match.
  *
  * The scan keeps what it planned (files, snapshot) for row-level operations to build on.
@@ -514,7 +515,7 @@ final class Scans {
                 conf.set(KEYS_PROPERTY, keys);
             }
             scala.collection.immutable.Seq<Filter> filters = parquetFilters();
-            StructType full = table.readSchema;
+            StructType full = layout.byName() ? Lineage.withoutIds(table.readSchema) : table.readSchema;
             Function1<PartitionedFile, Iterator<InternalRow>> plain = format.buildReaderWithPartitionValues(
                 session, full, partition, required, filters, scalaMap(options), new Configuration(conf));
             Function1<PartitionedFile, Iterator<InternalRow>> live = null;
