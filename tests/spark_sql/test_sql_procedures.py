@@ -324,7 +324,7 @@ def test_procedures_are_listed_and_described(guarded):
     assert names == {"rollback_to_snapshot", "rollback_to_timestamp", "set_current_snapshot", "cherrypick_snapshot",
                      "fast_forward", "publish_changes", "ancestors_of", "expire_snapshots", "remove_orphan_files", "rewrite_data_files",
                      "rewrite_manifests", "rewrite_position_delete_files", "rotate_keys", "rekey", "verify",
-                     "alter_table", "register_table", "create_changelog_view"}
+                     "alter_table", "register_table", "create_changelog_view", "add_files", "migrate"}
     text = "\n".join(r[0] for r in guarded.sql("DESCRIBE PROCEDURE {c}.system.expire_snapshots"))
     assert "older_than" in text and "retain_last" in text and "refused when given" in text
     # the namespace is case-insensitive, as in Iceberg

@@ -439,3 +439,24 @@ def local_path(location: str) -> str:
     elif location.startswith("file:"):
         location = location[len("file:"):]
     return posixpath.normpath(location)
+
+
+_PART = re.compile(r"`((?:[^`]|``)*)`|([^.`]+)")
+
+
+def parse_identifier(text: str) -> tuple[str, ...]:
+    """Spark's multi-part identifier: parts joined by dots, a part in backquotes may hold
+    dots (a doubled backquote is one)."""
+    parts: list[str] = []
+    i, text = 0, text.strip()
+    while True:
+        match = _PART.match(text, i)
+        if match is None:
+            raise ValueError(f"{text!r} is not a table identifier")
+        parts.append(match.group(1).replace("``", "`") if match.group(1) is not None else match.group(2).strip())
+        i = match.end()
+        if i == len(text):
+            return tuple(parts)
+        if text[i] != ".":
+            raise ValueError(f"{text!r} is not a table identifier")
+        i += 1

@@ -21,7 +21,6 @@ relations of it).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 
 from icecrypt.spark._sql import alter as _alter
 from icecrypt.spark._sql import catalogs as _catalogs
+from icecrypt.spark._sql.catalogs import parse_identifier
 from icecrypt.spark._sql.protocol import catalog_of, method
 
 __all__ = ["PROCEDURES", "ProcedureError"]
@@ -62,7 +62,7 @@ class Procedure:
     output: str  # Spark DDL of the output columns
     run: Callable[[Any, dict[str, Any]], list[list[Any]]]  # (the table, the arguments) -> rows
     changes: bool = True  # may commit: Spark's cached relations are refreshed
-    new_table: bool = False  # ``table`` names a table to add: run gets (catalog, identifier)
+    new_table: bool = False  # ``table`` names a table to add: run gets a NewTable
     session: bool = False  # works in the calling Spark session: run gets a Session
 
 
@@ -78,6 +78,17 @@ def _procedure(name: str, description: str, params: tuple[Param, ...], output: s
         return run
 
     return register
+
+
+@dataclass(frozen=True)
+class NewTable:
+    """What a ``new_table`` procedure runs with: the catalog, its name, the identifier
+    ``table`` gives the table to add, and (a ``session`` procedure) the Spark session."""
+
+    catalog: Any
+    catalog_name: str
+    identifier: tuple[str, ...]
+    spark: Any = None
 
 
 @dataclass(frozen=True)
@@ -377,8 +388,8 @@ def _verify(table: Any, args: dict[str, Any]) -> list[list[Any]]:
              Param("table_key_id", "string", comment="icecrypt's: the KMS master key id the file must name "
                    "(refused otherwise)")),
             "current_snapshot_id bigint, total_records_count bigint, total_data_files_count bigint", new_table=True)
-def _register_table(target: Any, args: dict[str, Any]) -> list[list[Any]]:
-    catalog, identifier = target
+def _register_table(target: NewTable, args: dict[str, Any]) -> list[list[Any]]:
+    catalog, identifier = target.catalog, target.identifier
     location = args["metadata_file"]
     if not isinstance(location, str) or not location.strip():
         raise ValueError("argument metadata_file: the location of a metadata.json file is required")
@@ -397,6 +408,45 @@ def _register_table(target: Any, args: dict[str, Any]) -> list[list[Any]]:
             return None
 
     return [[current.snapshot_id, total("total-records"), total("total-data-files")]]
+
+
+@_procedure("add_files", "Add the Parquet files of a directory or of a table of Spark's session catalog to this "
+            "plaintext table as they are, in one append (Iceberg's add_files; the files must lie under the table's "
+            "directories).",
+            (Param("source_table", "string", None, comment="`parquet`.`<directory>`, or a table of Spark's session "
+                   "catalog (db.t)"),
+             Param("partition_filter", "map<string,string>", comment="only the source's partitions with these "
+                   "values"),
+             Param("check_duplicate_files", "boolean", "true"),
+             Param("parallelism", "int", comment="accepted; the footers are read on the driver")),
+            "added_files_count bigint, changed_partition_count bigint", session=True)
+def _add_files(call: Session, args: dict[str, Any]) -> list[list[Any]]:
+    from icecrypt.spark._sql.imports import source_files
+
+    table = call.table
+    if table.encrypted:  # before the source is listed
+        raise _refused("the table is encrypted, and add_files adds files as they are, in plaintext; an encrypted "
+                       "table holds sealed files only (INSERT INTO ... SELECT writes the rows encrypted)")
+    files = source_files(call.spark, table, args["source_table"], args["partition_filter"])
+    result = table.add_files([f.location for f in files], check_duplicate_files=bool(args["check_duplicate_files"]),
+                             partition_values={f.location: f.partition for f in files if f.partition})
+    return [[result.added_files, result.changed_partitions if table.spec.fields else None]]
+
+
+@_procedure("migrate", "Make a Parquet table of Spark's session catalog an Iceberg table of this catalog, with the "
+            "same name, at the same location, holding the same files (not rewritten; the table is plaintext).",
+            (Param("properties", "map<string,string>", comment="the new table's properties"),
+             Param("drop_backup", "boolean", "false", comment="drop the source table from Spark's session catalog "
+                   "(an external table only: its files stay)"),
+             Param("backup_table_name", "string", comment="rename the source table in Spark's session catalog to "
+                   "this (an external table only)"),
+             Param("parallelism", "int", comment="accepted; the footers are read on the driver")),
+            "migrated_files_count bigint", new_table=True, session=True)
+def _migrate(target: NewTable, args: dict[str, Any]) -> list[list[Any]]:
+    from icecrypt.spark._sql.imports import migrate
+
+    return [[migrate(target.spark, target.catalog, target.identifier, dict(args["properties"] or {}),
+                     drop_backup=bool(args["drop_backup"]), backup_name=args["backup_table_name"])]]
 
 
 # --- Iceberg's ALTER TABLE extensions ---------------------------------------------------------
@@ -428,27 +478,6 @@ def _create_changelog_view(call: Session, args: dict[str, Any]) -> list[list[Any
 
 
 # --- the table argument ---------------------------------------------------------------------
-
-_PART = re.compile(r"`((?:[^`]|``)*)`|([^.`]+)")
-
-
-def parse_identifier(text: str) -> tuple[str, ...]:
-    """Spark's multi-part identifier: parts joined by dots, a part in backquotes may hold
-    dots (a doubled backquote is one)."""
-    parts: list[str] = []
-    i, text = 0, text.strip()
-    while True:
-        match = _PART.match(text, i)
-        if match is None:
-            raise ValueError(f"{text!r} is not a table identifier")
-        parts.append(match.group(1).replace("``", "`") if match.group(1) is not None else match.group(2).strip())
-        i = match.end()
-        if i == len(text):
-            return tuple(parts)
-        if text[i] != ".":
-            raise ValueError(f"{text!r} is not a table identifier")
-        i += 1
-
 
 def _table_of(catalog_name: str, catalog: Any, text: Any) -> tuple[tuple[str, ...], Any]:
     """(identifier, table) of the ``table`` argument: 'db.t', or 'cat.db.t' naming this
@@ -515,7 +544,12 @@ def _call(bridge: Any, request: dict[str, Any]) -> Any:
         if procedure.new_table:
             ident = _new_table_of(name, args.get("table"))
             where = f"{call}: {_catalogs.describe_identifier(catalog, ident)}"
-            return {"rows": procedure.run((catalog, ident), args), "refresh": list(ident)}
+            spark = None
+            if procedure.session:
+                from pyspark.sql import SparkSession
+
+                spark = SparkSession.getActiveSession() or bridge.spark
+            return {"rows": procedure.run(NewTable(catalog, name, ident, spark), args), "refresh": list(ident)}
         ident, table = _table_of(name, catalog, args.get("table"))
         where = f"{call}: {_catalogs.describe_identifier(catalog, ident)}"
         for param in procedure.params:
