@@ -199,12 +199,61 @@ def test_alter_table_refused_changes_change_nothing(kinds):
         ("ALTER TABLE {c}.db.strict ALTER COLUMN id TYPE int", "NOT_SUPPORTED_CHANGE_COLUMN"),
         ("ALTER TABLE {c}.db.strict ALTER COLUMN v SET NOT NULL", "non-nullable"),
         ("ALTER TABLE {c}.db.strict ADD COLUMN id string", "exists"),
-        ("ALTER TABLE {c}.db.strict ADD COLUMN d int DEFAULT 3", "DEFAULT"),
+        ("ALTER TABLE {c}.db.strict ADD COLUMN d struct<x: int> DEFAULT named_struct('x', 1)", "DEFAULT"),
         ("ALTER TABLE {c}.db.strict RENAME COLUMN missing TO other", "missing"),
     ]:
         message = _error(kinds, statement)
         assert reason in message, f"{statement}: {message}"
         assert kinds.table("db.strict").metadata_location == before
+
+
+@pytest.mark.parametrize("vectorized", [True, False], ids=["batches", "rows"])
+def test_column_defaults(cat, vectorized):
+    """ADD COLUMN ... DEFAULT (Iceberg's initial and write default, format v3): the rows
+    written before read the default, through Spark's reader (as batches and as rows) and
+    through scan(); an INSERT that does not name the column writes it; SET DEFAULT changes
+    what later writes get, never what older rows read; DROP DEFAULT removes it."""
+    name = f"db.defaults_{'batches' if vectorized else 'rows'}"
+    cat.sql(f"CREATE TABLE {{c}}.{name} (id bigint) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
+    cat.sql(f"INSERT INTO {{c}}.{name} VALUES (1)")
+    cat.sql(f"ALTER TABLE {{c}}.{name} ADD COLUMNS (n int DEFAULT 7, s string DEFAULT 'it''s', "
+            "d date DEFAULT DATE '2026-05-01', amount decimal(9,2) DEFAULT 1.5, ts timestamp DEFAULT "
+            "TIMESTAMP '2026-05-01 10:00:00+00:00')")
+    fields = {f.name: f for f in cat.table(name).schema.fields}
+    assert (fields["n"].initial_default, fields["n"].write_default) == (7, 7)
+    cat.spark.conf.set("spark.sql.parquet.enableVectorizedReader", str(vectorized).lower())
+    try:
+        first = cat.sql(f"SELECT n, s, d, amount, ts FROM {{c}}.{name} WHERE id = 1")[0]
+        assert (first.n, first.s, str(first.d), str(first.amount)) == (7, "it's", "2026-05-01", "1.50")
+        assert first.ts == cat.sql("SELECT TIMESTAMP '2026-05-01 10:00:00+00:00' AS t")[0].t
+        cat.sql(f"INSERT INTO {{c}}.{name} (id) VALUES (2)")
+        cat.sql(f"ALTER TABLE {{c}}.{name} ALTER COLUMN n SET DEFAULT 8")
+        cat.sql(f"INSERT INTO {{c}}.{name} (id) VALUES (3)")
+        cat.sql(f"ALTER TABLE {{c}}.{name} ALTER COLUMN n DROP DEFAULT")
+        cat.sql(f"INSERT INTO {{c}}.{name} (id) VALUES (4)")
+        assert cat.rows(f"SELECT id, n, s FROM {{c}}.{name}") == [(1, 7, "it's"), (2, 7, "it's"), (3, 8, "it's"),
+                                                                  (4, None, "it's")]
+    finally:
+        cat.spark.conf.unset("spark.sql.parquet.enableVectorizedReader")
+    scanned = sorted((r["id"], r["n"], r["s"]) for r in cat.table(name).scan().to_arrow().to_pylist())
+    assert scanned == [(1, 7, "it's"), (2, 7, "it's"), (3, 8, "it's"), (4, None, "it's")]
+    field = {f.name: f for f in cat.table(name).schema.fields}["n"]
+    assert (field.initial_default, field.write_default) == (7, None)
+    described = {r[0]: r[1] for r in cat.sql(f"DESCRIBE TABLE EXTENDED {{c}}.{name}")}
+    assert "s" in described
+
+
+def test_create_table_with_column_defaults(cat):
+    cat.sql("CREATE TABLE {c}.db.created_defaults (id bigint, status string DEFAULT 'new', tries int DEFAULT 0) "
+            "USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
+    fields = {f.name: f for f in cat.table("db.created_defaults").schema.fields}
+    assert (fields["status"].write_default, fields["status"].initial_default) == ("new", None)
+    assert fields["tries"].write_default == 0
+    cat.sql("INSERT INTO {c}.db.created_defaults (id) VALUES (1)")
+    cat.sql("INSERT INTO {c}.db.created_defaults VALUES (2, 'done', 3)")
+    assert cat.rows("SELECT * FROM {c}.db.created_defaults") == [(1, "new", 0), (2, "done", 3)]
+    with pytest.raises(Exception, match="does not support generated columns"):
+        cat.sql("CREATE TABLE {c}.db.generated (id bigint, twice bigint GENERATED ALWAYS AS (id * 2)) USING iceberg")
 
 
 def test_bad_create_statements_leave_nothing(kinds):

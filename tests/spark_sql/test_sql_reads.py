@@ -205,19 +205,23 @@ def test_unreadable_column_says_so(cat):
         cat.sql("INSERT INTO {c}.db.uuids VALUES (2, 'x')")
 
 
-def test_initial_default_column_says_so(cat):
+def test_initial_default_columns(cat):
     """A column added with a default for the rows written before (format v3): Spark's
-    Parquet reader would give those rows nulls, so reading the column is refused."""
-    from pyiceberg.types import LongType
+    Parquet reader gives those rows the default (Spark's EXISTS_DEFAULT); a nested field's
+    default, which Spark's defaults cannot hold, makes its column refused, saying why."""
+    from pyiceberg.types import IntegerType, LongType, NestedField, StructType
 
     cat.sql("CREATE TABLE {c}.db.defaults (id bigint) USING iceberg TBLPROPERTIES ('encryption.key-id'='master')")
     cat.sql("INSERT INTO {c}.db.defaults VALUES (1)")
     with cat.table("db.defaults").update_schema() as update:
         update.add_column("d", LongType(), default_value=7)
-    assert cat.table("db.defaults").scan().to_arrow().to_pylist() == [{"id": 1, "d": 7}]
-    assert cat.rows("SELECT id FROM {c}.db.defaults") == [(1,)]
-    with pytest.raises(Exception, match="column d is a column with an initial-default value"):
-        cat.sql("SELECT d FROM {c}.db.defaults")
+        update.add_column("s", StructType(NestedField(100, "x", IntegerType(), required=False)))
+    with cat.table("db.defaults").update_schema() as update:
+        update.add_column(("s", "y"), IntegerType(), default_value=5)
+    assert [(r["id"], r["d"]) for r in cat.table("db.defaults").scan().to_arrow().to_pylist()] == [(1, 7)]
+    assert cat.rows("SELECT id, d FROM {c}.db.defaults") == [(1, 7)]
+    with pytest.raises(Exception, match="column s.y is a column with an initial-default value Spark cannot hold"):
+        cat.sql("SELECT s FROM {c}.db.defaults")
 
 
 def test_name_mapped_tables(cat):

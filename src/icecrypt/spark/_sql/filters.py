@@ -75,6 +75,15 @@ def _value(node: Mapping[str, Any]) -> Any:
     raise _NoForm
 
 
+def literal_value(node: Mapping[str, Any]) -> Any:
+    """The Python value of a literal the JVM sent (``Changes.literal``: dates as days,
+    timestamps as microseconds); ValueError for one without that form."""
+    try:
+        return _value(node)
+    except _NoForm:
+        raise ValueError(f"not a literal: {node!r}") from None
+
+
 def _nan(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
 

@@ -4,6 +4,7 @@ renaming tables, and metadata tables' rows (see :mod:`.bridge` for the protocol 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from icecrypt.spark._sql import catalogs as _catalogs
@@ -201,6 +202,32 @@ def _apply_changes(table: Any, changes: list[dict[str, Any]], what: str) -> None
                 manage.cherry_pick(cherry)
 
 
+def _default_value(change: Mapping[str, Any], field_type: Any, what: str) -> Any:
+    """The value of a column DEFAULT of type ``field_type`` (an Iceberg type): the literal
+    Spark folded it to, or, when Spark sent only its SQL (ALTER COLUMN ... SET DEFAULT),
+    that SQL evaluated here (Spark checked it is a constant); None for DEFAULT NULL."""
+    from icecrypt.spark._sql.filters import literal_value
+
+    node = change.get("default_value") or {}
+    if "lit" in node:
+        return literal_value(node)
+    sql = node.get("unsupported") or change.get("default")
+    shown, why = _types.spark_type(field_type, ids=False)
+    if sql and why is None and field_type.is_primitive:
+        from pyspark.sql import SparkSession
+        from pyspark.sql.types import _parse_datatype_json_value
+
+        from icecrypt.table.files.manifest_write import to_internal
+
+        spark = SparkSession.getActiveSession()
+        if spark is not None:
+            ddl = _parse_datatype_json_value(shown).simpleString()
+            value = spark.sql(f"SELECT CAST(({sql}) AS {ddl}) AS v").collect()[0][0]
+            return to_internal(value, field_type)
+    raise _ddl.Unsupported(f"{what}: DEFAULT {sql} is not a value icecrypt can keep as a column default (a boolean, "
+                           "number, string, date, timestamp, binary or decimal literal)")
+
+
 def _apply_columns(table: Any, changes: list[dict[str, Any]], what: str) -> None:
     update = table.update_schema()
     try:
@@ -208,13 +235,19 @@ def _apply_columns(table: Any, changes: list[dict[str, Any]], what: str) -> None
             op, path = change["op"], list(change.get("path") or [])
             shown = ".".join(path)
             if op == "add_column":
-                if change.get("default") is not None:
-                    raise _ddl.Unsupported(f"{what}: ADD COLUMN {shown} with a DEFAULT value is not supported (Spark's "
-                                           "Parquet reader would not fill it in for rows written before)")
                 field_type = _types.iceberg_type(change["type"], f"{what}: column {shown}")
+                default = None
+                if change.get("default") is not None:
+                    default = _default_value(change, field_type, f"{what}: ADD COLUMN {shown}")
                 update.add_column(tuple(path), field_type, doc=change.get("comment"),
-                                  required=not change.get("nullable", True))
+                                  required=not change.get("nullable", True), default_value=default)
                 _position(update, path, change.get("position"))
+            elif op == "update_default":
+                value = None
+                if change.get("default_value") is not None:
+                    field_type = table.schema.find_field(".".join(path)).field_type
+                    value = _default_value(change, field_type, f"{what}: ALTER COLUMN {shown} SET DEFAULT")
+                update.update_default(tuple(path), value)
             elif op == "rename_column":
                 update.rename_column(tuple(path), change["new_name"])
             elif op == "update_type":

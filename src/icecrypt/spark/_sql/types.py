@@ -101,32 +101,91 @@ def spark_type(t: IcebergType, *, ids: bool) -> tuple[Any, str | None]:
     raise ValueError(f"Iceberg type {t} has no Spark type")
 
 
-def _spark_field(field: NestedField, *, ids: bool) -> tuple[dict[str, Any], str | None]:
+#: Spark's column-default metadata keys: what a write gives a row that does not name the
+#: column, and what its Parquet reader gives the rows of a file without the column
+CURRENT_DEFAULT, EXISTS_DEFAULT = "CURRENT_DEFAULT", "EXISTS_DEFAULT"
+
+
+def sql_literal(value: Any, t: IcebergType) -> str | None:
+    """``value`` (an Iceberg default: days, microseconds, ...) as a Spark SQL literal of
+    type ``t``, or None for a type Spark's defaults cannot hold."""
+    import datetime
+    import math
+
+    if value is None:
+        return None
+    if isinstance(t, BooleanType):
+        return "true" if value else "false"
+    if isinstance(t, IntegerType):
+        return str(int(value))
+    if isinstance(t, LongType):
+        return f"{int(value)}L"
+    if isinstance(t, (FloatType, DoubleType)):
+        kind = "FLOAT" if isinstance(t, FloatType) else "DOUBLE"
+        number = float(value)
+        text = repr(number) if math.isfinite(number) else ("NaN" if math.isnan(number) else
+                                                           "Infinity" if number > 0 else "-Infinity")
+        return f"CAST('{text}' AS {kind})"
+    if isinstance(t, DecimalType):
+        return f"CAST('{value}' AS DECIMAL({t.precision},{t.scale}))"
+    if isinstance(t, StringType):
+        return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(t, DateType):
+        day = value if isinstance(value, datetime.date) else datetime.date(1970, 1, 1) + datetime.timedelta(days=int(value))
+        return f"DATE '{day.isoformat()}'"
+    if isinstance(t, (TimestampType, TimestamptzType)):
+        if isinstance(value, datetime.datetime):
+            moment = value.replace(tzinfo=None) if value.tzinfo is None else \
+                value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        else:
+            moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=int(value))
+        if isinstance(t, TimestampType):
+            return f"TIMESTAMP_NTZ '{moment.isoformat(sep=' ')}'"
+        return f"TIMESTAMP '{moment.isoformat(sep=' ')}+00:00'"
+    if isinstance(t, BinaryType):
+        return f"X'{bytes(value).hex().upper()}'"
+    return None
+
+
+def _spark_field(field: NestedField, *, ids: bool, top: bool = False) -> tuple[dict[str, Any], str | None]:
     data_type, why = spark_type(field.field_type, ids=ids)
     metadata: dict[str, Any] = {}
+    # Spark keeps defaults of top-level columns only: a nested field's initial default is
+    # a value its reader cannot give
+    exists = sql_literal(field.initial_default, field.field_type) if top else None
     if ids:
         metadata[FIELD_ID] = field.field_id
         own = _unreadable(field.field_type)
         if own is not None:
             metadata[UNREADABLE] = own[1]
-        elif field.initial_default is not None:
-            metadata[UNREADABLE] = ("a column with an initial-default value (Spark's Parquet reader would read the "
-                                    "rows written before it was added as nulls)")
+        elif field.initial_default is not None and exists is None:
+            metadata[UNREADABLE] = ("a column with an initial-default value Spark cannot hold (its Parquet reader "
+                                    "would read the rows written before it was added as nulls)")
     elif field.doc:
         metadata["comment"] = field.doc
+    if exists is not None:
+        metadata[EXISTS_DEFAULT] = exists
+    current = sql_literal(field.write_default, field.field_type) if top and not ids else None
+    if current is not None:
+        metadata[CURRENT_DEFAULT] = current
     return {"name": field.name, "type": data_type, "nullable": not field.required, "metadata": metadata}, why
 
 
 def spark_schema(schema: Schema) -> dict[str, Any]:
-    """The table's Spark schema (JSON): names, types, nullability, comments."""
-    return {"type": "struct", "fields": [_spark_field(f, ids=False)[0] for f in schema.fields]}
+    """The table's Spark schema (JSON): names, types, nullability, comments, and the
+    defaults of top-level columns (``CURRENT_DEFAULT``: the write default, which Spark
+    gives a row an INSERT does not name the column of; ``EXISTS_DEFAULT``: the initial
+    default)."""
+    return {"type": "struct", "fields": [_spark_field(f, ids=False, top=True)[0] for f in schema.fields]}
 
 
 def read_schema(schema: Schema) -> dict[str, Any]:
     """The schema Spark's Parquet reader reads the data files with (JSON): the table's
-    Spark schema with the field id of every struct field (``parquet.field.id``) and, on a
-    field of a type it cannot read, ``icecrypt.unreadable`` saying why."""
-    return {"type": "struct", "fields": [_spark_field(f, ids=True)[0] for f in schema.fields]}
+    Spark schema with the field id of every struct field (``parquet.field.id``), on a
+    top-level column with an initial default that value as ``EXISTS_DEFAULT`` (the
+    reader gives it to the rows of files written before the column was added), and, on a
+    field it cannot read, ``icecrypt.unreadable`` saying why."""
+    return {"type": "struct", "fields": [_spark_field(f, ids=True, top=True)[0] for f in schema.fields]}
 
 
 # --- Spark -> Iceberg ---------------------------------------------------------------------
@@ -189,11 +248,47 @@ def iceberg_fields(fields: list[dict[str, Any]], what: str, ids: _Ids) -> list[N
     return out
 
 
+#: the field metadata a CREATE TABLE column's DEFAULT comes in (the JVM's Changes.defaultLiteral, JSON)
+DEFAULT_METADATA = "icecrypt.default"
+
+
 def iceberg_schema(struct: dict[str, Any], what: str) -> Schema:
-    """A Spark schema (JSON) as an Iceberg schema with fresh field ids (Iceberg's order)."""
+    """A Spark schema (JSON) as an Iceberg schema with fresh field ids (Iceberg's order);
+    a top-level column's DEFAULT (CREATE TABLE) becomes its write default."""
     fields = iceberg_fields(struct.get("fields") or [], what, _Ids())
     names = [f.name.lower() for f in fields]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise ValueError(f"{what}: column {duplicated[0]!r} is given twice")
-    return assign_fresh_schema_ids(Schema(*fields))
+    schema = assign_fresh_schema_ids(Schema(*fields))
+    defaults = {}
+    for field in struct.get("fields") or ():
+        raw = (field.get("metadata") or {}).get(DEFAULT_METADATA)
+        if raw is not None:
+            defaults[field["name"]] = _create_default(raw, schema.find_field(field["name"]), what)
+    if not defaults:
+        return schema
+    return Schema(*(NestedField(f.field_id, f.name, f.field_type, required=f.required, doc=f.doc,
+                                write_default=defaults.get(f.name)) for f in schema.fields),
+                  schema_id=schema.schema_id, identifier_field_ids=schema.identifier_field_ids)
+
+
+def _create_default(raw: str, field: NestedField, what: str) -> Any:
+    import json
+
+    from pyiceberg.expressions.literals import literal
+
+    from icecrypt.spark._sql.filters import literal_value
+
+    node = json.loads(raw)
+    if "lit" not in node or not field.field_type.is_primitive:
+        raise ValueError(f"{what}: column {field.name!r}: DEFAULT {node.get('unsupported')} is not a value icecrypt "
+                         "can keep as a column default (a boolean, number, string, date, timestamp, binary or "
+                         "decimal literal)")
+    value = literal_value(node)
+    if value is None:
+        return None
+    try:
+        return literal(value).to(field.field_type).value
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{what}: column {field.name!r}: DEFAULT {value!r} is not a {field.field_type} ({exc})") from None

@@ -111,14 +111,16 @@ def _why_not_writable(table: Any) -> str | None:
         return f"its Parquet codec {_codec(table)} is not one Spark's writer has"
     if "write.parquet.compression-level" in properties and _codec(table) != "zstd":
         return f"it sets a compression level for codec {_codec(table)}"
+    top = list(table.schema.fields)
     for f in _all_fields(table.schema):
         if isinstance(f.field_type, FixedType):
             return f"column {f.name!r} is {f.field_type} (Spark writes binary, not fixed)"
         _, why = _types.spark_type(f.field_type, ids=True)
         if why is not None and not isinstance(f.field_type, (StructType, ListType, MapType)):
             return f"column {f.name!r} is {why}"
-        if f.write_default is not None:
-            return f"column {f.name!r} has a write-default value"
+        if f.write_default is not None and (f not in top or _types.sql_literal(f.write_default, f.field_type) is None):
+            # a top-level column's Spark fills in itself (the table reports it as CURRENT_DEFAULT)
+            return f"column {f.name!r} has a write-default value Spark cannot hold"
     return None
 
 

@@ -351,6 +351,15 @@ class UpdateSchema(_Operation):
             self._change(field_id, **values)
         return self
 
+    def update_default(self, path: str | tuple[str, ...], value: Any) -> UpdateSchema:
+        """Set (None: remove) a column's ``write-default``, the value a write gives rows
+        that do not name the column (format v3).  Its ``initial-default``, the value of
+        rows written before the column was added, never changes."""
+        field_id = self._existing(path, "update")
+        field = self._current(field_id)
+        self._change(field_id, write_default=self._default(self._name(field_id), field.field_type, value))
+        return self
+
     def _check_date_promotion(self, field_id: int, name: str) -> None:
         """The spec forbids a promotion that changes a partition transform's value: a date
         partitioned by anything but year/month/day cannot become a timestamp."""

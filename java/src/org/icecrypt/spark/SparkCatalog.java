@@ -86,6 +86,13 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
     }
 
     @Override
+    public java.util.Set<org.apache.spark.sql.connector.catalog.TableCatalogCapability> capabilities() {
+        // column DEFAULTs: Iceberg's write-default (and, added to a table, initial-default)
+        return java.util.EnumSet.of(
+            org.apache.spark.sql.connector.catalog.TableCatalogCapability.SUPPORT_COLUMN_DEFAULT_VALUE);
+    }
+
+    @Override
     public String name() {
         return context.name;
     }
@@ -342,14 +349,20 @@ public class SparkCatalog implements StagingTableCatalog, SupportsNamespaces, Fu
         CatalogContext.identifier(request, "identifier", ident);
         List<StructField> fields = new ArrayList<>();
         for (Column column : columns) {
-            if (column.defaultValue() != null || column.generationExpression() != null
-                    || column.identityColumnSpec() != null) {
+            if (column.generationExpression() != null || column.identityColumnSpec() != null) {
                 throw new UnsupportedOperationException("icecrypt catalog '" + context.name + "': table " + ident
-                    + ": column " + column.name() + ": default values, generated and identity columns are not "
-                    + "supported");
+                    + ": column " + column.name() + ": generated and identity columns are not supported");
             }
-            Metadata metadata = column.comment() == null ? Metadata.empty()
-                : new MetadataBuilder().putString("comment", column.comment()).build();
+            MetadataBuilder builder = new MetadataBuilder();
+            if (column.comment() != null) {
+                builder.putString("comment", column.comment());
+            }
+            if (column.defaultValue() != null) {  // the column's write default (Changes.defaultLiteral)
+                builder.putString(org.icecrypt.spark.catalog.Changes.DEFAULT_METADATA,
+                    org.icecrypt.spark.catalog.Changes.defaultLiteral(column.defaultValue().getValue(),
+                        column.defaultValue().getSql()).toString());
+            }
+            Metadata metadata = builder.build();
             fields.add(new StructField(column.name(), column.dataType(), column.nullable(), metadata));
         }
         StructType schema = new StructType(fields.toArray(new StructField[0]));

@@ -13,6 +13,8 @@ import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
 import org.apache.spark.sql.catalyst.util.ArrayData;
+import org.apache.spark.sql.connector.catalog.ColumnDefaultValue;
+import org.apache.spark.sql.connector.catalog.DefaultValue;
 import org.apache.spark.sql.connector.catalog.TableChange;
 import org.apache.spark.sql.connector.expressions.Expression;
 import org.apache.spark.sql.connector.expressions.Literal;
@@ -116,6 +118,20 @@ public final class Changes {
             position(out, add.position());
             if (add.defaultValue() != null) {
                 out.put("default", add.defaultValue().getSql());
+                out.set("default_value", defaultLiteral(add.defaultValue().getValue(), add.defaultValue().getSql()));
+            }
+        } else if (change instanceof TableChange.UpdateColumnDefaultValue) {
+            TableChange.UpdateColumnDefaultValue update = (TableChange.UpdateColumnDefaultValue) change;
+            out.put("op", "update_default");
+            path(out, update.fieldNames());
+            DefaultValue value = update.newCurrentDefault();
+            if (value == null || update.newDefaultValue() == null || update.newDefaultValue().isEmpty()) {
+                out.putNull("default_value");
+            } else {
+                Literal<?> literal = value instanceof ColumnDefaultValue ? ((ColumnDefaultValue) value).getValue()
+                    : value.getExpression() instanceof Literal ? (Literal<?>) value.getExpression() : null;
+                String sql = value.getSql() != null ? value.getSql() : update.newDefaultValue();
+                out.set("default_value", defaultLiteral(literal, sql));
             }
         } else if (change instanceof TableChange.RenameColumn) {
             TableChange.RenameColumn rename = (TableChange.RenameColumn) change;
@@ -191,6 +207,23 @@ public final class Changes {
             return out;
         }
         throw new Unsupported();
+    }
+
+    /** The field metadata key a CREATE TABLE column's default travels in (JSON: defaultLiteral). */
+    public static final String DEFAULT_METADATA = "icecrypt.default";
+
+    /** A column default as the JSON literal the driver converts ({"unsupported": sql} when it has no JSON form). */
+    public static JsonNode defaultLiteral(Literal<?> value, String sql) {
+        if (value != null) {
+            try {
+                return literal(value);
+            } catch (Unsupported e) {
+                // falls through
+            }
+        }
+        ObjectNode out = object();
+        out.put("unsupported", sql);
+        return out;
     }
 
     private static ObjectNode literal(Literal<?> literal) throws Unsupported {
