@@ -78,11 +78,14 @@ def _live_positions(table: Any, snapshot_id: int, paths: set[str], what: str) ->
 
 
 def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]], what: str,
-               push_keys: Any, schema_id: int | None = None, *, partition: bool = False) -> dict[str, Any]:
+               push_keys: Any, schema_id: int | None = None, *, partition: bool = False,
+               mark_deleted: bool = False) -> dict[str, Any]:
     """The scan's plan (see the module); ``push_keys(read_id, value)`` hands the JVM the
     planned files' keys.  ``schema_id``: the schema the statement reads with (the filters'
     column names are its), when it is not the snapshot's.  ``partition``: the scan reads
-    ``_partition`` (each file's value is planned)."""
+    ``_partition`` (each file's value is planned).  ``mark_deleted``: the scan reads
+    ``_deleted``: every row, the deleted positions of each file planned instead of its
+    deletes (:func:`plan_tasks`)."""
     from icecrypt.spark._common import file_error
 
     if snapshot_id is None:
@@ -94,16 +97,20 @@ def plan_files(table: Any, snapshot_id: int | None, filters: list[dict[str, Any]
         tasks = table.scan(snapshot_id=snapshot_id, row_filter=row_filter).plan_files()
     except Exception as exc:
         raise file_error(exc, f"{what}: planning the scan") from exc
-    return plan_tasks(table, tasks, schema, snapshot_id, what, push_keys, partition=partition)
+    return plan_tasks(table, tasks, schema, snapshot_id, what, push_keys, partition=partition,
+                      mark_deleted=mark_deleted)
 
 
 def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | None, what: str,
-               push_keys: Any, *, partition: bool = False) -> dict[str, Any]:
+               push_keys: Any, *, partition: bool = False, mark_deleted: bool = False) -> dict[str, Any]:
     """The plan of planned file scan tasks (their files, deletes and keys), as
     :func:`plan_files` answers; also the streaming read's micro-batches.  Equality deletes
     are applied as of ``snapshot_id`` (None: refused).  Each file: [Spark path, size,
     rows, has deletes, first row id, data sequence number, spec id] and, with
-    ``partition``, its ``_partition`` value (:func:`_partition_encoder`)."""
+    ``partition``, its ``_partition`` value (:func:`_partition_encoder`); in a table with
+    a name mapping [8] its constants (:class:`_ByName`); with ``mark_deleted`` [9] its
+    deleted positions (big-endian int64s, base64; null for none), and no file "has
+    deletes": every row is read, ``_deleted`` marks the deleted ones (``Lineage``)."""
     from icecrypt.spark._common import file_error
     from icecrypt.spark._native import (
         _MAX_FILTERED_POSITION,
@@ -148,6 +155,15 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
                 deleted = _deleted_positions(group, table.filesystem, cache)
             except Exception as exc:
                 raise file_error(exc, f"{what}: reading the deletes of {path}") from exc
+        marked = None
+        if deleted is not None and mark_deleted:
+            import base64
+
+            import numpy as np
+
+            unique = np.unique(np.asarray(deleted, dtype=np.int64))
+            marked = base64.b64encode(unique.astype(">i8").tobytes()).decode("ascii")
+            deleted = None
         if deleted is not None:
             if not 0 <= int(deleted[0]) <= int(deleted[-1]) <= _MAX_FILTERED_POSITION:
                 raise ValueError(f"{what}: data file {path} has deleted row positions beyond 2^31 (not supported)")
@@ -160,9 +176,11 @@ def plan_tasks(table: Any, tasks: list[Any], schema: Any, snapshot_id: int | Non
                  group[0].first_row_id, file.sequence_number, group[0].spec_id]
         if partition_of is not None:
             entry.append(partition_of(group[0]))
-        if by_name is not None:
+        if by_name is not None or mark_deleted:
             entry += [None] * (8 - len(entry))
-            entry.append(by_name.constants(group[0]))
+            entry.append(by_name.constants(group[0]) if by_name is not None else None)
+        if mark_deleted:
+            entry.append(marked)
         entries.append(entry)
     read_id = uuid.uuid4().hex
     if table.encrypted and files:
@@ -419,4 +437,5 @@ def _plan_scan(bridge: Any, request: dict[str, Any]) -> Any:
         return plan_changelog(table, dict(request.get("options") or {}), request.get("filters") or [], what,
                               push_keys(bridge), ref.get("snapshot_id"))
     return plan_files(table, ref.get("snapshot_id"), request.get("filters") or [], what, push_keys(bridge),
-                      ref.get("schema_id"), partition=request.get("partition") is True)
+                      ref.get("schema_id"), partition=request.get("partition") is True,
+                      mark_deleted=request.get("mark_deleted") is True)

@@ -114,6 +114,8 @@ public class IcebergTable implements SupportsRead, SupportsWrite, SupportsDelete
         if (lineage()) {
             out.addAll(java.util.Arrays.asList(lineageMetadataColumns()));
         }
+        out.add(metadataColumn(Scans.DELETED_COLUMN, DataTypes.BooleanType, false,
+                               "Whether the row has been deleted", null));
         return out.toArray(new MetadataColumn[0]);
     }
 

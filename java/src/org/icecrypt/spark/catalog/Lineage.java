@@ -17,6 +17,12 @@
  * Batches are mapped column by column (a computed column is a view, LineageVector);
  * rows into one reused row.
  *
+ * _deleted (Iceberg's: asked for, a scan gives every row, deleted ones too): the driver
+ * then plans no deletes for the reader (every file is read whole by the plain reader) and
+ * gives each file with deletes its deleted positions instead (planned[9]: big-endian
+ * int64s, base64), a constant of the file; a row's _deleted is whether its row index is
+ * one of them (DeletedVector).
+ *
  * A table with a name mapping (files added as they were, without field ids: add_files,
  * Iceberg's migrate) is read by column name (the plan's by_name: the driver checked that
  * no column was ever renamed, so a name is one field id in every file).  Such a file may
@@ -58,6 +64,7 @@ final class Lineage implements Serializable {
     private final boolean file;
     private final boolean rowId;
     private final boolean sequence;
+    private final boolean deleted;
     private final boolean specId;
     private final StructType partition;  // the type of _partition, null when it is not read
     private final StructType changes;  // a changelog's change columns the scan reads, in order
@@ -73,6 +80,7 @@ final class Lineage implements Serializable {
         this.partition = scan.readsMetadata(Scans.PARTITION_COLUMN) ? scan.table.partitionType() : null;
         this.rowId = scan.readsMetadata(Scans.ROW_ID_COLUMN);
         this.sequence = scan.readsMetadata(Scans.SEQUENCE_COLUMN);
+        this.deleted = scan.readsMetadata(Scans.DELETED_COLUMN);
         StructType read = new StructType();
         for (String column : IcebergTable.CHANGE_COLUMNS) {
             if (scan.table.changelog() && scan.readsMetadata(column)) {
@@ -98,7 +106,7 @@ final class Lineage implements Serializable {
 
     /** Whether the reader's rows must be mapped (a lineage column, or a file's constant column). */
     boolean needed() {
-        return lineage() || constants.length() > 0;
+        return lineage() || constants.length() > 0 || deleted;
     }
 
     private boolean lineage() {
@@ -139,7 +147,7 @@ final class Lineage implements Serializable {
     }
 
     private boolean index() {
-        return pos || rowId;
+        return pos || rowId || deleted;
     }
 
     /** What Spark's reader reads of each file. */
@@ -217,6 +225,11 @@ final class Lineage implements Serializable {
                 values.add(constant.get(0).asBoolean());
             }
         }
+        if (deleted) {
+            JsonNode positions = planned.get(9);
+            values.add(positions == null || positions.isNull() ? null
+                : java.util.Base64.getDecoder().decode(positions.asText()));
+        }
         return values.isEmpty() ? InternalRow.empty() : new GenericInternalRow(values.toArray());
     }
 
@@ -249,6 +262,25 @@ final class Lineage implements Serializable {
         for (int k = 0; k < constants.length(); k++) {
             out = out.add(constants.fields()[k]).add("_icecrypt_constant_used_" + k, DataTypes.BooleanType, false);
         }
+        if (deleted) {
+            out = out.add("_icecrypt_deleted_positions", DataTypes.BinaryType, true);
+        }
+        return out;
+    }
+
+    /** The sorted deleted positions of a file (big-endian int64s; none: an empty array). */
+    static long[] positions(byte[] encoded) {
+        if (encoded == null) {
+            return new long[0];
+        }
+        java.nio.LongBuffer buffer = java.nio.ByteBuffer.wrap(encoded).asLongBuffer();
+        long[] out = new long[buffer.remaining()];
+        buffer.get(out);
+        for (int i = 1; i < out.length; i++) {
+            if (out[i] <= out[i - 1]) {
+                throw new IllegalStateException("icecrypt catalog: deleted positions not in order");
+            }
+        }
         return out;
     }
 
@@ -269,8 +301,10 @@ final class Lineage implements Serializable {
         next += lineage() ? 2 : 0;
         int changesAt = next;
         int constantsAt = changesAt + changes.length();  // per constant: its value, then whether it is used
+        int deletedAt = constantsAt + 2 * constants.length();
         int width = n + (pos ? 1 : 0) + (file ? 1 : 0) + (specId ? 1 : 0) + (partition != null ? 1 : 0)
-            + (rowId ? 1 : 0) + (sequence ? 1 : 0) + changes.length();
+            + (rowId ? 1 : 0) + (sequence ? 1 : 0) + (deleted ? 1 : 0) + changes.length();
+        long[][] deletedPositions = new long[1][];  // the file's, decoded at its first row
         int partitionWidth = partition != null ? partition.size() : 0;
         int[] constantAt = new int[n];
         for (int i = 0; i < n; i++) {
@@ -304,6 +338,14 @@ final class Lineage implements Serializable {
                 }
                 if (sequence) {
                     out[k++] = new LineageVector(in.column(storedSequence), in.column(dataSequence), null);
+                }
+                if (deleted) {
+                    if (deletedPositions[0] == null && in.numRows() > 0) {
+                        deletedPositions[0] = positions(in.column(deletedAt).isNullAt(0) ? null
+                            : in.column(deletedAt).getBinary(0));
+                    }
+                    out[k++] = new DeletedVector(in.column(rowIndex),
+                        deletedPositions[0] == null ? new long[0] : deletedPositions[0]);
                 }
                 for (int i = 0; i < changes.length(); i++) {
                     out[k++] = in.column(changesAt + i);
@@ -346,6 +388,12 @@ final class Lineage implements Serializable {
             if (sequence) {
                 row.update(k++, !in.isNullAt(storedSequence) ? (Object) in.getLong(storedSequence)
                     : in.isNullAt(dataSequence) ? null : (Object) in.getLong(dataSequence));
+            }
+            if (deleted) {
+                if (deletedPositions[0] == null) {
+                    deletedPositions[0] = positions(in.isNullAt(deletedAt) ? null : in.getBinary(deletedAt));
+                }
+                row.update(k++, java.util.Arrays.binarySearch(deletedPositions[0], in.getLong(rowIndex)) >= 0);
             }
             for (int i = 0; i < changeTypes.length; i++) {
                 row.update(k++, in.isNullAt(changesAt + i) ? null : in.get(changesAt + i, changeTypes[i]));
@@ -461,6 +509,107 @@ final class Lineage implements Serializable {
         @Override
         public ColumnVector getChild(int ordinal) {
             throw notLong();
+        }
+    }
+
+    /** _deleted of a batch: whether each row's index is a deleted position.  A view. */
+    static final class DeletedVector extends ColumnVector {
+        private final ColumnVector index;
+        private final long[] positions;
+
+        DeletedVector(ColumnVector index, long[] positions) {
+            super(DataTypes.BooleanType);
+            this.index = index;
+            this.positions = positions;
+        }
+
+        @Override
+        public void close() {
+            // a view: the reader closes its vectors
+        }
+
+        @Override
+        public boolean hasNull() {
+            return false;
+        }
+
+        @Override
+        public int numNulls() {
+            return 0;
+        }
+
+        @Override
+        public boolean isNullAt(int rowId) {
+            return false;
+        }
+
+        @Override
+        public boolean getBoolean(int rowId) {
+            return positions.length > 0 && java.util.Arrays.binarySearch(positions, index.getLong(rowId)) >= 0;
+        }
+
+        private static UnsupportedOperationException notBoolean() {
+            return new UnsupportedOperationException("icecrypt: _deleted is a boolean");
+        }
+
+        @Override
+        public byte getByte(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public short getShort(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public int getInt(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public long getLong(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public float getFloat(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public double getDouble(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public ColumnarArray getArray(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public ColumnarMap getMap(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public Decimal getDecimal(int rowId, int precision, int scale) {
+            throw notBoolean();
+        }
+
+        @Override
+        public UTF8String getUTF8String(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public byte[] getBinary(int rowId) {
+            throw notBoolean();
+        }
+
+        @Override
+        public ColumnVector getChild(int ordinal) {
+            throw notBoolean();
         }
     }
 }

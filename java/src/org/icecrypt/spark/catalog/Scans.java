@@ -106,6 +106,8 @@ final class Scans {
     /** The row lineage metadata columns (format version 3), as Iceberg names them. */
     static final String ROW_ID_COLUMN = "_row_id";
     static final String SEQUENCE_COLUMN = "_last_updated_sequence_number";
+    /** Iceberg's _deleted: asked for, the scan gives every row of its files, deleted ones marked true. */
+    static final String DELETED_COLUMN = "_deleted";
     /** Their reserved Iceberg field ids: how they are stored in a data file (Lineage). */
     static final int ROW_ID_FIELD_ID = 2147483540;
     static final int SEQUENCE_FIELD_ID = 2147483539;
@@ -149,7 +151,8 @@ final class Scans {
             for (Predicate predicate : predicates) {
                 boolean change = false;
                 for (NamedReference ref : predicate.references()) {
-                    change |= ref.fieldNames().length == 1 && table.isChangeColumn(ref.fieldNames()[0]);
+                    change |= ref.fieldNames().length == 1 && (table.isChangeColumn(ref.fieldNames()[0])
+                        || DELETED_COLUMN.equals(ref.fieldNames()[0]));  // no file has it to prune on
                 }
                 if (!change && Changes.predicate(predicate) != null) {
                     pushed.add(predicate);
@@ -209,6 +212,9 @@ final class Scans {
                 if (metadata.contains(column)) {
                     readSchema = readSchema.add(column, DataTypes.LongType, true);
                 }
+            }
+            if (metadata.contains(DELETED_COLUMN)) {
+                readSchema = readSchema.add(DELETED_COLUMN, DataTypes.BooleanType, false);
             }
             IcebergScan scan = IcebergScan.plan(table, pushed.toArray(new Predicate[0]), readSchema, annotated,
                                                 wholeFiles);
@@ -333,6 +339,8 @@ final class Scans {
             }
             request.put("partition", readSchema.getFieldIndex(PARTITION_COLUMN).isDefined()
                 && annotated.getFieldIndex(PARTITION_COLUMN).isEmpty());
+            request.put("mark_deleted", readSchema.getFieldIndex(DELETED_COLUMN).isDefined()
+                && annotated.getFieldIndex(DELETED_COLUMN).isEmpty());
             return of(table, predicates, readSchema, annotated, table.catalog.callUnchecked("plan_scan", request),
                       wholeFiles);
         }
