@@ -399,3 +399,57 @@ def test_a_file_the_group_filter_found_outside_the_snapshot_is_a_conflict(s3cat)
         rewrite(sorted(old | new)).tasks(table, None)
     with pytest.raises(CommitConflictError, match="does not hold"):
         rewrite(sorted(new)).files(table)
+
+
+@pytest.mark.parametrize("isolation", ["serializable", "snapshot"])
+def test_a_commit_between_an_update_on_s3_and_its_commit(s3cat, tmp_path, isolation):
+    """End to end, a copy-on-write UPDATE through the source while another writer commits:
+    a Python UDF in the statement's own tasks appends a row the UPDATE's condition matches
+    (once, from whichever task runs it first). Under serializable isolation the UPDATE then
+    fails as a conflict and leaves the table with the other writer's row and its own rows
+    as they were, and no object of its own; under snapshot isolation it commits on top,
+    and the other writer's row stays as that writer wrote it."""
+    import os
+
+    from pyspark.sql.functions import udf
+
+    cat = s3cat
+    name = f"db.raced_{isolation}"
+    cat.sql(f"CREATE TABLE {{c}}.{name} (id bigint, s string) USING iceberg TBLPROPERTIES "
+            f"('encryption.key-id'='master', 'write.update.isolation-level'='{isolation}')")
+    cat.sql(f"INSERT INTO {{c}}.{name} VALUES (1, 'a'), (2, 'b')")
+    marker, catalog_name, options = str(tmp_path / "raced"), cat.name, dict(cat.options)
+    identifier = tuple(name.split("."))
+
+    @udf("string")
+    def racer(value):
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return value + "!"
+        import pyarrow as pa
+
+        from icecrypt.spark._sql.catalogs import open_catalog
+
+        table = open_catalog(catalog_name, options).load_table(identifier)
+        table.append(pa.table({"id": pa.array([1], pa.int64()), "s": ["other"]}))
+        return value + "!"
+
+    cat.spark.udf.register(f"racer_{isolation}", racer)
+    before = set(_objects(cat, f"warehouse/{name.replace('.', '/')}/"))
+    statement = f"UPDATE {{c}}.{name} SET s = racer_{isolation}(s) WHERE id = 1"
+    if isolation == "serializable":
+        with pytest.raises(Exception) as info:
+            cat.sql(statement)
+        assert "conflict" in str(info.value).lower() or "concurrent" in str(info.value).lower(), str(info.value)
+        assert cat.rows(f"SELECT * FROM {{c}}.{name}") == [(1, "a"), (1, "other"), (2, "b")]
+        table = cat.table(name)
+        referenced = {row["file_path"] for row in table.inspect.all_files().to_pylist()}
+        left = {key for key in set(_objects(cat, f"warehouse/{name.replace('.', '/')}/")) - before
+                if "/data/" in key and not any(path.endswith(key) for path in referenced)}
+        assert not left, left  # the UPDATE's own files were removed
+    else:
+        cat.sql(statement)
+        assert cat.rows(f"SELECT * FROM {{c}}.{name}") == [(1, "a!"), (1, "other"), (2, "b")]
+    assert os.path.exists(marker)
+    assert cat.table(name).verify().ok
