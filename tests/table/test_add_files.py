@@ -147,3 +147,23 @@ def test_an_encrypted_table_refuses_before_reading_anything(tmp_path):
     with pytest.raises(AddFilesError, match="the table is encrypted"):
         table.add_files([path])
     assert _state(table) == before
+
+
+def test_the_cli_adds_a_directorys_files(table, capfd):
+    from tablelib import run_cli
+
+    root = Path(table.location.removeprefix("file:"))
+    _put(table, "landing/region=eu/a.parquet", _rows([1, 2], region=False))
+    _put(table, "landing/region=us/b.parquet", _rows([3], region=False))
+    (root / "landing" / "_SUCCESS").write_text("")
+    status, out, err = run_cli(capfd, "table", "add-files", root, root / "landing", "--partition-filter", "region=us")
+    assert status == 0, err
+    assert "added 1 file(s) in 1 partition(s)" in out
+    status, out, err = run_cli(capfd, "table", "add-files", root, root / "landing")
+    assert status != 0 and "already data files" in err
+    status, out, err = run_cli(capfd, "table", "add-files", root, root / "landing" / "region=eu" / "a.parquet")
+    assert status != 0 and "partition field 'region'" in err  # a file alone has no directory values
+    status, out, err = run_cli(capfd, "table", "add-files", root, root / "landing", "--partition-filter",
+                               "region=eu")
+    assert status == 0, err
+    assert _scan(table.refresh()) == [(1, "eu"), (2, "eu"), (3, "us")]

@@ -14,6 +14,7 @@ import argparse
 import datetime
 import io
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -807,12 +808,52 @@ def _register_maintenance(sub: Any) -> None:
     _add_common(p)
     p.set_defaults(func=_rekey)
 
+    p = sub.add_parser("add-files", help="add Parquet files under a plaintext table's directory as they are "
+                                         "(Iceberg's add_files: one append, partitions from col=value directories)")
+    p.add_argument("table")
+    p.add_argument("source", nargs="+", help="a directory (its Parquet files, under col=value directories if "
+                                             "partitioned) or Parquet files, under the table's location")
+    p.add_argument("--partition-filter", action="append", default=[], metavar="COL=VALUE",
+                   help="only a directory's files of this partition (repeatable)")
+    p.add_argument("--allow-duplicates", action="store_true",
+                   help="add a file the current snapshot already holds (its rows then count twice)")
+    _add_common(p)
+    p.set_defaults(func=_add_files)
+
     p = sub.add_parser("remove-orphan-files", help="delete files under the table location no metadata references")
     p.add_argument("table")
     p.add_argument("--older-than", help="only files modified before this (default: 3 days ago); as for expire")
     p.add_argument("--dry-run", action="store_true", help="list, do not delete")
     _add_common(p)
     p.set_defaults(func=_remove_orphan_files)
+
+
+def _add_files(args: argparse.Namespace) -> int:
+    import pyarrow.fs as pafs
+
+    from icecrypt.table.ops.add_files import list_files
+
+    table = _load(args, _kms(args))
+    wanted = _pairs(args.partition_filter, "--partition-filter")
+    files: list[str] = []
+    partitions: dict[str, dict[str, str | None]] = {}
+    for source in args.source:
+        if "://" not in source and not source.startswith("file:"):
+            source = os.path.abspath(source)  # the manifests record where the file is, never a relative path
+        path = table.fs_path(source, what="add-files source")
+        if table.filesystem.get_file_info(path).type == pafs.FileType.Directory:
+            for found in list_files(table.filesystem, path, source, None, wanted):
+                files.append(found.location)
+                if found.partition:
+                    partitions[found.location] = found.partition
+        elif wanted:
+            raise ValueError(f"{source}: --partition-filter selects among a directory's files, not a file")
+        else:
+            files.append(source)
+    result = table.add_files(files, partition_values=partitions, check_duplicate_files=not args.allow_duplicates)
+    print(f"added {result.added_files} file(s) in {result.changed_partitions} partition(s); "
+          f"snapshot {result.snapshot_id}")
+    return 0
 
 
 def _rewrite_manifests(args: argparse.Namespace) -> int:

@@ -3,11 +3,9 @@ directory of Parquet files (```parquet`.`<dir>```) or a Parquet table of Spark's
 catalog, each file with its Hive-style partition values (``col=value`` directories); and
 ``migrate`` itself.
 
-Only the directory is listed, through the Iceberg table's own filesystem, and only under
-the table's directories (a table reads nothing else): hidden files (``_SUCCESS``,
-``.crc``) are skipped; a file at another depth than the source's partition columns, or
-under a directory that is not ``col=value`` of them, is refused, naming it, rather than
-guessed at.  Nothing here reads a file's contents: ``EncryptedTable.add_files`` checks
+Only the directory is listed (``icecrypt.table.ops.add_files.list_files``), through the
+Iceberg table's own filesystem, and only under the table's directories (a table reads
+nothing else).  Nothing here reads a file's contents: ``EncryptedTable.add_files`` checks
 each footer.
 """
 
@@ -16,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,16 +21,11 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from icecrypt.spark._sql.catalogs import PathCatalog, describe_identifier, parse_identifier
+from icecrypt.table.ops.add_files import SourceFile, list_files
 
-__all__ = ["SessionTable", "SourceFile", "migrate", "session_table", "source_files"]
+__all__ = ["SessionTable", "migrate", "session_table", "source_files"]
 
 _FORMATS = ("parquet", "orc", "avro", "csv", "json", "text", "delta", "iceberg")
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    location: str
-    partition: dict[str, str | None]  # column -> its directory value (unescaped by add_files)
 
 
 @dataclass(frozen=True)
@@ -104,48 +96,6 @@ def source_files(spark: Any, table: Any, source: Any, partition_filter: Mapping[
     found = session_table(spark, ident)
     return list_files(table.filesystem, table.fs_path(found.location, what="add_files source directory"),
                       found.location, found.partition_columns, partition_filter, found.partitions)
-
-
-def list_files(filesystem: pafs.FileSystem, root: str, directory: str, columns: tuple[str, ...] | None,
-               partition_filter: Mapping[str, str] | None, registered: frozenset[str] | None = None) -> list[SourceFile]:
-    """The Parquet files under ``directory`` (a location; ``root`` its path on
-    ``filesystem``), with partition columns ``columns`` (None: as the directories name
-    them); with ``registered`` (a catalog table's partitions), only the files of those
-    partitions (a directory the catalog does not register is not the table's)."""
-    base = directory.rstrip("/")
-    info = filesystem.get_file_info(root)
-    if info.type != pafs.FileType.Directory:
-        raise ValueError(f"{directory}: not a directory of files to add")
-    found: list[tuple[str, tuple[str, ...]]] = []
-    for entry in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
-        relative = posixpath.relpath(entry.path, root)
-        parts = tuple(relative.split("/"))
-        if any(p.startswith(("_", ".")) for p in parts) or entry.type != pafs.FileType.File:
-            continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc), and directories
-        found.append((relative, parts[:-1]))
-    if columns is None:  # a directory: its partition columns as its directories name them
-        depths = {len(dirs) for _, dirs in found}
-        if len(depths) > 1:
-            raise ValueError(f"{directory}: files at different depths ({sorted(depths)} directories down); a source's "
-                             "files are all in its root or all under col=value directories")
-        columns = tuple(d.split("=", 1)[0] for d in found[0][1]) if found else ()
-    unknown = sorted(set(partition_filter or {}) - set(columns))
-    if unknown:
-        raise ValueError(f"partition_filter names {', '.join(unknown)}, which the source is not partitioned by "
-                         f"({', '.join(columns) or 'not partitioned'})")
-    files = []
-    for relative, dirs in sorted(found):
-        names = tuple(d.split("=", 1)[0] for d in dirs)
-        if names != columns or any("=" not in d for d in dirs):
-            raise ValueError(f"{base}/{relative}: not under directories {'/'.join(c + '=...' for c in columns) or '(none)'}"
-                             " of the source's partition columns")
-        if registered is not None and "/".join(dirs) not in registered:
-            continue
-        values = {c: d.split("=", 1)[1] for c, d in zip(columns, dirs)}
-        if any(urllib.parse.unquote(values[c]) != str(v) for c, v in (partition_filter or {}).items()):
-            continue
-        files.append(SourceFile(f"{base}/{relative}", values))
-    return files
 
 
 def migrate(spark: Any, catalog: Any, identifier: tuple[str, ...], properties: dict[str, str], *,

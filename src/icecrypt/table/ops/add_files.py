@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import decimal
+import posixpath
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -57,7 +58,7 @@ from icecrypt.table.files.manifest import read_manifest
 from icecrypt.table.files.manifest_write import to_internal
 from icecrypt.table.ops.schema import NAME_MAPPING
 
-__all__ = ["AddFilesError", "AddFilesResult", "HIVE_DEFAULT_PARTITION", "add_files"]
+__all__ = ["AddFilesError", "AddFilesResult", "HIVE_DEFAULT_PARTITION", "SourceFile", "add_files", "list_files"]
 
 #: the directory value Hive and Spark write for a null partition value
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -66,6 +67,15 @@ HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 class AddFilesError(FormatError):
     """A file ``add_files`` was given cannot become a data file of the table as it is
     (the message names the file and why); nothing was committed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFile:
+    """A file of a Hive-style directory (:func:`list_files`): its location and the text
+    values of its ``col=value`` directories (unescaped by :func:`add_files`)."""
+
+    location: str
+    partition: dict[str, str | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,10 +295,14 @@ def _partition(location: str, schema: Any, spec: Any, statistics: Any, metadata:
             except ValueError as exc:
                 raise AddFilesError(f"{location}: partition field {field.name!r}: {exc}; nothing was added") from None
             continue
-        if column in arrow_schema.names and not _all_null(metadata, column):
+        if column not in arrow_schema.names:
+            raise AddFilesError(f"{location}: partition field {field.name!r}: the file has no column {column!r} and "
+                                "no value of it was given (a Hive-style col=value directory gives one: add the "
+                                "directory); nothing was added")
+        if not _all_null(metadata, column):
             raise AddFilesError(f"{location}: partition field {field.name!r}: the footer has no statistics of "
                                 f"column {column!r} to tell its partition from; nothing was added")
-        values[field.name] = None  # the column is absent or all null: so is its partition value
+        values[field.name] = None  # the column holds only nulls: so is its partition value
     return values
 
 
@@ -341,3 +355,48 @@ def _parse(location: str, column: str, text: str | None, field_type: IcebergType
                             "nothing was added") from None
     raise AddFilesError(f"{location}: partition column {column!r} of type {field_type} cannot be given as a "
                         "directory value; nothing was added")
+
+
+def list_files(filesystem: pafs.FileSystem, root: str, directory: str, columns: tuple[str, ...] | None,
+               partition_filter: Mapping[str, str] | None, registered: frozenset[str] | None = None) -> list[SourceFile]:
+    """The Parquet files under ``directory`` (a location; ``root`` its path on
+    ``filesystem``), with partition columns ``columns`` (None: as the directories name
+    them); with ``registered`` (a catalog table's partitions), only the files of those
+    partitions (a directory the catalog does not register is not the table's).  Hidden
+    files (``_SUCCESS``, ``.crc``) are skipped; a file at another depth than the
+    partition columns, or under a directory that is not ``col=value`` of them, is refused,
+    naming it, rather than guessed at."""
+    base = directory.rstrip("/")
+    info = filesystem.get_file_info(root)
+    if info.type != pafs.FileType.Directory:
+        raise ValueError(f"{directory}: not a directory of files to add")
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for entry in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
+        relative = posixpath.relpath(entry.path, root)
+        parts = tuple(relative.split("/"))
+        if any(p.startswith(("_", ".")) for p in parts) or entry.type != pafs.FileType.File:
+            continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc), and directories
+        found.append((relative, parts[:-1]))
+    if columns is None:  # a directory: its partition columns as its directories name them
+        depths = {len(dirs) for _, dirs in found}
+        if len(depths) > 1:
+            raise ValueError(f"{directory}: files at different depths ({sorted(depths)} directories down); a source's "
+                             "files are all in its root or all under col=value directories")
+        columns = tuple(d.split("=", 1)[0] for d in found[0][1]) if found else ()
+    unknown = sorted(set(partition_filter or {}) - set(columns))
+    if unknown:
+        raise ValueError(f"partition_filter names {', '.join(unknown)}, which the source is not partitioned by "
+                         f"({', '.join(columns) or 'not partitioned'})")
+    files = []
+    for relative, dirs in sorted(found):
+        names = tuple(d.split("=", 1)[0] for d in dirs)
+        if names != columns or any("=" not in d for d in dirs):
+            raise ValueError(f"{base}/{relative}: not under directories {'/'.join(c + '=...' for c in columns) or '(none)'}"
+                             " of the source's partition columns")
+        if registered is not None and "/".join(dirs) not in registered:
+            continue
+        values = {c: d.split("=", 1)[1] for c, d in zip(columns, dirs)}
+        if any(urllib.parse.unquote(values[c]) != str(v) for c, v in (partition_filter or {}).items()):
+            continue
+        files.append(SourceFile(f"{base}/{relative}", values))
+    return files
