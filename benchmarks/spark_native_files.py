@@ -4,8 +4,9 @@ on the native path (Spark's own Parquet reader, icecrypt's key factory), against
 ``spark.read.parquet`` over the same number of plaintext files with the same rows (a twin
 written by pyarrow, one file per partition value, each given to Spark as a path of its own).
 
-Both go through Spark's file listing: past ``spark.sql.sources.parallelPartitionDiscovery
-.threshold`` (32 paths) it is a job of one task per file, which is most of such a read.
+Spark's read goes through its file listing: past ``spark.sql.sources.parallelPartitionDiscovery
+.threshold`` (32 paths) a job of one task per file, which is most of such a read.  The
+native read lists nothing: its file index holds the planned files' statuses.
 Query: ``sum(id)``; interleaved, one warm-up each, then the median of ``--repeat``.
 
     .venv/bin/python benchmarks/spark_native_files.py [--files 3000] [--rows 5] [--repeat 3]

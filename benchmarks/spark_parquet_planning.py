@@ -25,7 +25,6 @@ The host is shared: figures vary from run to run; the ratio is the point.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys

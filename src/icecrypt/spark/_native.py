@@ -546,10 +546,12 @@ def _plan_native_read(spark: Any, location: str, options: dict[str, str]) -> tup
             source, read_options = DELETES_FORMAT, {**settings, DELETES_OPTION: _deletes_option(deletes)}
         else:
             source, read_options = "parquet", settings
-        # one call: Spark's file source over the paths, cast to the Python path's types; None
-        # when Spark's file index lists only planned files but not all (one it skips, a
-        # hidden name, would lose rows silently), and such a read takes the Python path; a
-        # listed file that was not planned is refused (_unplanned)
+        # one call: Spark's file source over the paths, cast to the Python path's types. Its
+        # file index holds the files' statuses, taken on the driver: nothing is listed (a
+        # listing is a Spark job of a task per file past 32 files), and a planned path that
+        # is not a file (a directory, whose entries a listing would read) is refused
+        # (_unplanned); None when the index does not hold every planned file, and such a
+        # read takes the Python path
         try:
             jdf = routing.plannedRead(jsession, session_settings, source, schema.json(), output.json(),
                                       _encode(read_options), "\0".join(paths))

@@ -53,9 +53,15 @@ import org.apache.spark.sql.catalyst.plans.logical.OverwriteByExpression;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
 import org.apache.spark.sql.catalyst.plans.logical.V2WriteCommand;
 import org.apache.spark.sql.catalyst.rules.Rule;
+import org.apache.spark.sql.catalyst.util.CaseInsensitiveMap$;
+import org.apache.spark.sql.execution.datasources.FileFormat;
 import org.apache.spark.sql.execution.datasources.FileIndex;
+import org.apache.spark.sql.execution.datasources.FileStatusCache;
 import org.apache.spark.sql.execution.datasources.HadoopFsRelation;
+import org.apache.spark.sql.execution.datasources.InMemoryFileIndex;
 import org.apache.spark.sql.execution.datasources.LogicalRelation;
+import org.apache.spark.sql.execution.datasources.LogicalRelation$;
+import org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat;
 import org.apache.spark.sql.execution.datasources.PartitioningAwareFileIndex;
 import org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonTable;
@@ -270,10 +276,12 @@ public final class NativeRouting extends Rule<LogicalPlan> {
      * value, name, value, ...; paths one after the other. Sets the session's
      * {@code settings} (same encoding) first.
      *
-     * The files Spark's file index lists must be the planned files, compared as Spark
-     * qualifies paths: a listed file that was not planned (a planned data file replaced by
-     * a directory, whose entries, links to files elsewhere among them, Spark would read as
-     * data files) throws {@link UnplannedFile} naming it; null when the index lists only
+     * The relation's file index holds the planned files' own statuses (plannedRelation):
+     * nothing is listed, and a planned data file replaced by a directory (whose entries,
+     * links to files elsewhere among them, a listing would read as data files) throws
+     * {@link UnplannedFile} naming it. The files the index holds must still be the planned
+     * files, compared as Spark qualifies paths (a listed file that was not planned throws
+     * {@link UnplannedFile} naming it); null when the index lists only
      * planned files but not all of them (a hidden file name, which Spark skips even when
      * named: such a read takes the Python path) or is not one whose files can be listed.
      */
@@ -289,13 +297,8 @@ public final class NativeRouting extends Rule<LogicalPlan> {
             read.put(pairs[i], pairs[i + 1]);
         }
         String[] files = split(paths);
-        // Spark lists the files while it resolves the relation, past
-        // spark.sql.sources.parallelPartitionDiscovery.threshold (32 paths) in a job of one
-        // task per file, and each task carries the listing's Hadoop configuration: with the
-        // read's keys (and deletes) in it, a read of n files shipped the keys of all n files
-        // n times (a read of 3,000 small files spent two thirds of its time there). The
-        // relation is resolved without what only its reader needs, which is then put into
-        // its options.
+        // the files' statuses are taken without what only the reader needs (the keys, the
+        // deletes), which goes into the relation's options only (plannedRelation)
         Map<String, String> readerOnly = new HashMap<>();
         for (String name : READER_ONLY) {
             String value = read.remove(name);
@@ -304,9 +307,8 @@ public final class NativeRouting extends Rule<LogicalPlan> {
             }
         }
         StructType schema = (StructType) DataType.fromJson(schemaJson);
-        Dataset<Row> loaded = withOptions(session.read().format(format).schema(schema).options(read).load(files),
-            readerOnly);
-        if (loaded == null) {  // not a file source's relation: as Spark resolves it with every option
+        Dataset<Row> loaded = plannedRelation(session, format, schema, read, readerOnly, files);
+        if (loaded == null) {  // another format: as Spark resolves it, with every option
             read.putAll(readerOnly);
             loaded = session.read().format(format).schema(schema).options(read).load(files);
         }
@@ -332,32 +334,80 @@ public final class NativeRouting extends Rule<LogicalPlan> {
         return loaded.select(columns);
     }
 
-    /** Read options only the reader of a planned read uses (not the listing of its files). */
-    private static final String[] READER_ONLY = {FileKeys.KEYS, LiveRows.DELETES};
-
     /**
-     * {@code loaded} (a file source's relation) with {@code more} added to its options; null
-     * when its plan is not a file source's relation.
+     * Spark's file source relation over the planned {@code files}, without listing them: the
+     * file index is Spark's own (InMemoryFileIndex, so partitions, splits and the scan are as
+     * spark.read.load would make them) over the file statuses taken here, on the driver, one
+     * status call per file, given to it as its cache. Spark would instead list more than
+     * spark.sql.sources.parallelPartitionDiscovery.threshold (32) paths in a job of one task
+     * per path, most of the time of a read of many small files. A planned path that is not
+     * a file (a directory) throws {@link UnplannedFile}, naming what it holds; a missing one
+     * throws FileNotFoundException. Null for a format other than Parquet and LiveRows.
      */
-    private static Dataset<Row> withOptions(Dataset<Row> loaded, Map<String, String> more) {
-        if (more.isEmpty()) {
-            return loaded;
-        }
-        LogicalPlan plan = loaded.queryExecution().analyzed();
-        if (!(plan instanceof LogicalRelation) || !(((LogicalRelation) plan).relation() instanceof HadoopFsRelation)) {
+    private static Dataset<Row> plannedRelation(SparkSession session, String format, StructType schema,
+            Map<String, String> read, Map<String, String> readerOnly, String[] files) throws java.io.IOException {
+        FileFormat fileFormat;
+        if ("parquet".equals(format)) {
+            fileFormat = new ParquetFileFormat();
+        } else if (LiveRows.class.getName().equals(format)) {
+            fileFormat = new LiveRows();
+        } else {
             return null;
         }
-        LogicalRelation relation = (LogicalRelation) plan;
-        HadoopFsRelation files = (HadoopFsRelation) relation.relation();
-        Map<String, String> options = new HashMap<>(CollectionConverters.asJava(files.options()));
-        options.putAll(more);
-        HadoopFsRelation reading = files.copy(files.location(), files.partitionSchema(), files.dataSchema(),
-            files.bucketSpec(), files.fileFormat(), scala.collection.immutable.Map$.MODULE$.from(
-                CollectionConverters.asScala(options)), files.sparkSession());
-        return org.apache.spark.sql.classic.Dataset$.MODULE$.ofRows(
-            (org.apache.spark.sql.classic.SparkSession) files.sparkSession(),
-            relation.copy(reading, relation.output(), relation.catalogTable(), relation.isStreaming(), relation.stream()));
+        scala.collection.immutable.Map<String, String> listing = scalaMap(read);
+        Configuration conf = session.sessionState().newHadoopConfWithOptions(listing);
+        List<Path> roots = new ArrayList<>();
+        Map<Path, FileStatus[]> statuses = new HashMap<>();
+        for (String file : files) {
+            Path path = new Path(file);
+            org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
+            Path qualified = fs.makeQualified(path);
+            FileStatus status = fs.getFileStatus(qualified);
+            if (!status.isFile()) {
+                FileStatus[] inside = status.isDirectory() ? fs.listStatus(qualified) : new FileStatus[0];
+                throw new UnplannedFile("planned data file " + qualified + " is not a file"
+                    + (status.isDirectory() ? ": it is a directory" + (inside.length > 0
+                        ? ", which holds " + inside[0].getPath() : "") : "")
+                    + " (refused: only the planned data files are read)");
+            }
+            roots.add(qualified);
+            statuses.put(qualified, new FileStatus[] {status});
+        }
+        FileStatusCache planned = new FileStatusCache() {
+            @Override
+            public Option<FileStatus[]> getLeafFiles(Path path) {
+                return Option.apply(statuses.get(path));
+            }
+
+            @Override
+            public void putLeafFiles(Path path, FileStatus[] leafFiles) {
+                // the planned statuses only
+            }
+
+            @Override
+            public void invalidateAll() {
+                // nothing cached beyond the plan
+            }
+        };
+        InMemoryFileIndex index = new InMemoryFileIndex(session, CollectionConverters.asScala(roots).toList(), listing,
+            Option.apply(schema), planned, Option.empty(), Option.empty());
+        Map<String, String> options = new HashMap<>(read);
+        options.putAll(readerOnly);
+        @SuppressWarnings("unchecked")
+        scala.collection.immutable.Map<String, String> caseInsensitive =
+            (scala.collection.immutable.Map<String, String>) (Object) CaseInsensitiveMap$.MODULE$.apply(scalaMap(options));
+        HadoopFsRelation relation = new HadoopFsRelation(index, index.partitionSchema(), schema.asNullable(),
+            Option.empty(), fileFormat, caseInsensitive, session);
+        return org.apache.spark.sql.classic.Dataset$.MODULE$.ofRows((org.apache.spark.sql.classic.SparkSession) session,
+            LogicalRelation$.MODULE$.apply(relation, false));
     }
+
+    private static scala.collection.immutable.Map<String, String> scalaMap(Map<String, String> map) {
+        return scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(map));
+    }
+
+    /** Read options only the reader of a planned read uses (not the listing of its files). */
+    private static final String[] READER_ONLY = {FileKeys.KEYS, LiveRows.DELETES};
 
     /** A file Spark's file index lists for a native read that the read did not plan. */
     public static final class UnplannedFile extends RuntimeException {
