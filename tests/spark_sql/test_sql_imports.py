@@ -287,3 +287,18 @@ def test_spark_timestamps_are_added_as_the_tables_timestamps(cat, encoding):
     row = cat.table(name).scan().to_arrow().to_pylist()[0]
     assert row["ntz"] == datetime.datetime(2026, 5, 1, 10, 0, 0, 654321)
     assert row["ts"].timestamp() == expected[0][1].timestamp()
+
+
+@pytest.mark.parametrize("name, arguments", [
+    ("snapshot", "'default.src', 'db.snap'"),
+    ("compute_table_stats", "table => 'db.a'"),
+    ("rewrite_table_path", "table => 'db.a', source_prefix => 's3://a', target_prefix => 's3://b'"),
+])
+def test_iceberg_procedures_not_offered_say_why(cat, name, arguments):
+    """A CALL written for Iceberg's runtime binds, and is refused saying why (not Spark's
+    "routine not found"); SHOW PROCEDURES does not list them."""
+    with pytest.raises(Exception) as info:
+        cat.sql(f"CALL {{c}}.system.{name}({arguments})")
+    text = str(info.value)
+    assert f"Iceberg's procedure system.{name} is not offered:" in text and cat.name in text, text
+    assert name not in {r.procedure_name for r in cat.sql("SHOW PROCEDURES IN {c}.system")}

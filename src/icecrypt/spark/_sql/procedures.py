@@ -31,7 +31,7 @@ from icecrypt.spark._sql import catalogs as _catalogs
 from icecrypt.spark._sql.catalogs import parse_identifier
 from icecrypt.spark._sql.protocol import catalog_of, method
 
-__all__ = ["PROCEDURES", "ProcedureError"]
+__all__ = ["NOT_OFFERED", "PROCEDURES", "ProcedureError"]
 
 _DAY_MS = 24 * 3600 * 1000
 
@@ -509,11 +509,44 @@ def _find(name: Any) -> Procedure | None:
     return PROCEDURES.get(str(name).lower())
 
 
+#: Iceberg's procedures icecrypt does not offer: why, and Iceberg's parameters (so that a
+#: CALL written for Iceberg binds, and is then refused saying why, rather than failing in
+#: Spark as an unknown routine); SHOW PROCEDURES does not list them
+NOT_OFFERED: dict[str, tuple[str, tuple[Param, ...]]] = {
+    "snapshot": (
+        "its table would refer to the source's files outside its own location, and an icecrypt table reads no "
+        "file outside its directories (migrate creates the table at the source's location; CREATE TABLE ... AS "
+        "SELECT copies the rows, encrypted)",
+        (Param("source_table", "string", None), Param("table", "string", None), Param("location", "string"),
+         Param("properties", "map<string,string>"), Param("parallelism", "int"))),
+    "compute_table_stats": (
+        "icecrypt writes no Puffin statistics files (the column metrics are in the manifests)",
+        (_TABLE, Param("snapshot_id", "bigint"), Param("columns", "array<string>"))),
+    "compute_partition_stats": (
+        "icecrypt writes no partition statistics files", (_TABLE, Param("snapshot_id", "bigint"))),
+    "rewrite_table_path": (
+        "icecrypt does not rewrite a table's paths (register a copied table with register_table)",
+        (_TABLE, Param("source_prefix", "string", None), Param("target_prefix", "string", None),
+         Param("start_version", "string"), Param("end_version", "string"), Param("staging_location", "string"))),
+}
+
+
+def _not_offered(catalog: str, name: Any) -> ProcedureError:
+    name = str(name).lower()
+    return _refused(f"catalog {catalog!r}: Iceberg's procedure system.{name} is not offered: {NOT_OFFERED[name][0]}")
+
+
 @method("procedure")
 def _describe(bridge: Any, request: dict[str, Any]) -> Any:
     procedure = _find(request["name"])
     if procedure is None:
-        return None
+        offered = NOT_OFFERED.get(str(request["name"]).lower())
+        if offered is None:
+            return None
+        return {"name": str(request["name"]).lower(), "description": f"not offered by icecrypt: {offered[0]}",
+                "parameters": [{"name": p.name, "type": p.type, "default": p.default, "comment": None}
+                               for p in offered[1]],
+                "output": ""}
     return {
         "name": procedure.name,
         "description": procedure.description,
@@ -535,6 +568,8 @@ def _call(bridge: Any, request: dict[str, Any]) -> Any:
 
     name, catalog = catalog_of(request)
     procedure = _find(request["name"])
+    if procedure is None and str(request["name"]).lower() in NOT_OFFERED:
+        raise _not_offered(name, request["name"])
     if procedure is None:
         raise ValueError(f"catalog {name!r}: no procedure system.{request['name']}")
     args = dict(request.get("args") or {})
