@@ -403,25 +403,106 @@ final class Lineage implements Serializable {
     }
 
     /**
-     * A lineage column of a batch: the stored value, else {@code base} (a file's constant)
-     * plus the row's position ({@code offset}; none for the sequence number).  A view: it
-     * owns no memory.
+     * A computed column of a batch, of one scalar type: a view over the reader's vectors, owning
+     * no memory.  Every getter but the type's own refuses, naming the column and its type.
      */
-    static final class LineageVector extends ColumnVector {
-        private final ColumnVector stored;
-        private final ColumnVector base;
-        private final ColumnVector offset;
+    abstract static class ScalarView extends ColumnVector {
+        private final String refusal;
 
-        LineageVector(ColumnVector stored, ColumnVector base, ColumnVector offset) {
-            super(DataTypes.LongType);
-            this.stored = stored;
-            this.base = base;
-            this.offset = offset;
+        ScalarView(DataType type, String column) {
+            super(type);
+            this.refusal = "icecrypt: " + column + " is a " + type.simpleString();
+        }
+
+        private UnsupportedOperationException refused() {
+            return new UnsupportedOperationException(refusal);
         }
 
         @Override
         public void close() {
             // a view: the reader closes its vectors
+        }
+
+        @Override
+        public boolean getBoolean(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public byte getByte(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public short getShort(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public int getInt(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public long getLong(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public float getFloat(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public double getDouble(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public ColumnarArray getArray(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public ColumnarMap getMap(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public Decimal getDecimal(int rowId, int precision, int scale) {
+            throw refused();
+        }
+
+        @Override
+        public UTF8String getUTF8String(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public byte[] getBinary(int rowId) {
+            throw refused();
+        }
+
+        @Override
+        public ColumnVector getChild(int ordinal) {
+            throw refused();
+        }
+    }
+
+    /**
+     * A lineage column of a batch: the stored value, else {@code base} (a file's constant)
+     * plus the row's position ({@code offset}; none for the sequence number).
+     */
+    static final class LineageVector extends ScalarView {
+        private final ColumnVector stored;
+        private final ColumnVector base;
+        private final ColumnVector offset;
+
+        LineageVector(ColumnVector stored, ColumnVector base, ColumnVector offset) {
+            super(DataTypes.LongType, "a row lineage column");
+            this.stored = stored;
+            this.base = base;
+            this.offset = offset;
         }
 
         @Override
@@ -446,86 +527,17 @@ final class Lineage implements Serializable {
             }
             return offset == null ? base.getLong(rowId) : base.getLong(rowId) + offset.getLong(rowId);
         }
-
-        private static UnsupportedOperationException notLong() {
-            return new UnsupportedOperationException("icecrypt: a row lineage column is a long");
-        }
-
-        @Override
-        public boolean getBoolean(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public byte getByte(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public short getShort(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public int getInt(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public float getFloat(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public double getDouble(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public ColumnarArray getArray(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public ColumnarMap getMap(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public Decimal getDecimal(int rowId, int precision, int scale) {
-            throw notLong();
-        }
-
-        @Override
-        public UTF8String getUTF8String(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public byte[] getBinary(int rowId) {
-            throw notLong();
-        }
-
-        @Override
-        public ColumnVector getChild(int ordinal) {
-            throw notLong();
-        }
     }
 
-    /** _deleted of a batch: whether each row's index is a deleted position.  A view. */
-    static final class DeletedVector extends ColumnVector {
+    /** _deleted of a batch: whether each row's index is a deleted position. */
+    static final class DeletedVector extends ScalarView {
         private final ColumnVector index;
         private final long[] positions;
 
         DeletedVector(ColumnVector index, long[] positions) {
-            super(DataTypes.BooleanType);
+            super(DataTypes.BooleanType, "_deleted");
             this.index = index;
             this.positions = positions;
-        }
-
-        @Override
-        public void close() {
-            // a view: the reader closes its vectors
         }
 
         @Override
@@ -546,70 +558,6 @@ final class Lineage implements Serializable {
         @Override
         public boolean getBoolean(int rowId) {
             return positions.length > 0 && java.util.Arrays.binarySearch(positions, index.getLong(rowId)) >= 0;
-        }
-
-        private static UnsupportedOperationException notBoolean() {
-            return new UnsupportedOperationException("icecrypt: _deleted is a boolean");
-        }
-
-        @Override
-        public byte getByte(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public short getShort(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public int getInt(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public long getLong(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public float getFloat(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public double getDouble(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public ColumnarArray getArray(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public ColumnarMap getMap(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public Decimal getDecimal(int rowId, int precision, int scale) {
-            throw notBoolean();
-        }
-
-        @Override
-        public UTF8String getUTF8String(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public byte[] getBinary(int rowId) {
-            throw notBoolean();
-        }
-
-        @Override
-        public ColumnVector getChild(int ordinal) {
-            throw notBoolean();
         }
     }
 }
