@@ -163,6 +163,20 @@ def _jvm_session(spark: Any) -> Any:
     return getattr(spark, "_jsparkSession", None)
 
 
+def jvm_class(spark: Any, name: str) -> Any:
+    """The class ``name`` (fully qualified) of the classic session ``spark``'s JVM, addressed
+    by its name.  Reaching it as ``spark._jvm.org.icecrypt...`` costs a Py4J round trip per
+    step, and the JVM answers each step by trying to load a class of that name from every
+    jar of the driver's class path and failing: when the SQL catalog's scan planning walked
+    to ``Keys`` per scan, those lookups were 96 of the driver JVM's 1,636 profiler samples
+    over tests/spark_sql/test_sql_rowlevel.py (24 of 1,271 after; the rest are PySpark's
+    own).  A missing class is found at the first use of a member (``Py4JError``), as by
+    the walk."""
+    from py4j.java_gateway import JavaClass
+
+    return JavaClass(name, spark.sparkContext._jvm._gateway_client)
+
+
 def native_available(spark: Any, *, install: bool = True) -> bool:
     """Whether Spark's Parquet reader in ``spark`` can load icecrypt's factory.  With
     ``install`` and a jar not yet on the classpath, it is added: ``addJar`` for executors
@@ -191,9 +205,8 @@ def native_available(spark: Any, *, install: bool = True) -> bool:
 
 
 def _loads(spark: Any, loader: Any) -> bool:
-    jvm = spark.sparkContext._jvm
     try:
-        jvm.java.lang.Class.forName(FACTORY_CLASS, False, loader)
+        jvm_class(spark, "java.lang.Class").forName(FACTORY_CLASS, False, loader)
         return True
     except Exception:  # noqa: BLE001 - py4j raises Py4JJavaError(ClassNotFoundException)
         return False
@@ -450,15 +463,15 @@ def _encode(options: Mapping[str, str]) -> str:
     return "\0".join(item for pair in options.items() for item in pair)
 
 
-#: NativeRouting's JavaClass per session whose JVM loads icecrypt's jar (resolving it costs
-#: five Py4J round trips, native_available eight more: once per session, not per read)
+#: NativeRouting's JavaClass per session whose JVM loads icecrypt's jar (native_available
+#: costs eight Py4J round trips: once per session, not per read)
 _routing_classes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _routing(spark: Any) -> Any:
     routing = _routing_classes.get(spark)
     if routing is None and native_available(spark):
-        routing = _routing_classes[spark] = spark._jvm.org.icecrypt.spark.NativeRouting
+        routing = _routing_classes[spark] = jvm_class(spark, ROUTING_CLASS)
     return routing
 
 

@@ -20,6 +20,7 @@ from icecrypt.spark._native import (
     ROUTING_CLASS,
     _jvm_session,
     _native_read,
+    jvm_class,
     native_available,
 )
 from icecrypt.spark._options import NAME, OPT_NATIVE
@@ -77,7 +78,7 @@ def route(spark: Any) -> bool:
         return False
     from pyspark.java_gateway import ensure_callback_server_started
 
-    routing = spark.sparkContext._jvm.org.icecrypt.spark.NativeRouting
+    routing = jvm_class(spark, ROUTING_CLASS)
     if routing.registered(jsession) and getattr(spark, "_icecrypt_planner", None) is not None:
         return True
     ensure_callback_server_started(spark.sparkContext._gateway)

@@ -75,13 +75,12 @@ class CatalogBridge:
 def register(spark: Any) -> bool:
     """Hand the JVM of the classic session ``spark`` this driver's bridge (once per JVM;
     again after the session's JVM was restarted); True when the catalog can be used."""
-    from icecrypt.spark._native import _jvm_session
+    from icecrypt.spark._native import _jvm_session, jvm_class
 
     if _jvm_session(spark) is None:
         return False
-    jvm = spark.sparkContext._jvm
     try:
-        registry = getattr(jvm.org.icecrypt.spark.catalog, "Bridge")
+        registry = jvm_class(spark, "org.icecrypt.spark.catalog.Bridge")
         if registry.registered() and getattr(spark.sparkContext, "_icecrypt_bridge", None) is not None:
             return True
     except Exception:  # noqa: BLE001 - the jar is not on the session's classpath

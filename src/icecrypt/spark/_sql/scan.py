@@ -415,9 +415,9 @@ def _encoder(t: Any, what: str) -> Any:
 def push_keys(bridge: Any) -> Any:
     """A function leaving a value with the JVM's ``Keys`` (py4j's logging of the command
     suppressed)."""
-    from icecrypt.spark._native import _keys_in_flight
+    from icecrypt.spark._native import _keys_in_flight, jvm_class
 
-    keys = bridge.spark.sparkContext._jvm.org.icecrypt.spark.catalog.Keys
+    keys = jvm_class(bridge.spark, "org.icecrypt.spark.catalog.Keys")
 
     def put(read_id: str, value: str) -> None:
         with _keys_in_flight():
