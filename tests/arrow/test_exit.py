@@ -166,6 +166,39 @@ def test_exit_hook_waits_for_calls_in_flight_and_releases():
     assert guard.objects and kept is not None
 
 
+def test_a_stall_does_not_count_as_quiet(monkeypatch):
+    """Time in which the process did not run (a loaded machine, a paused virtual CPU) is not
+    quiet time: Arrow's threads may not have run either.  A fake clock: the hook's first
+    sleep stalls for 0.5 s (longer than the quiet period); the object is dropped, as by an
+    Arrow thread that ran late, during its third sleep, and the hook must still be waiting."""
+    import icecrypt.arrow as module
+
+    guard = _ExitGuard()
+
+    class Held:
+        pass
+
+    held = [guard.track(Held())]
+    clock = {"now": guard.last_change + 0.001, "sleeps": 0}
+
+    class FakeTime:
+        @staticmethod
+        def monotonic():
+            return clock["now"]
+
+        @staticmethod
+        def sleep(seconds):
+            clock["sleeps"] += 1
+            clock["now"] += 0.5 if clock["sleeps"] == 1 else seconds
+            if clock["sleeps"] == 3:
+                held.clear()  # the late Arrow thread drops what it held
+
+    monkeypatch.setattr(module, "time", FakeTime)
+    _quiesce_at_exit(timeout=30, quiet=0.1, guard=guard)
+    assert not guard.objects, "the hook returned while an Arrow thread still held an object"
+    assert clock["sleeps"] == 3
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="count clean exits and aborts of the child")
     parser.add_argument("--runs", type=int, default=RUNS)
