@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
-from pyiceberg.expressions import BooleanExpression
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
@@ -30,7 +29,11 @@ from icecrypt.table.files.metadata import (
 from icecrypt.table.model.changes import check_refs
 from icecrypt.table.commit import authenticity as _authenticity
 from icecrypt.table.commit.pin import TablePin
-from icecrypt.table.read.scan import TableScan
+
+if TYPE_CHECKING:  # imported where a scan is made: opening a table does not load the read path
+    from pyiceberg.expressions import BooleanExpression
+
+    from icecrypt.table.read.scan import TableScan
 
 __all__ = ["EncryptedTable"]
 
@@ -480,6 +483,8 @@ class EncryptedTable:
 
             return IncrementalAppendScan(self, columns, row_filter, from_snapshot_id=from_snapshot_id,
                                          to_snapshot_id=to_snapshot_id, from_inclusive=from_inclusive, **options)
+        from icecrypt.table.read.scan import TableScan
+
         return TableScan(self, columns, row_filter, snapshot_id, as_of_timestamp=as_of_timestamp, branch=branch,
                          tag=tag, **options)
 
